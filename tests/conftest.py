@@ -1,0 +1,7 @@
+"""Shared fixtures live in tests/fixtures/*; registered here once."""
+
+pytest_plugins = [
+    "tests.fixtures.provider",
+    "tests.fixtures.workers",
+    "tests.fixtures.aws",
+]
