@@ -1,0 +1,70 @@
+"""Prism's shared core: what the edge and the origin must agree on.
+
+Standard library only, no I/O and no work at import, so it runs unchanged in
+CPython and in the Pyodide Workers runtime.
+"""
+
+from .classify import MIN_TTL, CacheDecision, CachePolicy, classify
+from .envelope import Envelope
+from .envelope import decode as decode_envelope
+from .envelope import encode as encode_envelope
+from .errors import (
+    AuthenticationError,
+    InvalidRequestError,
+    MethodNotAllowedError,
+    NotFoundError,
+    PermissionDeniedError,
+    PrismError,
+    RateLimitError,
+    RequestTooLargeError,
+    UpstreamError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
+    error_body,
+    error_json,
+)
+from .fingerprint import EXCLUDED_FIELDS, canonical_document, fingerprint
+from .forward import Forwarded, sign_forward, verify_forward
+from .keys import KeyIdentity, KeyRing, key_hash, parse_key_secrets, valid_project_id
+from .request import ChatRequest, Limits, parse_chat_request
+from .sse import SSEDecoder, StreamAssembler, replay
+
+__all__ = [
+    "EXCLUDED_FIELDS",
+    "MIN_TTL",
+    "AuthenticationError",
+    "CacheDecision",
+    "CachePolicy",
+    "ChatRequest",
+    "Envelope",
+    "Forwarded",
+    "InvalidRequestError",
+    "KeyIdentity",
+    "KeyRing",
+    "Limits",
+    "MethodNotAllowedError",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "PrismError",
+    "RateLimitError",
+    "RequestTooLargeError",
+    "SSEDecoder",
+    "StreamAssembler",
+    "UpstreamError",
+    "UpstreamTimeoutError",
+    "UpstreamUnavailableError",
+    "canonical_document",
+    "classify",
+    "decode_envelope",
+    "encode_envelope",
+    "error_body",
+    "error_json",
+    "fingerprint",
+    "key_hash",
+    "parse_chat_request",
+    "parse_key_secrets",
+    "replay",
+    "sign_forward",
+    "valid_project_id",
+    "verify_forward",
+]

@@ -1,0 +1,23 @@
+"""The `prism` command: one module per command group, composed here."""
+
+from __future__ import annotations
+
+import typer
+
+from .commands import keys
+from .commands.fingerprint import fingerprint_command
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="prism",
+    help="Prism: an OpenAI-compatible LLM gateway with a cache at every Cloudflare PoP.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(keys.app)
+app.command("fingerprint")(fingerprint_command)
+
+
+def main() -> None:
+    app()

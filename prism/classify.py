@@ -1,0 +1,79 @@
+"""Is a request cacheable, and for how long.
+
+Decisions, documented in the README:
+- ``stream`` never prevents caching: streamed and plain requests share an entry.
+- ``n > 1`` is cached: the entry holds all ``n`` choices and a hit replays them all.
+- Non-zero ``temperature`` is cached by default (the client gets the stored sample,
+  as with any response cache); a project turns that off with ``cache_sampled=False``,
+  and then only ``temperature == 0`` or a ``seed`` make a request cacheable.
+- ``Cache-Control: no-cache`` skips the read, ``no-store`` the write (both: bypass),
+  ``max-age=N`` sets the TTL, clamped to [``MIN_TTL``, ``max_ttl``] (KV's floor is 60 s).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .request import ChatRequest
+
+__all__ = ["MIN_TTL", "CacheDecision", "CachePolicy", "classify"]
+
+MIN_TTL = 60
+
+
+@dataclass(frozen=True, slots=True)
+class CachePolicy:
+    default_ttl: int = 86_400
+    max_ttl: int = 30 * 86_400
+    cache_sampled: bool = True
+    enabled: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class CacheDecision:
+    read: bool
+    write: bool
+    ttl: int
+    reason: str
+
+    @property
+    def bypass(self) -> bool:
+        return not (self.read or self.write)
+
+
+DEFAULT_POLICY = CachePolicy()
+
+
+def _directives(cache_control: str) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for part in cache_control.lower().split(","):
+        name, _, value = part.strip().partition("=")
+        if name:
+            found[name] = value.strip().strip('"')
+    return found
+
+
+def classify(
+    request: ChatRequest, cache_control: str | None = None, policy: CachePolicy = DEFAULT_POLICY
+) -> CacheDecision:
+    ttl = max(MIN_TTL, min(policy.default_ttl, policy.max_ttl))
+    if not policy.enabled:
+        return CacheDecision(False, False, ttl, "cache disabled for project")
+    temperature = request.body.get("temperature")
+    if not policy.cache_sampled and temperature != 0 and request.body.get("seed") is None:
+        return CacheDecision(False, False, ttl, "sampled request (temperature != 0, no seed)")
+    read = write = True
+    reasons = []
+    if cache_control:
+        directives = _directives(cache_control)
+        if "no-cache" in directives:
+            read = False
+            reasons.append("no-cache")
+        if "no-store" in directives:
+            write = False
+            reasons.append("no-store")
+        max_age = directives.get("max-age")
+        if max_age is not None and max_age.isdigit():
+            ttl = max(MIN_TTL, min(int(max_age), policy.max_ttl))
+            reasons.append(f"max-age={ttl}")
+    return CacheDecision(read, write, ttl, ", ".join(reasons) or "cacheable")

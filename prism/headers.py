@@ -1,0 +1,30 @@
+"""Header names of the gateway's contract, and the Server-Timing format."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = [
+    "CACHE_KEY",
+    "CACHE_KEY_PREFIX_LEN",
+    "CACHE_LAYER",
+    "FORWARD",
+    "PROVIDER",
+    "REQUEST_ID",
+    "SERVER_TIMING",
+    "server_timing",
+]
+
+CACHE_LAYER = "x-prism-edge-cache-layer"  # kv | redis | miss | bypass
+CACHE_KEY = "x-prism-cache-key"  # a short prefix of the fingerprint
+REQUEST_ID = "x-request-id"
+SERVER_TIMING = "server-timing"
+PROVIDER = "x-prism-provider"  # which provider answered a miss
+FORWARD = "x-prism-forward"  # the edge's signed identity + fingerprint
+
+CACHE_KEY_PREFIX_LEN = 16
+
+
+def server_timing(stages: Iterable[tuple[str, float]]) -> str:
+    """Render ``(name, milliseconds)`` pairs as a Server-Timing header value."""
+    return ", ".join(f"{name};dur={ms:.2f}" for name, ms in stages)

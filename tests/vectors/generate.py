@@ -1,0 +1,70 @@
+"""Regenerate core.json: `python -m tests.vectors.generate`.
+
+Only do this for a deliberate format change: a changed fingerprint colds every cache.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prism import KeyRing, fingerprint, parse_chat_request
+
+HERE = Path(__file__).parent
+PATH = "/v1/chat/completions"
+SECRETS = {"1": "vector-secret-one-0123456789", "2": "vector-secret-two-9876543210"}
+
+BODIES = [
+    '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Hello"}]}',
+    '{"messages":[{"content":"Hello","role":"user"}],"model":"gpt-4o-mini","stream":true,"user":"u1"}',
+    '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Hello"}],"temperature":0}',
+    '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Hello"}],"temperature":0.0}',
+    '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Hello"}],"temperature":0e0}',
+    '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Hello"}],"temperature":0.7,"top_p":0.95}',
+    '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"caf\\u00e9 \\ud83c\\udf0d"}]}',
+    '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"café 🌍"}]}',
+    '{"model":"claude-3-5-haiku","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":[{"type":"text","text":"Hi"}]}],"max_tokens":64,"stop":["\\n"],"seed":7}',
+    '{"model":"gpt-4o","messages":[{"role":"user","content":"weather?"}],"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}],"tool_choice":"required","n":2,"logit_bias":{"50256":-100},"response_format":{"type":"json_object"},"reasoning_effort":"low"}',
+    '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"big"}],"max_tokens":1e3,"presence_penalty":-1.5,"frequency_penalty":1.25e0}',
+]
+PROJECTS = ["acme", "globex-2"]
+
+
+def generate() -> dict[str, object]:
+    ring = KeyRing({int(v): s.encode() for v, s in SECRETS.items()})
+    good_v1 = ring.mint("acme", key_id="a1b2c3d4e5f60718", version=1)
+    good_v2 = ring.mint("globex-2", key_id="0f1e2d3c4b5a6978", version=2)
+    other = KeyRing({1: b"some-other-secret-0123456"}).mint("acme", key_id="a1b2c3d4e5f60718")
+    keys = [
+        good_v1,
+        good_v2,
+        good_v1[:-1] + ("A" if good_v1[-1] != "A" else "B"),
+        good_v1.replace(".acme.", ".globex-2."),
+        other,
+        good_v1.replace("sk-prism-v1.", "sk-prism-v3."),
+        "sk-live-not-ours",
+        "",
+        good_v2 + "x",
+    ]
+    key_vectors = []
+    for key in keys:
+        try:
+            identity = ring.verify(key)
+            key_vectors.append({"key": key, "valid": True, "project": identity.project})
+        except Exception as error:
+            key_vectors.append({"key": key, "valid": False, "code": getattr(error, "code", "")})
+    fingerprints = [
+        {
+            "project": project,
+            "path": PATH,
+            "body": body,
+            "fingerprint": fingerprint(project, PATH, parse_chat_request(body.encode())),
+        }
+        for body in BODIES
+        for project in PROJECTS
+    ]
+    return {"key_secrets": SECRETS, "keys": key_vectors, "fingerprints": fingerprints}
+
+
+if __name__ == "__main__":
+    (HERE / "core.json").write_text(json.dumps(generate(), indent=1, ensure_ascii=False) + "\n")
