@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from .commands import keys
+from .commands import keys, origin
 from .commands.fingerprint import fingerprint_command
 
 __all__ = ["app", "main"]
@@ -16,6 +16,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(keys.app)
+app.add_typer(origin.app)
 app.command("fingerprint")(fingerprint_command)
 
 

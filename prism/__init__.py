@@ -5,7 +5,7 @@ CPython and in the Pyodide Workers runtime.
 """
 
 from .classify import MIN_TTL, CacheDecision, CachePolicy, classify
-from .envelope import Envelope
+from .envelope import Envelope, entry_key
 from .envelope import decode as decode_envelope
 from .envelope import encode as encode_envelope
 from .errors import (
@@ -25,13 +25,14 @@ from .errors import (
 )
 from .fingerprint import EXCLUDED_FIELDS, canonical_document, fingerprint
 from .forward import Forwarded, sign_forward, verify_forward
-from .keys import KeyIdentity, KeyRing, key_hash, parse_key_secrets, valid_project_id
+from .keys import REVOKED_KEY, KeyIdentity, KeyRing, key_hash, parse_key_secrets, valid_project_id
 from .request import ChatRequest, Limits, parse_chat_request
 from .sse import SSEDecoder, StreamAssembler, replay
 
 __all__ = [
     "EXCLUDED_FIELDS",
     "MIN_TTL",
+    "REVOKED_KEY",
     "AuthenticationError",
     "CacheDecision",
     "CachePolicy",
@@ -57,6 +58,7 @@ __all__ = [
     "classify",
     "decode_envelope",
     "encode_envelope",
+    "entry_key",
     "error_body",
     "error_json",
     "fingerprint",

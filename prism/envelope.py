@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ENVELOPE_VERSION", "Envelope", "decode", "encode"]
+__all__ = ["ENVELOPE_VERSION", "Envelope", "decode", "encode", "entry_key"]
 
 ENVELOPE_VERSION = 1
 _SUM_LEN = 16
@@ -42,6 +42,11 @@ class Envelope:
 
     def expires_at(self) -> int:
         return self.created + self.ttl
+
+
+def entry_key(fingerprint: str) -> str:
+    """The key of an entry, the same in Redis and in Workers KV."""
+    return f"prism:v{ENVELOPE_VERSION}:{fingerprint}"
 
 
 def _sum(body: bytes) -> str:

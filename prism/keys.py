@@ -20,7 +20,17 @@ from dataclasses import dataclass
 
 from .errors import AuthenticationError
 
-__all__ = ["KeyIdentity", "KeyRing", "key_hash", "parse_key_secrets", "valid_project_id"]
+__all__ = [
+    "REVOKED_KEY",
+    "KeyIdentity",
+    "KeyRing",
+    "key_hash",
+    "parse_key_secrets",
+    "valid_project_id",
+]
+
+# Revoked key ids: a Redis set at the origin, a JSON list in Workers KV for the edge.
+REVOKED_KEY = "prism:revoked"
 
 _PREFIX = "sk-prism-v"
 _PROJECT_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}\Z")

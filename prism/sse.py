@@ -172,9 +172,9 @@ class SSEDecoder:
         self._buffer = b""
         self._data: list[bytes] = []
 
-    def feed(self, chunk: bytes) -> list[str]:
+    def feed(self, chunk: bytes) -> list[bytes]:
         self._buffer += chunk
-        events: list[str] = []
+        events: list[bytes] = []
         while True:
             newline = self._buffer.find(b"\n")
             if newline < 0:
@@ -183,7 +183,7 @@ class SSEDecoder:
             self._buffer = self._buffer[newline + 1 :]
             if not line:
                 if self._data:
-                    events.append(b"\n".join(self._data).decode("utf-8", "replace"))
+                    events.append(b"\n".join(self._data))
                     self._data = []
             elif line.startswith(b"data:"):
                 value = line[5:]

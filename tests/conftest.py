@@ -4,4 +4,5 @@ pytest_plugins = [
     "tests.fixtures.provider",
     "tests.fixtures.workers",
     "tests.fixtures.aws",
+    "tests.fixtures.origin",
 ]

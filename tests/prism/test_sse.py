@@ -145,7 +145,7 @@ def assemble(stream: bytes, chunk_size: int) -> StreamAssembler:
     decoder, assembler = SSEDecoder(), StreamAssembler()
     for start in range(0, len(stream), chunk_size):
         for data in decoder.feed(stream[start : start + chunk_size]):
-            if data == "[DONE]":
+            if data == b"[DONE]":
                 assembler.finish()
             else:
                 assembler.add(json.loads(data))
@@ -174,6 +174,6 @@ def test_stream_without_done_or_finish_is_incomplete() -> None:
 def test_decoder_handles_crlf_multiline_and_comments() -> None:
     decoder = SSEDecoder()
     assert decoder.feed(b": keepalive\r\n\r\nevent: x\r\ndata: a\r\ndata: b\r\n\r\ndata:c\n") == [
-        "a\nb"
+        b"a\nb"
     ]
-    assert decoder.feed(b"\n") == ["c"]
+    assert decoder.feed(b"\n") == [b"c"]

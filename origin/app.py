@@ -1,0 +1,93 @@
+"""``create_app(settings)``: the only place the origin is wired together."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+
+import httpx
+import orjson
+from redis.asyncio import Redis
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from prism import PrismError
+from prism import headers as h
+
+from .auth import authenticate
+from .chat import ChatCompletions
+from .gateway import Gateway
+from .responses import error_response, exception_handlers
+from .settings import Settings
+
+__all__ = ["create_app"]
+
+
+def _json(data: object, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status, media_type="application/json")
+
+
+def create_app(
+    settings: Settings,
+    *,
+    redis: Redis | None = None,
+    transports: Mapping[str, httpx.AsyncBaseTransport] | None = None,
+    kv_transport: httpx.AsyncBaseTransport | None = None,
+) -> Starlette:
+    """The origin ASGI app. ``transports`` swap a provider's HTTP transport (by provider name)."""
+    gateway = Gateway(settings, redis=redis, transports=transports, kv_transport=kv_transport)
+    chat = ChatCompletions(gateway)
+    started = time.time()
+
+    async def models(request: Request) -> Response:
+        try:
+            authenticate(request.headers, settings.key_ring, settings.forward_secret)
+        except PrismError as error:
+            return error_response(error, request.headers.get(h.REQUEST_ID))
+        data = [
+            {"id": name, "object": "model", "created": int(started), "owned_by": "prism"}
+            for name in settings.providers.public_models()
+        ]
+        return _json({"object": "list", "data": data})
+
+    async def healthz(request: Request) -> Response:
+        redis_ok = await gateway.cache.ping()
+        writer = gateway.kv_writer
+        body = {
+            "status": "ok" if redis_ok else "degraded",
+            "redis": {"ok": redis_ok},
+            "providers": {
+                name: {"kind": p.spec.kind, "base_url": p.spec.base_url}
+                for name, p in gateway.providers.items()
+            },
+            "kv_writer": {"enabled": writer is not None},
+            "uptime_seconds": round(time.time() - started, 1),
+        }
+        return _json(body)
+
+    async def metrics(request: Request) -> Response:
+        return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await gateway.start()
+        try:
+            yield
+        finally:
+            await gateway.close()
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat.handle, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+        ],
+        exception_handlers=exception_handlers,
+        lifespan=lifespan,
+    )
+    app.state.gateway = gateway
+    return app

@@ -1,0 +1,38 @@
+"""Who is calling: a signed forward from the edge, or an API key checked here."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from starlette.datastructures import Headers
+
+from prism import KeyRing, verify_forward
+from prism import headers as h
+
+__all__ = ["Caller", "authenticate", "bearer"]
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    project: str
+    key_id: str
+    fingerprint: str | None  # computed and signed by the edge; None when called directly
+
+
+def bearer(headers: Headers) -> str:
+    value = headers.get("authorization", "")
+    scheme, _, token = value.partition(" ")
+    if scheme.lower() != "bearer":
+        return ""
+    return token.strip()
+
+
+def authenticate(headers: Headers, key_ring: KeyRing, forward_secret: bytes) -> Caller:
+    forwarded = headers.get(h.FORWARD)
+    if forwarded is not None:
+        # Only the edge can sign this; a bad or expired one is refused, never ignored.
+        found = verify_forward(forward_secret, forwarded, time.time())
+        return Caller(found.project, found.key_id, found.fingerprint or None)
+    identity = key_ring.verify(bearer(headers))
+    return Caller(identity.project, identity.key_id, None)

@@ -1,0 +1,102 @@
+"""The origin's parts, built once from settings and shared by every route."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine, Mapping
+from typing import Any
+
+import httpx
+from redis.asyncio import Redis
+
+from prism import encode_envelope, entry_key
+
+from .cache import RedisCache
+from .flight import FlightTable
+from .kv_writer import KVWriter
+from .metrics import Metrics
+from .providers.anthropic import AnthropicProvider
+from .providers.base import ChatProvider, ProviderSpec, UpstreamCompletion
+from .providers.openai import OpenAICompatibleProvider
+from .router import Router
+from .settings import Settings
+
+__all__ = ["Gateway"]
+
+log = logging.getLogger("prism.origin")
+
+
+def build_provider(
+    spec: ProviderSpec, transport: httpx.AsyncBaseTransport | None = None
+) -> ChatProvider:
+    if spec.kind == "anthropic":
+        return AnthropicProvider(spec, transport)
+    return OpenAICompatibleProvider(spec, transport)
+
+
+class Gateway:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        redis: Redis | None = None,
+        transports: Mapping[str, httpx.AsyncBaseTransport] | None = None,
+        kv_transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self.redis = redis or Redis.from_url(
+            settings.redis_url,
+            socket_timeout=settings.redis_timeout,
+            socket_connect_timeout=settings.redis_timeout,
+            max_connections=512,
+        )
+        self.cache = RedisCache(self.redis, self.metrics, settings.redis_retry_after)
+        transports = transports or {}
+        self.providers: dict[str, ChatProvider] = {
+            name: build_provider(spec, transports.get(name))
+            for name, spec in settings.providers.providers.items()
+        }
+        self.router = Router(settings.providers, self.providers, self.metrics)
+        self.flights = FlightTable(self.router, on_join=self.metrics.coalesced.inc)
+        self._kv_client: httpx.AsyncClient | None = None
+        self.kv_writer: KVWriter | None = None
+        if settings.kv is not None:
+            self._kv_client = httpx.AsyncClient(transport=kv_transport, timeout=30.0)
+            self.kv_writer = KVWriter(settings.kv, self._kv_client, self.metrics)
+        self._background: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+        """Run ``work`` after the response, holding a reference so it is not collected."""
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def store(self, fingerprint: str, result: UpstreamCompletion, model: str, ttl: int) -> None:
+        """Write a new entry to Redis and queue it for Workers KV; neither delays the client."""
+        usage = result.completion.get("usage")
+        data = encode_envelope(
+            result.body, model=model, ttl=ttl, usage=usage if isinstance(usage, dict) else None
+        )
+        self.spawn(self.cache.store(fingerprint, data, ttl))
+        if self.kv_writer is not None:
+            self.kv_writer.submit(entry_key(fingerprint), data, ttl)
+
+    async def start(self) -> None:
+        if self.kv_writer is not None:
+            self.kv_writer.start()
+
+    async def close(self) -> None:
+        if self._background:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(5):
+                    await asyncio.gather(*self._background, return_exceptions=True)
+        if self.kv_writer is not None:
+            await self.kv_writer.stop()
+        if self._kv_client is not None:
+            await self._kv_client.aclose()
+        for provider in self.providers.values():
+            await provider.aclose()
+        await self.redis.aclose()

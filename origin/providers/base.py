@@ -1,0 +1,71 @@
+"""What every provider adapter gives the origin.
+
+A provider turns an OpenAI chat-completions body into either a complete
+``chat.completion`` (JSON bytes) or a stream of OpenAI ``chat.completion.chunk``
+SSE bytes, and reports failures as ``PrismError`` subclasses (429, 502, 503,
+504), so the router and the handlers never see transport exceptions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+__all__ = ["ChatProvider", "ProviderSpec", "UpstreamCompletion", "UpstreamStream"]
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderSpec:
+    """A provider as data: an OpenAI-compatible one needs nothing more than this."""
+
+    name: str
+    kind: str  # "openai" (any OpenAI-compatible API) or "anthropic"
+    base_url: str
+    api_key: str | None = None
+    api_key_env: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    connect_timeout: float = 5.0
+    first_byte_timeout: float = 60.0  # also the longest silence allowed mid-stream
+    total_timeout: float = 600.0
+    max_connections: int = 256
+    label: str | None = None  # what x-prism-provider says; defaults to name
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamCompletion:
+    """A complete, successful (HTTP 200) ``chat.completion``."""
+
+    body: bytes  # JSON, served to the client and stored as is
+    completion: dict[str, Any]  # the same, parsed
+
+
+@dataclass(slots=True)
+class UpstreamStream:
+    """A successful streamed answer, already started (status 200 seen).
+
+    ``events`` yields OpenAI-format SSE bytes (``data: {chunk}\\n\\n`` … ``data: [DONE]\\n\\n``)
+    as they arrive; it raises ``PrismError`` if the stream breaks (stall, cut).
+    ``aclose`` releases the connection when the consumer stops early.
+    """
+
+    events: AsyncIterator[bytes]
+
+    async def aclose(self) -> None:
+        aclose = getattr(self.events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+class ChatProvider(Protocol):
+    spec: ProviderSpec
+
+    async def complete(self, body: dict[str, Any], model: str) -> UpstreamCompletion:
+        """Send a non-stream request for upstream ``model``; raise ``PrismError`` on failure."""
+        ...
+
+    async def stream(self, body: dict[str, Any], model: str) -> UpstreamStream:
+        """Start a stream for upstream ``model``; errors before the first byte raise here."""
+        ...
+
+    async def aclose(self) -> None: ...

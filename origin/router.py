@@ -1,0 +1,82 @@
+"""Chooses the provider for a model and fails over, before the first byte, to the next one.
+
+The seam for what comes next (health gates, hedged requests): every call goes
+through ``Router``, which knows the ordered targets for a model and records
+each provider's outcome and latency.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from prism import NotFoundError, PrismError, RateLimitError, UpstreamError
+
+from .metrics import Metrics
+from .providers.base import ChatProvider, UpstreamCompletion, UpstreamStream
+from .providers.config import ProviderConfig
+
+__all__ = ["Router"]
+
+# Failures that another provider may not share; a 400 or 404 would only repeat.
+_RETRYABLE = (UpstreamError, RateLimitError)
+
+
+class Router:
+    def __init__(
+        self, config: ProviderConfig, providers: Mapping[str, ChatProvider], metrics: Metrics
+    ) -> None:
+        self._config = config
+        self._providers = providers
+        self._metrics = metrics
+
+    def _targets(self, model: str) -> list[tuple[ChatProvider, str]]:
+        targets = [(self._providers[spec.name], up) for spec, up in self._config.targets(model)]
+        if not targets:
+            raise NotFoundError(
+                f"The model '{model}' is not served by this gateway.",
+                param="model",
+                code="model_not_found",
+            )
+        return targets
+
+    def knows(self, model: str) -> bool:
+        return bool(self._config.targets(model))
+
+    def _observe(self, provider: ChatProvider, started: float, outcome: str) -> None:
+        self._metrics.provider_seconds.labels(provider.spec.name, outcome).observe(
+            time.perf_counter() - started
+        )
+
+    async def complete(self, body: dict[str, Any], model: str) -> tuple[UpstreamCompletion, str]:
+        """The first successful answer among the model's targets, and who gave it."""
+        last: PrismError | None = None
+        for provider, upstream_model in self._targets(model):
+            started = time.perf_counter()
+            try:
+                result = await provider.complete(body, upstream_model)
+            except _RETRYABLE as error:
+                self._observe(provider, started, "error")
+                last = error
+                continue
+            self._observe(provider, started, "ok")
+            return result, provider.spec.label or provider.spec.name
+        assert last is not None
+        raise last
+
+    async def stream(self, body: dict[str, Any], model: str) -> tuple[UpstreamStream, str]:
+        """A started stream from the first target that answers; failover only before byte one."""
+        last: PrismError | None = None
+        for provider, upstream_model in self._targets(model):
+            started = time.perf_counter()
+            try:
+                stream = await provider.stream(body, upstream_model)
+            except _RETRYABLE as error:
+                self._observe(provider, started, "error")
+                last = error
+                continue
+            self._observe(provider, started, "ok")
+            return stream, provider.spec.label or provider.spec.name
+        assert last is not None
+        raise last

@@ -1,0 +1,110 @@
+"""The origin's one frozen settings object, read from the environment once, at the boundary."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prism import KeyRing, Limits, parse_key_secrets
+
+from .providers.config import ProviderConfig, load_provider_config
+
+__all__ = ["KVSettings", "Settings", "SettingsError"]
+
+DEFAULT_KV_API = "https://api.cloudflare.com/client/v4"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+class SettingsError(ValueError):
+    """A configuration problem, said in one line a user can act on."""
+
+
+@dataclass(frozen=True, slots=True)
+class KVSettings:
+    """Where the origin replicates new cache entries (the Workers KV REST API)."""
+
+    api_url: str
+    account_id: str
+    namespace_id: str
+    api_token: str = field(repr=False)
+    flush_interval: float = 1.0
+    max_batch: int = 10_000
+    max_queue: int = 50_000
+    max_attempts: int = 6
+
+    @property
+    def bulk_url(self) -> str:
+        return (
+            f"{self.api_url.rstrip('/')}/accounts/{self.account_id}"
+            f"/storage/kv/namespaces/{self.namespace_id}/bulk"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    key_ring: KeyRing = field(repr=False)
+    forward_secret: bytes = field(repr=False)
+    providers: ProviderConfig
+    redis_url: str = DEFAULT_REDIS_URL
+    kv: KVSettings | None = None
+    limits: Limits = field(default_factory=Limits)
+    default_ttl: int = 86_400
+    redis_timeout: float = 0.5
+    redis_retry_after: float = 1.0  # how long Redis is skipped after it failed
+    coalesce: bool = True
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Build from ``PRISM_*`` (and the usual provider) environment variables."""
+        env = os.environ if env is None else env
+        secret = env.get("PRISM_KEY_SECRET", "")
+        if not secret:
+            raise SettingsError("PRISM_KEY_SECRET is not set (the API-key signing secret).")
+        try:
+            ring = parse_key_secrets(secret)
+        except ValueError as error:
+            raise SettingsError(f"PRISM_KEY_SECRET: {error}") from None
+        forward = env.get("PRISM_FORWARD_SECRET", "")
+        if len(forward) < 16:
+            raise SettingsError(
+                "PRISM_FORWARD_SECRET must be set to at least 16 characters "
+                "(the secret the edge signs forwarded requests with)."
+            )
+        providers_file = env.get("PRISM_PROVIDERS_FILE")
+        try:
+            providers = load_provider_config(Path(providers_file) if providers_file else None, env)
+        except ValueError as error:
+            raise SettingsError(str(error)) from None
+        kv = None
+        account, namespace = env.get("PRISM_KV_ACCOUNT_ID"), env.get("PRISM_KV_NAMESPACE_ID")
+        if account and namespace:
+            kv = KVSettings(
+                api_url=env.get("PRISM_KV_API_URL", DEFAULT_KV_API),
+                account_id=account,
+                namespace_id=namespace,
+                api_token=env.get("CLOUDFLARE_API_TOKEN", ""),
+                flush_interval=_number(env, "PRISM_KV_FLUSH_INTERVAL", 1.0),
+            )
+        return cls(
+            key_ring=ring,
+            forward_secret=forward.encode(),
+            providers=providers,
+            redis_url=env.get("REDIS_URL") or env.get("PRISM_REDIS_URL") or DEFAULT_REDIS_URL,
+            kv=kv,
+            default_ttl=int(_number(env, "PRISM_CACHE_TTL", 86_400)),
+            limits=Limits(
+                max_body_bytes=int(_number(env, "PRISM_MAX_BODY_BYTES", Limits().max_body_bytes))
+            ),
+        )
+
+
+def _number(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be a number, got {raw!r}.") from None

@@ -1,0 +1,136 @@
+"""The official openai SDK through the origin: misses, hits, streams, over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import openai
+import pytest
+
+from deploy.local.provider import ProviderServer
+from tests.fixtures.origin import OriginFactory, RunningOrigin
+
+MESSAGES = [{"role": "user", "content": "Tell me about prisms."}]
+
+
+def sdk(origin: RunningOrigin, api_key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=origin.url + "/v1", api_key=api_key, max_retries=0)
+
+
+def layer(response: httpx.Response) -> str:
+    return response.headers["x-prism-edge-cache-layer"]
+
+
+def test_miss_then_redis_hit_with_the_sync_sdk(
+    origin: RunningOrigin, api_key: str, provider: ProviderServer
+) -> None:
+    client = sdk(origin, api_key)
+    first = client.chat.completions.with_raw_response.create(model="demo", messages=MESSAGES)
+    second = client.chat.completions.with_raw_response.create(model="demo", messages=MESSAGES)
+    assert layer(first.http_response) == "miss"
+    assert layer(second.http_response) == "redis"
+    a, b = first.parse(), second.parse()
+    assert a.choices[0].message.content and a.choices[0].message.content == b.choices[0].message.content
+    assert a.id == b.id
+    assert provider.control.stats()["chat_requests"] == 1
+    assert first.http_response.headers["x-prism-cache-key"] == second.http_response.headers["x-prism-cache-key"]
+    timing = second.http_response.headers["server-timing"]
+    assert "redis;dur=" in timing and "auth;dur=" in timing
+
+
+def test_streamed_miss_then_stream_and_json_hits(
+    origin: RunningOrigin, api_key: str, provider: ProviderServer
+) -> None:
+    client = sdk(origin, api_key)
+    plain = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "x"}])
+    expected = plain.choices[0].message.content
+    provider.control.reset()
+
+    body = [{"role": "user", "content": "stream me"}]
+    with client.chat.completions.with_streaming_response.create(
+        model="demo", messages=body, stream=True, stream_options={"include_usage": True}
+    ) as response:
+        assert layer(response.http_response) == "miss"
+        chunks = list(response.parse())
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text and chunks[-1].usage is not None
+
+    # the stored entry serves both a stream hit and a JSON hit
+    with client.chat.completions.with_streaming_response.create(
+        model="demo", messages=body, stream=True
+    ) as response:
+        assert layer(response.http_response) == "redis"
+        replayed = list(response.parse())
+    assert "".join(c.choices[0].delta.content or "" for c in replayed if c.choices) == text
+    assert all(c.usage is None for c in replayed)  # not asked for
+    as_json = client.chat.completions.with_raw_response.create(model="demo", messages=body)
+    assert layer(as_json.http_response) == "redis"
+    assert as_json.parse().choices[0].message.content == text
+    assert provider.control.stats()["chat_requests"] == 1
+    assert expected  # the provider answers non-empty content
+
+
+async def test_async_sdk_miss_and_hit(origin: RunningOrigin, api_key: str) -> None:
+    client = openai.AsyncOpenAI(base_url=origin.url + "/v1", api_key=api_key, max_retries=0)
+    body = [{"role": "user", "content": "async please"}]
+    first = await client.chat.completions.with_raw_response.create(model="demo", messages=body)
+    second = await client.chat.completions.with_raw_response.create(model="demo", messages=body)
+    assert (layer(first.http_response), layer(second.http_response)) == ("miss", "redis")
+    stream = await client.chat.completions.create(model="demo", messages=body, stream=True)
+    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert text == first.parse().choices[0].message.content
+    await client.close()
+
+
+def test_two_projects_never_share_an_entry(
+    origin: RunningOrigin, key_ring, provider: ProviderServer  # type: ignore[no-untyped-def]
+) -> None:
+    acme, globex = key_ring.mint("acme"), key_ring.mint("globex")
+    body = [{"role": "user", "content": "shared question"}]
+    a1 = sdk(origin, acme).chat.completions.with_raw_response.create(model="demo", messages=body)
+    g1 = sdk(origin, globex).chat.completions.with_raw_response.create(model="demo", messages=body)
+    g2 = sdk(origin, globex).chat.completions.with_raw_response.create(model="demo", messages=body)
+    assert layer(a1.http_response) == "miss"
+    assert layer(g1.http_response) == "miss"
+    assert layer(g2.http_response) == "redis"
+    assert a1.http_response.headers["x-prism-cache-key"] != g1.http_response.headers["x-prism-cache-key"]
+    assert provider.control.stats()["chat_requests"] == 2
+
+
+def test_fifty_concurrent_identical_misses_make_one_provider_call(
+    origin_factory: OriginFactory, api_key: str, provider_factory  # type: ignore[no-untyped-def]
+) -> None:
+    from deploy.local.provider import ProviderSettings
+
+    slow = provider_factory(ProviderSettings(latency_ms=300))
+    origin = origin_factory(OPENAI_BASE_URL=slow.url + "/v1")
+
+    async def run() -> list[httpx.Response]:
+        async with httpx.AsyncClient(
+            base_url=origin.url, headers={"authorization": f"Bearer {api_key}"}, timeout=30,
+            limits=httpx.Limits(max_connections=100),
+        ) as http:
+            body = {"model": "demo", "messages": [{"role": "user", "content": "coalesce"}]}
+            stream_body = {**body, "stream": True}
+            return await asyncio.gather(
+                *[http.post("/v1/chat/completions", json=stream_body if i % 5 == 0 else body) for i in range(50)]
+            )
+
+    responses = asyncio.run(run())
+    assert [r.status_code for r in responses] == [200] * 50
+    contents = {r.json()["choices"][0]["message"]["content"] for r in responses if "json" in r.headers["content-type"]}
+    assert len(contents) == 1
+    streams = [r.text for r in responses if "event-stream" in r.headers["content-type"]]
+    assert len(streams) == 10 and all(s.endswith("data: [DONE]\n\n") for s in streams)
+    assert slow.control.stats()["chat_requests"] == 1
+    assert origin.metric("prism_origin_coalesced_requests_total") == 49
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_model_listing_and_unknown_routes(client: httpx.Client, stream: bool) -> None:
+    assert client.get("/v1/models").json()["object"] == "list"
+    missing = client.get("/v1/nope")
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
+    wrong = client.get("/v1/chat/completions")
+    assert wrong.status_code == 405 and wrong.json()["error"]["code"] == "method_not_allowed"
