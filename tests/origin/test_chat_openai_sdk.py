@@ -31,10 +31,16 @@ def test_miss_then_redis_hit_with_the_sync_sdk(
     assert layer(first.http_response) == "miss"
     assert layer(second.http_response) == "redis"
     a, b = first.parse(), second.parse()
-    assert a.choices[0].message.content and a.choices[0].message.content == b.choices[0].message.content
+    assert (
+        a.choices[0].message.content
+        and a.choices[0].message.content == b.choices[0].message.content
+    )
     assert a.id == b.id
     assert provider.control.stats()["chat_requests"] == 1
-    assert first.http_response.headers["x-prism-cache-key"] == second.http_response.headers["x-prism-cache-key"]
+    assert (
+        first.http_response.headers["x-prism-cache-key"]
+        == second.http_response.headers["x-prism-cache-key"]
+    )
     timing = second.http_response.headers["server-timing"]
     assert "redis;dur=" in timing and "auth;dur=" in timing
 
@@ -43,7 +49,9 @@ def test_streamed_miss_then_stream_and_json_hits(
     origin: RunningOrigin, api_key: str, provider: ProviderServer
 ) -> None:
     client = sdk(origin, api_key)
-    plain = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "x"}])
+    plain = client.chat.completions.create(
+        model="demo", messages=[{"role": "user", "content": "x"}]
+    )
     expected = plain.choices[0].message.content
     provider.control.reset()
 
@@ -84,7 +92,9 @@ async def test_async_sdk_miss_and_hit(origin: RunningOrigin, api_key: str) -> No
 
 
 def test_two_projects_never_share_an_entry(
-    origin: RunningOrigin, key_ring, provider: ProviderServer  # type: ignore[no-untyped-def]
+    origin: RunningOrigin,
+    key_ring,
+    provider: ProviderServer,  # type: ignore[no-untyped-def]
 ) -> None:
     acme, globex = key_ring.mint("acme"), key_ring.mint("globex")
     body = [{"role": "user", "content": "shared question"}]
@@ -94,12 +104,17 @@ def test_two_projects_never_share_an_entry(
     assert layer(a1.http_response) == "miss"
     assert layer(g1.http_response) == "miss"
     assert layer(g2.http_response) == "redis"
-    assert a1.http_response.headers["x-prism-cache-key"] != g1.http_response.headers["x-prism-cache-key"]
+    assert (
+        a1.http_response.headers["x-prism-cache-key"]
+        != g1.http_response.headers["x-prism-cache-key"]
+    )
     assert provider.control.stats()["chat_requests"] == 2
 
 
 def test_fifty_concurrent_identical_misses_make_one_provider_call(
-    origin_factory: OriginFactory, api_key: str, provider_factory  # type: ignore[no-untyped-def]
+    origin_factory: OriginFactory,
+    api_key: str,
+    provider_factory,  # type: ignore[no-untyped-def]
 ) -> None:
     from deploy.local.provider import ProviderSettings
 
@@ -108,18 +123,27 @@ def test_fifty_concurrent_identical_misses_make_one_provider_call(
 
     async def run() -> list[httpx.Response]:
         async with httpx.AsyncClient(
-            base_url=origin.url, headers={"authorization": f"Bearer {api_key}"}, timeout=30,
+            base_url=origin.url,
+            headers={"authorization": f"Bearer {api_key}"},
+            timeout=30,
             limits=httpx.Limits(max_connections=100),
         ) as http:
             body = {"model": "demo", "messages": [{"role": "user", "content": "coalesce"}]}
             stream_body = {**body, "stream": True}
             return await asyncio.gather(
-                *[http.post("/v1/chat/completions", json=stream_body if i % 5 == 0 else body) for i in range(50)]
+                *[
+                    http.post("/v1/chat/completions", json=stream_body if i % 5 == 0 else body)
+                    for i in range(50)
+                ]
             )
 
     responses = asyncio.run(run())
     assert [r.status_code for r in responses] == [200] * 50
-    contents = {r.json()["choices"][0]["message"]["content"] for r in responses if "json" in r.headers["content-type"]}
+    contents = {
+        r.json()["choices"][0]["message"]["content"]
+        for r in responses
+        if "json" in r.headers["content-type"]
+    }
     assert len(contents) == 1
     streams = [r.text for r in responses if "event-stream" in r.headers["content-type"]]
     assert len(streams) == 10 and all(s.endswith("data: [DONE]\n\n") for s in streams)
