@@ -74,6 +74,11 @@ class Gateway:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    @property
+    def background_tasks(self) -> int:
+        """Cache writes still running (for /healthz and for tests that wait for them)."""
+        return len(self._background)
+
     def store(self, fingerprint: str, result: UpstreamCompletion, model: str, ttl: int) -> None:
         """Write a new entry to Redis and queue it for Workers KV; neither delays the client."""
         usage = result.completion.get("usage")

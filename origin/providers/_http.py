@@ -13,6 +13,7 @@ from prism import (
     NotFoundError,
     PrismError,
     RateLimitError,
+    RequestTooLargeError,
     UpstreamError,
     UpstreamTimeoutError,
     UpstreamUnavailableError,
@@ -83,6 +84,8 @@ def raise_for_upstream(
             code="upstream_rate_limited",
             headers={"retry-after": retry_after} if retry_after else None,
         )
+    if status == 413:
+        raise RequestTooLargeError(f"Provider '{spec.name}' says the request is too large{suffix}")
     if status in (400, 422):
         raise InvalidRequestError(f"Provider '{spec.name}' rejected the request{suffix}")
     if status == 404:
@@ -93,7 +96,7 @@ def raise_for_upstream(
             f"Provider '{spec.name}' rejected the gateway's credentials.",
             code="upstream_auth_failed",
         )
-    if status == 503:
+    if status in (503, 529):  # 529: Anthropic's "overloaded"
         raise UpstreamUnavailableError(f"Provider '{spec.name}' is unavailable{suffix}")
     if status == 504:
         raise UpstreamTimeoutError(f"Provider '{spec.name}' timed out{suffix}")

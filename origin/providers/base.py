@@ -8,7 +8,7 @@ SSE bytes, and reports failures as ``PrismError`` subclasses (429, 502, 503,
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -50,11 +50,16 @@ class UpstreamStream:
     """
 
     events: AsyncIterator[bytes]
+    # Releases the upstream response even if ``events`` was never iterated (a generator
+    # closed before its first step skips its ``finally``).
+    close: Callable[[], Awaitable[None]] | None = None
 
     async def aclose(self) -> None:
         aclose = getattr(self.events, "aclose", None)
         if aclose is not None:
             await aclose()
+        if self.close is not None:
+            await self.close()
 
 
 class ChatProvider(Protocol):

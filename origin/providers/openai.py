@@ -78,7 +78,7 @@ class OpenAICompatibleProvider:
             finally:
                 await response.aclose()
             raise_for_upstream(self.spec, response.status_code, content, response.headers)
-        return UpstreamStream(events=self._events(response))
+        return UpstreamStream(events=self._events(response), close=response.aclose)
 
     async def _events(self, response: httpx.Response) -> AsyncIterator[bytes]:
         deadline = asyncio.get_running_loop().time() + self.spec.total_timeout

@@ -70,6 +70,7 @@ def test_signed_edge_forward_is_trusted_and_its_fingerprint_used(
     first = chat(origin, {"x-prism-forward": header})
     assert first.status_code == 200
     assert first.headers["x-prism-cache-key"] == fingerprint[:16]
+    origin.wait_stored()
     second = chat(origin, {"x-prism-forward": header})
     assert second.headers["x-prism-edge-cache-layer"] == "redis"
     assert provider.control.stats()["chat_requests"] == 1

@@ -27,6 +27,7 @@ def test_miss_then_redis_hit_with_the_sync_sdk(
 ) -> None:
     client = sdk(origin, api_key)
     first = client.chat.completions.with_raw_response.create(model="demo", messages=MESSAGES)
+    origin.wait_stored()
     second = client.chat.completions.with_raw_response.create(model="demo", messages=MESSAGES)
     assert layer(first.http_response) == "miss"
     assert layer(second.http_response) == "redis"
@@ -61,6 +62,7 @@ def test_streamed_miss_then_stream_and_json_hits(
     ) as response:
         assert layer(response.http_response) == "miss"
         chunks = list(response.parse())
+    origin.wait_stored()
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text and chunks[-1].usage is not None
 
@@ -83,6 +85,7 @@ async def test_async_sdk_miss_and_hit(origin: RunningOrigin, api_key: str) -> No
     client = openai.AsyncOpenAI(base_url=origin.url + "/v1", api_key=api_key, max_retries=0)
     body = [{"role": "user", "content": "async please"}]
     first = await client.chat.completions.with_raw_response.create(model="demo", messages=body)
+    origin.wait_stored()
     second = await client.chat.completions.with_raw_response.create(model="demo", messages=body)
     assert (layer(first.http_response), layer(second.http_response)) == ("miss", "redis")
     stream = await client.chat.completions.create(model="demo", messages=body, stream=True)
@@ -100,6 +103,7 @@ def test_two_projects_never_share_an_entry(
     body = [{"role": "user", "content": "shared question"}]
     a1 = sdk(origin, acme).chat.completions.with_raw_response.create(model="demo", messages=body)
     g1 = sdk(origin, globex).chat.completions.with_raw_response.create(model="demo", messages=body)
+    origin.wait_stored()
     g2 = sdk(origin, globex).chat.completions.with_raw_response.create(model="demo", messages=body)
     assert layer(a1.http_response) == "miss"
     assert layer(g1.http_response) == "miss"

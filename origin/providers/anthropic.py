@@ -1,0 +1,183 @@
+"""Anthropic's Messages API behind the OpenAI chat-completions interface.
+
+The wire work mirrors ``OpenAICompatibleProvider`` (same client, timeouts and
+error mapping); the shapes are translated by ``anthropic_translate``. A stream
+is re-encoded event by event as OpenAI chunks, and ``data: [DONE]`` is sent only
+after Anthropic's ``message_stop``: a cut stream ends in ``UpstreamError``
+instead, so the origin never stores a partial answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from typing import Any
+
+import httpx
+import orjson
+
+from prism import PrismError, UpstreamError, UpstreamTimeoutError
+from prism.sse import DONE, SSEDecoder
+
+from ._http import build_client, raise_for_upstream, transport_error
+from .anthropic_translate import StreamTranslator, to_chat_completion, to_messages_request
+from .base import ProviderSpec, UpstreamCompletion, UpstreamStream
+
+__all__ = ["ANTHROPIC_VERSION", "AnthropicProvider"]
+
+ANTHROPIC_VERSION = "2023-06-01"
+_PATH = "/v1/messages"
+_FINISH_SECONDS = 0.5  # how long to wait for the body's end after message_stop
+_OVERLOADED = 529  # Anthropic's "overloaded": the same thing as a 503 to the router
+
+
+def _sse(chunk: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+class AnthropicProvider:
+    def __init__(
+        self, spec: ProviderSpec, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
+        self.spec = spec
+        self._client = build_client(spec, transport)
+        self._headers = {"content-type": "application/json", "anthropic-version": ANTHROPIC_VERSION}
+        if spec.api_key:
+            self._headers["x-api-key"] = spec.api_key
+        # Identity encoding so each event is parsed the moment it arrives.
+        self._stream_headers = {
+            **self._headers,
+            "accept": "text/event-stream",
+            "accept-encoding": "identity",
+        }
+
+    def _raise_for_status(self, status: int, content: bytes, headers: Mapping[str, str]) -> None:
+        raise_for_upstream(self.spec, 503 if status == _OVERLOADED else status, content, headers)
+
+    def _malformed(self, what: str) -> UpstreamError:
+        return UpstreamError(f"Provider '{self.spec.name}' sent {what}.", code="upstream_malformed")
+
+    async def complete(self, body: dict[str, Any], model: str) -> UpstreamCompletion:
+        # Translate first: a request Anthropic cannot express fails before any I/O.
+        payload = orjson.dumps(to_messages_request(body, model))
+        try:
+            async with asyncio.timeout(self.spec.total_timeout):
+                response = await self._client.post(_PATH, content=payload, headers=self._headers)
+        except TimeoutError:
+            raise UpstreamTimeoutError(f"Provider '{self.spec.name}' took too long.") from None
+        except httpx.HTTPError as error:
+            raise transport_error(self.spec, error) from None
+        self._raise_for_status(response.status_code, response.content, response.headers)
+        try:
+            message = orjson.loads(response.content)
+        except orjson.JSONDecodeError:
+            raise self._malformed("malformed JSON") from None
+        if not isinstance(message, dict) or not isinstance(message.get("content"), list):
+            raise self._malformed("an unexpected body")
+        completion = to_chat_completion(message, model)
+        return UpstreamCompletion(body=orjson.dumps(completion), completion=completion)
+
+    async def stream(self, body: dict[str, Any], model: str) -> UpstreamStream:
+        payload = orjson.dumps({**to_messages_request(body, model), "stream": True})
+        request = self._client.build_request(
+            "POST", _PATH, content=payload, headers=self._stream_headers
+        )
+        try:
+            response = await self._client.send(request, stream=True)
+        except httpx.HTTPError as error:
+            raise transport_error(self.spec, error) from None
+        if response.status_code != 200:
+            try:
+                content = await response.aread()
+            except httpx.HTTPError:
+                content = b""
+            finally:
+                await response.aclose()
+            self._raise_for_status(response.status_code, content, response.headers)
+        events = self._events(response, model)
+        # Anthropic reports overload and similar failures as an ``error`` event right
+        # after the 200. Waiting for message_start turns those into errors raised here,
+        # before the client is committed to a 200, so the router can still fail over.
+        try:
+            first = await anext(events)
+        except BaseException:
+            await events.aclose()
+            raise
+        return UpstreamStream(events=_Primed(first, events))
+
+    async def _events(self, response: httpx.Response, model: str) -> AsyncGenerator[bytes, None]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.spec.total_timeout
+        decoder = SSEDecoder()
+        translator = StreamTranslator(model, provider=self.spec.name)
+        try:
+            # aiter_bytes, not aiter_raw: these bytes are parsed, not passed through.
+            body = response.aiter_bytes()
+            async for raw in body:
+                if loop.time() > deadline:
+                    raise UpstreamTimeoutError(f"Provider '{self.spec.name}' stream took too long.")
+                for data in decoder.feed(raw):
+                    try:
+                        event = orjson.loads(data)
+                    except orjson.JSONDecodeError:
+                        raise self._malformed("a malformed stream event") from None
+                    if not isinstance(event, dict):
+                        raise self._malformed("a malformed stream event")
+                    for chunk in translator.feed(event):
+                        yield _sse(chunk)
+                    if translator.done:
+                        yield DONE
+                        await _finish_body(body)
+                        return
+            raise UpstreamError(
+                f"Provider '{self.spec.name}' ended the stream before it was complete.",
+                code="upstream_truncated",
+            )
+        except PrismError:
+            raise
+        except httpx.HTTPError as error:
+            raise transport_error(self.spec, error) from None
+        finally:
+            await response.aclose()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+async def _finish_body(body: AsyncIterator[bytes]) -> None:
+    """Read what follows ``message_stop`` (the end of the chunked body), briefly.
+
+    A response closed before its end takes its connection with it; read to the end,
+    the connection goes back to the pool and the next stream skips a TCP+TLS setup.
+    The answer is complete already, so a failure here costs only that connection.
+    """
+    with contextlib.suppress(httpx.HTTPError, TimeoutError):
+        async with asyncio.timeout(_FINISH_SECONDS):
+            async for _ in body:
+                pass
+
+
+class _Primed:
+    """``first``, then the rest of ``events``.
+
+    A class, not an async generator: a generator that was never iterated skips its
+    ``finally`` on ``aclose``, and the upstream response would stay open.
+    """
+
+    def __init__(self, first: bytes, events: AsyncGenerator[bytes, None]) -> None:
+        self._first: bytes | None = first
+        self._events = events
+
+    def __aiter__(self) -> _Primed:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
+        return await anext(self._events)
+
+    async def aclose(self) -> None:
+        self._first = None
+        await self._events.aclose()

@@ -1,0 +1,2 @@
+# nsonly/ has no __init__.py: an implicit namespace package.
+NAME = "namespace-ok"

@@ -1,0 +1,3 @@
+from ..helpers import shout  # parent-relative import
+
+DEPTH = shout("deep")
