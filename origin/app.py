@@ -46,7 +46,9 @@ def create_app(
         try:
             authenticate(request.headers, settings.key_ring, settings.forward_secret)
         except PrismError as error:
+            gateway.metrics.requests.labels("models", str(error.status), "bypass").inc()
             return error_response(error, request.headers.get(h.REQUEST_ID))
+        gateway.metrics.requests.labels("models", "200", "bypass").inc()
         data = [
             {"id": name, "object": "model", "created": int(started), "owned_by": "prism"}
             for name in settings.providers.public_models()

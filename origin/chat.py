@@ -108,6 +108,7 @@ class ChatCompletions:
             envelope = decode_envelope(lookup.entry)
             if envelope is not None:
                 headers[h.CACHE_LAYER] = "redis"
+                headers[h.ENTRY_EXPIRES] = str(envelope.expires_at())
                 headers[h.SERVER_TIMING] = h.server_timing(timer.stages)
                 if chat.stream:
                     body = replay(envelope.completion(), chat.include_usage)

@@ -8,6 +8,7 @@ __all__ = [
     "CACHE_KEY",
     "CACHE_KEY_PREFIX_LEN",
     "CACHE_LAYER",
+    "ENTRY_EXPIRES",
     "FORWARD",
     "PROVIDER",
     "REQUEST_ID",
@@ -21,6 +22,7 @@ REQUEST_ID = "x-request-id"
 SERVER_TIMING = "server-timing"
 PROVIDER = "x-prism-provider"  # which provider answered a miss
 FORWARD = "x-prism-forward"  # the edge's signed identity + fingerprint
+ENTRY_EXPIRES = "x-prism-entry-expires"  # on a Redis hit: when the entry expires (unix s)
 
 CACHE_KEY_PREFIX_LEN = 16
 

@@ -5,4 +5,5 @@ pytest_plugins = [
     "tests.fixtures.workers",
     "tests.fixtures.aws",
     "tests.fixtures.origin",
+    "tests.fixtures.edge",
 ]

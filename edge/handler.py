@@ -1,0 +1,208 @@
+"""The edge's request logic, runtime-neutral: it sees the Worker only through ``Platform``.
+
+route → auth (signature, no I/O; revocation memoized) → body limit → parse →
+fingerprint → KV read (bounded) → hit: answer at the PoP; miss: forward to the
+origin, signed, and stream its answer back untouched. When the origin answered
+from Redis, the entry is written to KV in the background so the next request
+stays at the PoP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Mapping
+
+from prism import (
+    AuthenticationError,
+    MethodNotAllowedError,
+    NotFoundError,
+    PrismError,
+    RequestTooLargeError,
+    UpstreamError,
+    classify,
+    decode_envelope,
+    encode_envelope,
+    entry_key,
+    error_json,
+    fingerprint,
+    parse_chat_request,
+    replay,
+    sign_forward,
+)
+from prism import headers as h
+
+from .platform import EdgeRequest, EdgeResponse, Platform
+from .revocation import RevocationSet
+from .settings import EdgeSettings
+
+__all__ = ["EdgeHandler"]
+
+CHAT_PATH = "/v1/chat/completions"
+JSON = "application/json"
+SSE = "text/event-stream"
+_MIN_KV_TTL = 60
+# Request headers the origin may need; everything else (cookies, the API key) stays here.
+_FORWARDED = ("content-type", "cache-control", "accept", "openai-organization")
+
+
+def _bearer(headers: Mapping[str, str]) -> str:
+    value = headers.get("authorization", "")
+    scheme, _, token = value.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+class EdgeHandler:
+    """One per isolate: holds the settings and the memoized revocation set."""
+
+    def __init__(self, settings: EdgeSettings) -> None:
+        self.settings = settings
+        self.revoked = RevocationSet(settings.revocation_ttl)
+
+    async def handle(self, request: EdgeRequest, platform: Platform) -> EdgeResponse:
+        request_id = request.headers.get(h.REQUEST_ID) or secrets.token_hex(8)
+        timings: list[tuple[str, float]] = []
+        try:
+            response = await self._route(request, platform, timings)
+        except PrismError as error:
+            response = EdgeResponse(
+                error.status, {"content-type": JSON, **error.headers}, error_json(error)
+            )
+            response.headers.setdefault(h.CACHE_LAYER, "bypass")
+        response.headers[h.REQUEST_ID] = request_id
+        edge_timing = h.server_timing(timings)
+        origin_timing = response.headers.get(h.SERVER_TIMING)
+        response.headers[h.SERVER_TIMING] = (
+            f"{edge_timing}, {_prefixed(origin_timing)}" if origin_timing else edge_timing
+        )
+        return response
+
+    async def _route(
+        self, request: EdgeRequest, platform: Platform, timings: list[tuple[str, float]]
+    ) -> EdgeResponse:
+        path = request.path
+        if not path.startswith("/v1/"):
+            raise NotFoundError(f"Unknown route {request.method} {path}.")
+        if path == CHAT_PATH and request.method != "POST":
+            raise MethodNotAllowedError(f"Method {request.method} is not allowed here.")
+        started = platform.now()
+        key = _bearer(request.headers)
+        identity = self.settings.key_ring.verify(key)
+        if await self.revoked.contains(identity.key_id, platform.now(), platform.kv_get):
+            raise AuthenticationError("This API key has been revoked.", code="key_revoked")
+        timings.append(("auth", _ms(started, platform.now())))
+        if path != CHAT_PATH:
+            return await self._forward(
+                request, platform, identity.project, identity.key_id, "", None, timings
+            )
+        return await self._chat(request, platform, identity.project, identity.key_id, timings)
+
+    async def _chat(
+        self,
+        request: EdgeRequest,
+        platform: Platform,
+        project: str,
+        key_id: str,
+        timings: list[tuple[str, float]],
+    ) -> EdgeResponse:
+        limit = self.settings.limits.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise RequestTooLargeError(f"Request body is {declared} bytes; the limit is {limit}.")
+        started = platform.now()
+        body = await platform.read_body()
+        chat = parse_chat_request(body, self.settings.limits)
+        decision = classify(chat, request.headers.get("cache-control"))
+        timings.append(("parse", _ms(started, platform.now())))
+        fp = fingerprint(project, CHAT_PATH, chat)
+        timings.append(("fingerprint", 0.0))  # CPU only: the Workers clock stands still
+        headers = {h.CACHE_KEY: fp[: h.CACHE_KEY_PREFIX_LEN]}
+        if decision.read:
+            started = platform.now()
+            cached = await self._kv_read(platform, entry_key(fp))
+            timings.append(("kv", _ms(started, platform.now())))
+            envelope = decode_envelope(cached, platform.now()) if cached else None
+            if envelope is not None:
+                headers[h.CACHE_LAYER] = "kv"
+                if chat.stream:
+                    headers["content-type"] = SSE
+                    headers["cache-control"] = "no-cache"
+                    return EdgeResponse(
+                        200, headers, replay(envelope.completion(), chat.include_usage)
+                    )
+                headers["content-type"] = JSON
+                return EdgeResponse(200, headers, envelope.body)
+        response = await self._forward(request, platform, project, key_id, fp, body, timings)
+        if (
+            response.passthrough is not None
+            and response.status == 200
+            and response.headers.get(h.CACHE_LAYER) == "redis"
+            and not chat.stream
+            and decision.write
+        ):
+            # Read the (complete, small) JSON body so it can also be written to KV.
+            expires = response.passthrough.header(h.ENTRY_EXPIRES)
+            text = await response.passthrough.text()
+            response.body, response.passthrough = text, None
+            ttl = int(expires) - int(platform.now()) if expires and expires.isdigit() else 0
+            if ttl >= _MIN_KV_TTL:
+                data = encode_envelope(
+                    text.encode(), model=chat.model, ttl=ttl, created=int(platform.now())
+                )
+                platform.wait_until(platform.kv_put(entry_key(fp), data.decode(), ttl))
+        return response
+
+    async def _kv_read(self, platform: Platform, key: str) -> str | None:
+        """KV, bounded: an error or a slow read is a miss, never a failed request."""
+        try:
+            return await asyncio.wait_for(platform.kv_get(key), self.settings.kv_timeout)
+        except Exception:
+            return None
+
+    async def _forward(
+        self,
+        request: EdgeRequest,
+        platform: Platform,
+        project: str,
+        key_id: str,
+        fp: str,
+        body: str | None,
+        timings: list[tuple[str, float]],
+    ) -> EdgeResponse:
+        headers = {name: request.headers[name] for name in _FORWARDED if name in request.headers}
+        headers[h.FORWARD] = sign_forward(
+            self.settings.forward_secret,
+            project=project,
+            key_id=key_id,
+            fingerprint=fp,
+            now=platform.now(),
+        )
+        if h.REQUEST_ID in request.headers:
+            headers[h.REQUEST_ID] = request.headers[h.REQUEST_ID]
+        url = (
+            self.settings.origin_url + request.path + (f"?{request.query}" if request.query else "")
+        )
+        started = platform.now()
+        try:
+            reply = await platform.fetch_origin(request.method, url, headers, body)
+        except Exception:
+            raise UpstreamError(
+                "The Prism origin is unreachable from this edge.", code="origin_unreachable"
+            ) from None
+        timings.append(("origin", _ms(started, platform.now())))
+        out = reply.headers()
+        out.pop("content-length", None)  # the runtime sets it for what it actually sends
+        out.setdefault(h.CACHE_LAYER, "bypass")
+        if fp:
+            out[h.CACHE_KEY] = fp[: h.CACHE_KEY_PREFIX_LEN]
+        return EdgeResponse(reply.status, out, passthrough=reply)
+
+
+def _ms(started: float, ended: float) -> float:
+    # The Workers clock moves only across I/O and is coarse: never report a negative stage.
+    return max(0.0, (ended - started) * 1000)
+
+
+def _prefixed(timing: str) -> str:
+    """The origin's Server-Timing stages, renamed ``origin-*`` next to the edge's own."""
+    return ", ".join(f"origin-{part.strip()}" for part in timing.split(",") if part.strip())

@@ -1,0 +1,58 @@
+"""What the edge handler needs from its runtime: the seam between logic and Workers APIs.
+
+The Workers adapter (``edge.workers``) implements it over the ``js`` FFI; the
+handler never imports ``js``, so it stays importable and testable anywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+__all__ = ["EdgeRequest", "EdgeResponse", "OriginReply", "Platform"]
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeRequest:
+    method: str
+    path: str
+    query: str
+    headers: Mapping[str, str]  # lower-case names
+
+
+@dataclass(slots=True)
+class EdgeResponse:
+    status: int
+    headers: dict[str, str]
+    body: bytes | str | None = None
+    # An origin response whose body the runtime streams through untouched.
+    passthrough: OriginReply | None = None
+    # Stage timings, rendered into Server-Timing by the handler.
+    timings: list[tuple[str, float]] = field(default_factory=list)
+
+
+class OriginReply(Protocol):
+    status: int
+
+    def header(self, name: str) -> str | None: ...
+
+    def headers(self) -> dict[str, str]: ...
+
+    async def text(self) -> str: ...
+
+
+class Platform(Protocol):
+    async def read_body(self) -> str: ...
+
+    async def kv_get(self, key: str) -> str | None: ...
+
+    async def kv_put(self, key: str, value: str, ttl: int) -> None: ...
+
+    async def fetch_origin(
+        self, method: str, url: str, headers: Mapping[str, str], body: str | None
+    ) -> OriginReply: ...
+
+    def wait_until(self, work: Coroutine[Any, Any, Any]) -> None: ...
+
+    def now(self) -> float: ...

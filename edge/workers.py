@@ -1,0 +1,147 @@
+"""The Workers adapter: ``Platform`` over the ``js`` FFI of Pyodide (Python Workers).
+
+Imported only by the generated entry inside the Workers runtime. ``serve`` is
+what every entry calls: it unwraps nothing itself; the entry hands it the JS
+``Request``, the ``env`` bindings and the execution context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Coroutine, Mapping
+from typing import Any
+
+import js
+from pyodide.ffi import create_once_callable, to_js
+
+from .build_info import KV_BINDING
+from .handler import EdgeHandler
+from .platform import EdgeRequest, EdgeResponse
+from .settings import EdgeSettings
+
+__all__ = ["serve"]
+
+
+def _js_object(value: Mapping[str, Any]) -> Any:
+    return to_js(value, dict_converter=js.Object.fromEntries)
+
+
+class _OriginReply:
+    __slots__ = ("js_response", "status")
+
+    def __init__(self, js_response: Any) -> None:
+        self.js_response = js_response
+        self.status = int(js_response.status)
+
+    def header(self, name: str) -> str | None:
+        value = self.js_response.headers.get(name)
+        return None if value is None else str(value)
+
+    def headers(self) -> dict[str, str]:
+        return {str(k): str(v) for k, v in self.js_response.headers}
+
+    async def text(self) -> str:
+        return str(await self.js_response.text())
+
+
+class WorkersPlatform:
+    __slots__ = ("_ctx", "_kv", "_request")
+
+    def __init__(self, request: Any, env: Any, ctx: Any) -> None:
+        self._request = request
+        self._kv = getattr(env, KV_BINDING, None)
+        self._ctx = ctx
+
+    async def read_body(self) -> str:
+        return str(await self._request.text())
+
+    async def kv_get(self, key: str) -> str | None:
+        if self._kv is None:
+            return None
+        value = await self._kv.get(key)
+        return None if value is None else str(value)
+
+    async def kv_put(self, key: str, value: str, ttl: int) -> None:
+        if self._kv is not None:
+            await self._kv.put(key, value, _js_object({"expirationTtl": ttl}))
+
+    async def fetch_origin(
+        self, method: str, url: str, headers: Mapping[str, str], body: str | None
+    ) -> _OriginReply:
+        init: dict[str, Any] = {"method": method, "headers": dict(headers)}
+        if body is not None:
+            init["body"] = body
+        return _OriginReply(await js.fetch(url, _js_object(init)))
+
+    def wait_until(self, work: Coroutine[Any, Any, Any]) -> None:
+        """Keep ``work`` alive after the response, the way that works in Pyodide.
+
+        ``ctx.waitUntil(coroutine)`` (or a future, or a KV promise) hands JS a borrowed
+        proxy that is destroyed at once, losing the work. So the work runs as a task and
+        ``waitUntil`` gets a real JS Promise that the task settles when it is done.
+        """
+        task = asyncio.ensure_future(work)
+
+        def executor(resolve: Any, reject: Any) -> None:
+            def settle(done: asyncio.Future[Any]) -> None:
+                if done.cancelled():
+                    reject(js.Error.new("background work was cancelled"))
+                elif done.exception() is not None:
+                    reject(js.Error.new(f"background work failed: {done.exception()!r}"))
+                else:
+                    resolve(None)
+
+            task.add_done_callback(settle)
+
+        self._ctx.waitUntil(js.Promise.new(create_once_callable(executor)))
+
+    def now(self) -> float:
+        return time.time()
+
+
+def _request(js_request: Any) -> EdgeRequest:
+    url = js.URL.new(js_request.url)
+    headers = {str(k).lower(): str(v) for k, v in js_request.headers}
+    search = str(url.search)
+    return EdgeRequest(
+        method=str(js_request.method),
+        path=str(url.pathname),
+        query=search[1:] if search.startswith("?") else search,
+        headers=headers,
+    )
+
+
+def _response(response: EdgeResponse) -> Any:
+    init = _js_object({"status": response.status, "headers": response.headers})
+    if response.passthrough is not None:
+        # Stream the origin's body through untouched: no buffering in Python.
+        reply = response.passthrough
+        assert isinstance(reply, _OriginReply)
+        return js.Response.new(reply.js_response.body, init)
+    body = response.body
+    if isinstance(body, bytes):
+        body = to_js(body)
+    return js.Response.new(body, init)
+
+
+class _Isolate:
+    """Per-isolate state, built on the first request (never at import)."""
+
+    handler: EdgeHandler | None = None
+
+
+def _setting(env: Any, name: str) -> str | None:
+    value = getattr(env, name, None)
+    return None if value is None else str(value)
+
+
+async def serve(js_request: Any, env: Any, ctx: Any) -> Any:
+    handler = _Isolate.handler
+    if handler is None:
+        handler = _Isolate.handler = EdgeHandler(
+            EdgeSettings.from_env(lambda name: _setting(env, name))
+        )
+    platform = WorkersPlatform(js_request, env, ctx)
+    response = await handler.handle(_request(js_request), platform)
+    return _response(response)
