@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from .commands import keys, origin
+from .commands import deploy, keys, origin
 from .commands.fingerprint import fingerprint_command
 
 __all__ = ["app", "main"]
@@ -17,6 +17,7 @@ app = typer.Typer(
 )
 app.add_typer(keys.app)
 app.add_typer(origin.app)
+app.add_typer(deploy.app)
 app.command("fingerprint")(fingerprint_command)
 
 

@@ -34,7 +34,7 @@ SECRETS = {
     # Quotes, `$`, backticks and backslashes must survive the systemd env file.
     "PRISM_FORWARD_SECRET": 'fw"d$ec`ret\\x',
 }
-PATH = "/prism/origin/prism-origin"
+PATH = "/prism/origin/main"
 
 
 def make_config(**overrides: Any) -> OriginDeployConfig:
@@ -80,17 +80,17 @@ def test_first_apply_creates_one_instance_https_only_group_and_secure_parameters
     [instance] = live_instances(aws)
     assert instance["InstanceId"] == result.instance_id
     tags = {t["Key"]: t["Value"] for t in instance["Tags"]}
-    assert tags["prism:stack"] == "prism-origin"
+    assert tags["prism:stack"] == "main"
     assert tags["prism:role"] == "origin"
     assert tags["prism:region"] == aws.region
     assert instance["MetadataOptions"]["HttpTokens"] == "required"
     assert instance["IamInstanceProfile"]["Arn"].endswith(
-        f"/prism-origin-prism-origin-{aws.region}"
+        f"/prism-origin-main-{aws.region}"
     )
 
     ec2 = aws.client("ec2")
     [group] = ec2.describe_security_groups(GroupIds=[result.security_group_id])["SecurityGroups"]
-    assert group["GroupName"] == "prism-origin-prism-origin"
+    assert group["GroupName"] == "prism-origin-main"
     [rule] = group["IpPermissions"]  # 443 only: no SSH, no 80 (ACME uses TLS-ALPN-01)
     assert (rule["IpProtocol"], rule["FromPort"], rule["ToPort"]) == ("tcp", 443, 443)
     assert [r["CidrIp"] for r in rule["IpRanges"]] == ["0.0.0.0/0"]
@@ -244,7 +244,7 @@ def test_other_region_gets_its_own_independent_stack(aws: MockAws) -> None:
     assert len(live_instances(aws)) == 1
     assert len(live_instances(aws, "eu-west-1")) == 1
     assert parameter_values(aws, "eu-west-1") == parameter_values(aws)
-    assert away.instance_profile == "prism-origin-prism-origin-eu-west-1"
+    assert away.instance_profile == "prism-origin-main-eu-west-1"
 
 
 def test_ami_is_looked_up_from_the_debian_public_parameter(aws: MockAws) -> None:

@@ -1,0 +1,240 @@
+"""``prism deploy``: ship the origin to AWS (and, later, the edge to Cloudflare)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import boto3
+import typer
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+from rich.console import Console
+from rich.markup import escape
+
+from deploy.aws_origin import (
+    DEFAULT_INSTANCE_TYPE,
+    DEFAULT_NAME,
+    DEFAULT_PACKAGE,
+    DEFAULT_PARAMETER_PREFIX,
+    DEFAULT_REGION,
+    REQUIRED_SECRETS,
+    DeployConfigError,
+    DeployError,
+    DeployPlan,
+    DeployResult,
+    OriginDeployConfig,
+    apply,
+    plan,
+)
+from deploy.aws_userdata import FILE_SECRETS
+
+__all__ = ["SECRET_ENV_VARS", "UsageError", "app", "collect_secrets"]
+
+# Everything the origin reads from its environment; only the ones set are stored.
+SECRET_ENV_VARS = (
+    *REQUIRED_SECRETS,
+    "PRISM_FORWARD_SECRET",
+    "PRISM_KV_ACCOUNT_ID",
+    "PRISM_KV_NAMESPACE_ID",
+    "CLOUDFLARE_API_TOKEN",
+    "PRISM_PROVIDERS_FILE",
+    "OPENAI_API_KEY",
+    "ANTHROPIC_API_KEY",
+    "GROQ_API_KEY",
+    "TOGETHER_API_KEY",
+    "MISTRAL_API_KEY",
+    "DEEPSEEK_API_KEY",
+    "OPENROUTER_API_KEY",
+)
+_DENIED = {
+    "AccessDenied",
+    "AccessDeniedException",
+    "AuthFailure",
+    "ExpiredToken",
+    "InvalidClientTokenId",
+    "UnauthorizedOperation",
+    "UnrecognizedClientException",
+}
+
+app = typer.Typer(
+    name="deploy",
+    help="Deploy Prism: the origin to AWS EC2 (boto3).",
+    no_args_is_help=True,
+)
+
+
+class UsageError(Exception):
+    """Bad input from the command line or environment (exit code 2)."""
+
+
+def collect_secrets(environ: Mapping[str, str], extra: Sequence[str] = ()) -> dict[str, str]:
+    """The origin's secrets from ``environ``; file-valued ones are read from disk."""
+    missing = [name for name in REQUIRED_SECRETS if not environ.get(name)]
+    if missing:
+        raise UsageError(f"missing required environment variable(s): {', '.join(missing)}")
+    unset = [name for name in extra if not environ.get(name)]
+    if unset:
+        raise UsageError(f"--secret-env variable(s) not set: {', '.join(unset)}")
+    secrets = {n: environ[n] for n in dict.fromkeys([*SECRET_ENV_VARS, *extra]) if environ.get(n)}
+    for name in FILE_SECRETS:
+        if name in secrets:
+            try:
+                secrets[name] = Path(secrets[name]).read_text(encoding="utf-8")
+            except OSError as error:
+                raise UsageError(
+                    f"cannot read {name} ({secrets[name]}): {error.strerror}"
+                ) from None
+    return secrets
+
+
+@app.command("origin")
+def origin(
+    region: Annotated[
+        str, typer.Option(help="AWS region; each region is an independent origin stack.")
+    ] = DEFAULT_REGION,
+    name: Annotated[
+        str, typer.Option(help="Stack name, tagged prism:stack on every resource.")
+    ] = DEFAULT_NAME,
+    instance_type: Annotated[
+        str, typer.Option(help="EC2 instance type (Graviton types get an arm64 AMI).")
+    ] = DEFAULT_INSTANCE_TYPE,
+    domain: Annotated[
+        str | None,
+        typer.Option(
+            help="Domain served with a public TLS certificate; point its A record at the "
+            "printed IP. Without it Caddy serves the IP with a self-signed certificate."
+        ),
+    ] = None,
+    ami: Annotated[
+        str | None,
+        typer.Option(help="AMI id (Debian/Ubuntu); default: latest Debian 12 via SSM."),
+    ] = None,
+    package: Annotated[
+        str, typer.Option(help="pip requirement for the gateway, e.g. a git+https:// URL.")
+    ] = DEFAULT_PACKAGE,
+    parameter_prefix: Annotated[
+        str, typer.Option(help="SSM path prefix; secrets go under <prefix><name>/.")
+    ] = DEFAULT_PARAMETER_PREFIX,
+    secret_env: Annotated[
+        list[str] | None,
+        typer.Option(help="Also store this environment variable (repeatable)."),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the plan; make no AWS calls.")
+    ] = False,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="Print the result as JSON on stdout.")
+    ] = False,
+) -> None:
+    """Deploy the origin to EC2 behind Caddy (HTTPS on 443 only), or update it in place.
+
+    Secrets are read from the environment (REDIS_URL and PRISM_KEY_SECRET are
+    required) and stored as SSM SecureString parameters, never in user-data.
+
+    Example:
+
+    REDIS_URL=rediss://... PRISM_KEY_SECRET=... prism deploy origin --domain origin.example.com
+    """
+    secrets: dict[str, str] = {}
+    try:
+        secrets = collect_secrets(os.environ, secret_env or ())
+        config = OriginDeployConfig(
+            secrets=secrets,
+            region=region,
+            name=name,
+            instance_type=instance_type,
+            domain=domain,
+            ami=ami,
+            package=package,
+            parameter_prefix=parameter_prefix,
+        )
+    except (UsageError, DeployConfigError) as error:
+        _fail(str(error), code=2, secrets=secrets)
+    if dry_run:
+        _print_plan(plan(config), json_output)
+        return
+    try:
+        with _progress(f"Deploying origin {config.name} to {config.region}") as progress:
+            result = apply(config, boto3.Session(), progress)
+    except DeployError as error:
+        _fail(str(error), secrets=secrets)
+    except NoCredentialsError:
+        _fail("no AWS credentials found (set AWS_PROFILE or AWS_ACCESS_KEY_ID)", secrets=secrets)
+    except ClientError as error:
+        _fail(_describe_client_error(error), secrets=secrets)
+    except BotoCoreError as error:
+        _fail(f"AWS: {error}", secrets=secrets)
+    _print_result(result, json_output, domain=config.domain)
+
+
+@contextmanager
+def _progress(title: str) -> Iterator[Callable[[str], None]]:
+    """A spinner on stderr showing the current step, with a log line per step."""
+    console = Console(stderr=True)
+    with console.status(escape(title)) as status:
+
+        def step(message: str) -> None:
+            status.update(escape(message))
+            console.print(f"[dim]•[/dim] {escape(message)}")
+
+        yield step
+
+
+def _describe_client_error(error: ClientError) -> str:
+    info = error.response.get("Error", {})
+    code, message = info.get("Code", "Unknown"), info.get("Message", "")
+    verb = "denied" if code in _DENIED else "failed"
+    return f"AWS {error.operation_name} {verb}: {code}: {message}"
+
+
+def _fail(message: str, *, code: int = 1, secrets: Mapping[str, str]) -> NoReturn:
+    """One line on stderr and exit; secret values are masked even if AWS echoed one."""
+    for value in secrets.values():
+        if len(value) >= 4:
+            message = message.replace(value, "***")
+    line = " ".join(message.split())
+    typer.echo(f"error: {line[:400]}", err=True)
+    raise typer.Exit(code=code)
+
+
+def _print_plan(deploy_plan: DeployPlan, json_output: bool) -> None:
+    if json_output:
+        typer.echo(json.dumps({"dry_run": True, **deploy_plan.to_dict()}, indent=2))
+        return
+    typer.echo(f"Plan for origin {deploy_plan.name} in {deploy_plan.region} (dry run, no changes)")
+    typer.echo(f"  site: {deploy_plan.site}")
+    typer.echo(f"  tls:  {deploy_plan.tls}")
+    for step in deploy_plan.steps:
+        typer.echo(f"  {step.resource:<15} {step.name}: {step.action}")
+
+
+def _print_result(result: DeployResult, json_output: bool, *, domain: str | None) -> None:
+    if json_output:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    rows: list[tuple[str, Any]] = [
+        ("instance", result.instance_id),
+        ("address", f"{result.public_ip} ({result.public_dns or 'no public DNS'})"),
+        ("security group", result.security_group_id),
+        (
+            "secrets",
+            f"{len(result.parameter_names)} SSM parameters, "
+            f"{len(result.parameters_changed)} changed",
+        ),
+        ("url", result.url),
+    ]
+    typer.echo(f"Origin {result.name} {result.action} in {result.region}")
+    for label, value in rows:
+        typer.echo(f"  {label:<15} {value}")
+    if domain:
+        typer.echo(
+            f"Next: point DNS A {domain} at {result.public_ip}; edge ORIGIN_URL={result.url}"
+        )
+    else:
+        typer.echo(
+            "Note: no --domain, so Caddy uses a self-signed certificate; the edge needs one."
+        )
