@@ -23,6 +23,7 @@ from deploy.local.workers import (
     LocalWorkersRuntime,
     PortInUseError,
     RuntimeStartError,
+    ToolchainNotFoundError,
     find_node_toolchain,
 )
 from tests.fixtures.workers import KVApi, WorkersRuntimeFactory
@@ -415,3 +416,8 @@ def test_import_error_in_the_worker_fails_start_with_the_traceback(tmp_path: Pat
         runtime.start()
     assert "No module named 'no_such_module'" in str(raised.value)
     assert not runtime.running
+
+
+def test_missing_node_modules_names_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(ToolchainNotFoundError, match="npm ci"):
+        find_node_toolchain(tmp_path)
