@@ -86,6 +86,8 @@ class Settings:
                 namespace_id=namespace,
                 api_token=env.get("CLOUDFLARE_API_TOKEN", ""),
                 flush_interval=_number(env, "PRISM_KV_FLUSH_INTERVAL", 1.0),
+                max_queue=int(_number(env, "PRISM_KV_MAX_QUEUE", 50_000)),
+                max_attempts=int(_number(env, "PRISM_KV_MAX_ATTEMPTS", 6)),
             )
         return cls(
             key_ring=ring,
