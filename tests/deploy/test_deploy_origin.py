@@ -84,9 +84,7 @@ def test_first_apply_creates_one_instance_https_only_group_and_secure_parameters
     assert tags["prism:role"] == "origin"
     assert tags["prism:region"] == aws.region
     assert instance["MetadataOptions"]["HttpTokens"] == "required"
-    assert instance["IamInstanceProfile"]["Arn"].endswith(
-        f"/prism-origin-main-{aws.region}"
-    )
+    assert instance["IamInstanceProfile"]["Arn"].endswith(f"/prism-origin-main-{aws.region}")
 
     ec2 = aws.client("ec2")
     [group] = ec2.describe_security_groups(GroupIds=[result.security_group_id])["SecurityGroups"]

@@ -12,7 +12,6 @@ import redis
 
 from deploy.local.provider import ProviderServer
 from deploy.local.redis import RedisServer
-from prism import entry_key
 from tests.fixtures.origin import OriginFactory, RunningOrigin
 
 BODY = {"model": "demo", "messages": [{"role": "user", "content": "fault test"}]}
