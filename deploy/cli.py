@@ -5,7 +5,10 @@ from __future__ import annotations
 import typer
 
 from .commands import deploy, keys, origin
+from .commands.dev import dev_command
 from .commands.fingerprint import fingerprint_command
+from .commands.smoke import smoke_command
+from .commands.status import status_command
 
 __all__ = ["app", "main"]
 
@@ -19,7 +22,14 @@ app.add_typer(keys.app)
 app.add_typer(origin.app)
 app.add_typer(deploy.app)
 app.command("fingerprint")(fingerprint_command)
+app.command("dev")(dev_command)
+app.command("smoke")(smoke_command)
+app.command("status")(status_command)
 
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

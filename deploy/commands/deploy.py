@@ -1,4 +1,4 @@
-"""``prism deploy``: ship the origin to AWS (and, later, the edge to Cloudflare)."""
+"""``prism deploy``: ship the edge to Cloudflare and the origin to AWS."""
 
 from __future__ import annotations
 
@@ -31,6 +31,16 @@ from deploy.aws_origin import (
     plan,
 )
 from deploy.aws_userdata import FILE_SECRETS
+from deploy.cloudflare_edge import (
+    DEFAULT_NAMESPACE_TITLE,
+    DEFAULT_STAGING_DIR,
+    EDGE_SECRETS,
+    EdgeConfigError,
+    EdgeDeployConfig,
+    EdgeDeployError,
+    EdgeDeployResult,
+    deploy_edge,
+)
 
 __all__ = ["SECRET_ENV_VARS", "UsageError", "app", "collect_secrets"]
 
@@ -62,7 +72,7 @@ _DENIED = {
 
 app = typer.Typer(
     name="deploy",
-    help="Deploy Prism: the origin to AWS EC2 (boto3).",
+    help="Deploy Prism: the edge to Cloudflare (wrangler), the origin to AWS EC2 (boto3).",
     no_args_is_help=True,
 )
 
@@ -171,6 +181,84 @@ def origin(
     _print_result(result, json_output, domain=config.domain)
 
 
+@app.command("edge")
+def edge(
+    account_id: Annotated[
+        str | None,
+        typer.Option(envvar="CLOUDFLARE_ACCOUNT_ID", help="Cloudflare account id."),
+    ] = None,
+    namespace: Annotated[
+        str, typer.Option(help="Title of the Workers KV namespace; created if missing.")
+    ] = DEFAULT_NAMESPACE_TITLE,
+    origin_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="PRISM_ORIGIN_URL",
+            help="The origin the edge forwards misses to (https; http only for localhost).",
+        ),
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option(help="Worker name; default: `name` in wrangler.toml.")
+    ] = None,
+    route: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Route PATTERN, or PATTERN@ZONE_NAME (repeatable); default: workers.dev only."
+        ),
+    ] = None,
+    out: Annotated[
+        Path, typer.Option(help="Staging folder for the Worker project; replaced on each run.")
+    ] = DEFAULT_STAGING_DIR,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Look the namespace up and bundle with `wrangler deploy --dry-run`; "
+            "create, upload and set nothing.",
+        ),
+    ] = False,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="Print the result as JSON on stdout.")
+    ] = False,
+) -> None:
+    """Deploy the edge Worker to Cloudflare: KV namespace, bundle, secrets, wrangler deploy.
+
+    CLOUDFLARE_API_TOKEN, PRISM_KEY_SECRET and PRISM_FORWARD_SECRET are read from
+    the environment; the secrets reach wrangler on stdin only. Set
+    PRISM_CLOUDFLARE_API_URL to use another API base URL and PRISM_WRANGLER to
+    choose the wrangler command (default: pywrangler if installed, else the
+    repo's pinned node_modules/.bin/wrangler).
+
+    Example:
+
+    CLOUDFLARE_API_TOKEN=... PRISM_KEY_SECRET=... PRISM_FORWARD_SECRET=...
+    prism deploy edge --account-id 0123456789abcdef0123456789abcdef
+    --origin-url https://origin.example.com --route "gw.example.com/*@example.com"
+    """
+    # Masked in any error line, even before the config exists (an API may echo one).
+    masked = {n: os.environ.get(n, "") for n in ("CLOUDFLARE_API_TOKEN", *EDGE_SECRETS)}
+    try:
+        config = EdgeDeployConfig.from_env(
+            os.environ,
+            account_id=account_id,
+            origin_url=origin_url,
+            namespace_title=namespace,
+            name=name,
+            routes=route or (),
+        )
+    except EdgeConfigError as error:
+        _fail(str(error), code=2, secrets=masked)
+    verb = "Planning" if dry_run else "Deploying"
+    try:
+        with _progress(f"{verb} edge Worker {config.name}") as progress:
+            result = deploy_edge(config, out, dry_run=dry_run, progress=progress)
+    except EdgeConfigError as error:
+        _fail(str(error), code=2, secrets=masked)
+    except EdgeDeployError as error:
+        _fail(str(error), secrets=masked)
+    _print_edge_result(result, json_output)
+
+
 @contextmanager
 def _progress(title: str) -> Iterator[Callable[[str], None]]:
     """A spinner on stderr showing the current step, with a log line per step."""
@@ -238,3 +326,23 @@ def _print_result(result: DeployResult, json_output: bool, *, domain: str | None
         typer.echo(
             "Note: no --domain, so Caddy uses a self-signed certificate; the edge needs one."
         )
+
+
+def _print_edge_result(result: EdgeDeployResult, json_output: bool) -> None:
+    if json_output:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    if result.dry_run:
+        typer.echo(f"Plan for edge Worker {result.name} (dry run: nothing created or deployed)")
+    else:
+        typer.echo(f"Edge Worker {result.name} deployed")
+    for step in result.plan:
+        typer.echo(f"  {step.step:<15} {step.action}: {step.detail}")
+    for url in result.urls:
+        typer.echo(f"  {'url':<15} {url}")
+    if result.version_id:
+        typer.echo(f"  {'version':<15} {result.version_id}")
+    if result.dry_run:
+        typer.echo(f"Bundle ({len(result.modules)} modules, built in {result.bundle_dir}):")
+        for module in result.modules:
+            typer.echo(f"  {module}")

@@ -267,7 +267,7 @@ def create(
 def revoke(
     key_or_id: Annotated[
         str,
-        typer.Argument(metavar="KEY_OR_ID", help="Key id, or the full key.", show_default=False),
+        typer.Argument(help="Key id, or the full key.", show_default=False),
     ],
     project: ProjectOption,
     secret: Annotated[
@@ -312,7 +312,9 @@ def revoke(
             f"Revoked key {record.key_id}{label} of project {record.project} "
             f"at {record.revoked_at}."
         )
-        if published and not no_kv:
+        if no_kv:
+            typer.echo(PROPAGATION.splitlines()[0] + "\nedge:   not told (--no-kv).")
+        elif published:
             typer.echo(PROPAGATION)
     if not published:
         typer.echo(

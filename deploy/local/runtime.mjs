@@ -122,6 +122,9 @@ function kvApiWorker(spec, config, kvNamespaceId) {
   return {
     name: "kv_api",
     modules: true,
+    // Without an explicit root Miniflare resolves the script against the cwd and
+    // fails ("can't use '..'") when started from outside the repo.
+    modulesRoot: HERE,
     scriptPath: path.join(HERE, "kv_api.js"),
     compatibilityDate: config.compatibility_date ?? DEFAULT_COMPAT_DATE,
     bindings: {

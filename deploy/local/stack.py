@@ -1,0 +1,308 @@
+"""The whole Prism stack on loopback: Redis, the demo provider (or real ones), the
+origin, and the edge Worker with the KV REST stand-in in the local Workers runtime.
+
+Used by `prism dev` and the benchmark. Every part runs as a child process in its
+own process group, so `stop()` (and Ctrl-C) leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+from deploy.edge_bundle import build_edge
+from deploy.local.redis import RedisServer, free_port
+from deploy.local.workers import LocalWorkersRuntime
+from prism import parse_key_secrets
+
+__all__ = ["Component", "LocalStack", "StackConfig", "StackError", "StackInfo"]
+
+DEMO_LABEL = "demo (local)"
+_PROVIDER_ENV = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "PRISM_PROVIDERS_FILE")
+
+
+class StackError(RuntimeError):
+    """Something stopped the stack from starting, said in one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class StackConfig:
+    state_dir: Path = Path(".prism")
+    host: str = "127.0.0.1"
+    origin_port: int = 8080
+    edge_port: int = 8787
+    kv_api_port: int = 8788
+    provider_port: int = 0  # the demo provider; 0 = any free port
+    redis_url: str | None = None  # None: start a private redis-server
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    kv_flush_interval: float = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class Component:
+    name: str
+    url: str
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StackInfo:
+    edge_url: str
+    origin_url: str
+    kv_api_url: str
+    redis_url: str
+    provider: str
+    project: str
+    api_key: str
+    components: tuple[Component, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _dev_secrets(state_dir: Path, env: Mapping[str, str]) -> dict[str, str]:
+    """Secrets from the environment, else generated once and kept in the state folder."""
+    path = state_dir / "dev-secrets.json"
+    stored: dict[str, str] = {}
+    if path.exists():
+        with contextlib.suppress(ValueError, OSError):
+            stored = json.loads(path.read_text())
+    wanted = ("PRISM_KEY_SECRET", "PRISM_FORWARD_SECRET", "PRISM_LOCAL_API_TOKEN")
+    values = {
+        name: env.get(name) or stored.get(name) or secrets.token_urlsafe(32) for name in wanted
+    }
+    if values != stored:
+        path.write_text(json.dumps(values))
+        path.chmod(0o600)
+    return values
+
+
+class _Process:
+    """A child process in its own group; stop() ends the whole group."""
+
+    def __init__(self, name: str, args: list[str], env: Mapping[str, str], log: Path) -> None:
+        self.name = name
+        self._log = log.open("ab")
+        self.popen = subprocess.Popen(
+            args,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait()
+        self._log.close()
+
+
+class LocalStack:
+    def __init__(self, config: StackConfig, on_ready: Callable[[Component], None] | None = None):
+        self.config = config
+        self._on_ready = on_ready or (lambda component: None)
+        self._redis: RedisServer | None = None
+        self._runtime: LocalWorkersRuntime | None = None
+        self._processes: list[_Process] = []
+        self.info: StackInfo | None = None
+
+    def _ready(self, components: list[Component], name: str, url: str, detail: str) -> None:
+        components.append(Component(name, url, detail))
+        self._on_ready(components[-1])
+
+    def _wait_http(self, process: _Process, url: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not process.alive():
+                raise StackError(
+                    f"{process.name} exited at start-up; see {self.config.state_dir}/logs/"
+                    f"{process.name}.log"
+                )
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url, timeout=1).status_code < 500:
+                    return
+            time.sleep(0.05)
+        raise StackError(f"{process.name} did not answer at {url} within {timeout:.0f} s")
+
+    def start(self) -> StackInfo:
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> StackInfo:
+        cfg = self.config
+        state = cfg.state_dir.resolve()
+        logs = state / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        for label, port in (
+            ("origin", cfg.origin_port),
+            ("edge", cfg.edge_port),
+            ("KV API stand-in", cfg.kv_api_port),
+        ):
+            if port and not _port_free(cfg.host, port):
+                raise StackError(f"port {port} ({label}) is in use on {cfg.host}; choose another")
+        components: list[Component] = []
+        dev = _dev_secrets(state, cfg.env)
+        python = sys.executable
+
+        # Redis: the configured one, else a private server (the system's or the embedded one).
+        redis_url = cfg.redis_url or cfg.env.get("REDIS_URL")
+        if redis_url:
+            self._ready(components, "redis", redis_url, "configured (REDIS_URL)")
+        else:
+            (state / "redis").mkdir(exist_ok=True)
+            try:
+                self._redis = RedisServer(host=cfg.host, workdir=state / "redis").start()
+            except (FileNotFoundError, RuntimeError, TimeoutError) as error:
+                raise StackError(f"cannot start Redis: {error}") from None
+            redis_url = self._redis.url
+            self._ready(components, "redis", redis_url, "private redis-server")
+
+        # Providers: real ones from the environment, else the local demo provider.
+        origin_env = {
+            **cfg.env,
+            "PRISM_KEY_SECRET": dev["PRISM_KEY_SECRET"],
+            "PRISM_FORWARD_SECRET": dev["PRISM_FORWARD_SECRET"],
+            "REDIS_URL": redis_url,
+        }
+        if any(cfg.env.get(name) for name in _PROVIDER_ENV):
+            provider = "configured (" + ", ".join(n for n in _PROVIDER_ENV if cfg.env.get(n)) + ")"
+        else:
+            port = cfg.provider_port or free_port(cfg.host)
+            demo = _Process(
+                "provider",
+                [python, "-m", "deploy.local.provider", "--host", cfg.host, "--port", str(port)],
+                cfg.env,
+                logs / "provider.log",
+            )
+            self._processes.append(demo)
+            demo_url = f"http://{cfg.host}:{port}"
+            self._wait_http(demo, demo_url + "/v1/models", 30)
+            origin_env.update(
+                OPENAI_BASE_URL=demo_url + "/v1",
+                OPENAI_API_KEY="demo",
+                PRISM_OPENAI_LABEL=DEMO_LABEL,
+            )
+            provider = DEMO_LABEL
+            self._ready(components, "provider", demo_url, "local demo provider (no real model)")
+
+        # The origin, told where the KV stand-in will be.
+        kv_port = cfg.kv_api_port or free_port(cfg.host)
+        kv_api_url = f"http://{cfg.host}:{kv_port}/client/v4"
+        origin_url = f"http://{cfg.host}:{cfg.origin_port}"
+        origin_env.update(
+            PRISM_KV_API_URL=kv_api_url,
+            PRISM_KV_ACCOUNT_ID="local",
+            PRISM_KV_NAMESPACE_ID="prism-local",
+            CLOUDFLARE_API_TOKEN=dev["PRISM_LOCAL_API_TOKEN"],
+            PRISM_KV_FLUSH_INTERVAL=str(cfg.kv_flush_interval),
+        )
+        origin = _Process(
+            "origin",
+            [python, "-m", "deploy.cli", "origin", "serve", "--host", cfg.host,
+             "--port", str(cfg.origin_port)],
+            origin_env,
+            logs / "origin.log",
+        )  # fmt: skip
+        self._processes.append(origin)
+
+        # The edge Worker and the KV stand-in, in the local Workers runtime.
+        bundle = build_edge("local", state / "edge", origin_url=origin_url)
+        self._runtime = LocalWorkersRuntime(
+            edge_root=bundle.root,
+            edge_vars={
+                "PRISM_KEY_SECRET": dev["PRISM_KEY_SECRET"],
+                "PRISM_FORWARD_SECRET": dev["PRISM_FORWARD_SECRET"],
+                "ORIGIN_URL": origin_url,
+            },
+            persist_dir=state / "kv",
+            host=cfg.host,
+            edge_port=cfg.edge_port,
+            kv_api_port=kv_port,
+            api_token=dev["PRISM_LOCAL_API_TOKEN"],
+            log_path=logs / "workers.log",
+        )
+        try:
+            self._runtime.start()
+        except RuntimeError as error:
+            raise StackError(
+                f"the local Workers runtime failed: {str(error).splitlines()[0]}"
+            ) from None
+        assert self._runtime.edge_url is not None
+        self._wait_http(origin, origin_url + "/healthz", 30)
+        self._ready(components, "origin", origin_url, f"providers: {provider}")
+        self._ready(components, "kv-api", kv_api_url, "Workers KV REST stand-in")
+        edge_url = self._runtime.edge_url
+        self._ready(components, "edge", edge_url, "Python Worker (local runtime)")
+
+        api_key = parse_key_secrets(dev["PRISM_KEY_SECRET"]).mint("dev", key_id="devkey0000000001")
+        self.info = StackInfo(
+            edge_url=self._runtime.edge_url,
+            origin_url=origin_url,
+            kv_api_url=kv_api_url,
+            redis_url=redis_url,
+            provider=provider,
+            project="dev",
+            api_key=api_key,
+            components=tuple(components),
+        )
+        (state / "dev.json").write_text(
+            json.dumps({k: v for k, v in self.info.to_dict().items() if k != "api_key"})
+        )
+        return self.info
+
+    def dead_component(self) -> str | None:
+        """The name of a part that has exited on its own, if any."""
+        for process in self._processes:
+            if not process.alive():
+                return process.name
+        if self._runtime is not None and not self._runtime.running:
+            return "workers runtime"
+        if self._redis is not None and not self._redis.running:
+            return "redis"
+        return None
+
+    def stop(self) -> None:
+        if self._runtime is not None:
+            self._runtime.stop()
+            self._runtime = None
+        for process in reversed(self._processes):
+            process.stop()
+        self._processes.clear()
+        if self._redis is not None:
+            self._redis.stop()
+            self._redis = None

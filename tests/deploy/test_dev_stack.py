@@ -1,0 +1,128 @@
+"""`prism dev` as a user runs it: a subprocess, a smoke test against it, Ctrl-C, nothing left."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from deploy.local.redis import free_port
+
+PRISM = [sys.executable, "-m", "deploy.cli"]
+
+
+def descendants(root: int) -> set[int]:
+    """Every live process below ``root`` (children started in new sessions included)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(fields[1])
+    found: set[int] = set()
+    frontier = [root]
+    while frontier:
+        current = frontier.pop()
+        for pid, parent in parents.items():
+            if parent == current and pid not in found:
+                found.add(pid)
+                frontier.append(pid)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def read_line(process: subprocess.Popen[str], timeout: float) -> str:
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([process.stdout], [], [], 0.2)
+        if ready:
+            line = process.stdout.readline()
+            if line:
+                return line
+        if process.poll() is not None:
+            raise AssertionError(
+                f"prism dev exited early: {process.stderr.read() if process.stderr else ''}"
+            )
+    raise AssertionError("prism dev did not report ready in time")
+
+
+def test_prism_dev_serves_miss_then_kv_and_stops_cleanly_on_sigint(tmp_path: Path) -> None:
+    ports = [str(free_port()) for _ in range(3)]
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "REDIS_URL")
+    }
+    dev = subprocess.Popen(
+        [*PRISM, "dev", "--origin-port", ports[0], "--edge-port", ports[1], "--kv-port", ports[2],
+         "--state-dir", str(tmp_path / "state"), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )  # fmt: skip
+    try:
+        info = json.loads(read_line(dev, timeout=120))
+        assert info["provider"] == "demo (local)"
+        children = descendants(dev.pid)
+        assert len(children) >= 4  # redis, provider, origin, runtime (+ workerd)
+
+        smoke = subprocess.run(
+            [*PRISM, "smoke", info["edge_url"], "--key", info["api_key"], "--json", "--pause", "1.5"],
+            capture_output=True, text=True, timeout=60, env=env,
+        )  # fmt: skip
+        assert smoke.returncode == 0, smoke.stderr
+        rows = json.loads(smoke.stdout)
+        assert [row["status"] for row in rows] == [200, 200, 200]
+        assert rows[0]["layer"] == "miss"
+        assert rows[2]["layer"] == "kv"
+
+        status = subprocess.run(
+            [*PRISM, "status", "--state-dir", str(tmp_path / "state"), "--json"],
+            capture_output=True, text=True, timeout=60, env=env,
+        )  # fmt: skip
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert {c["part"]: c["state"] for c in json.loads(status.stdout)} == {
+            "origin": "ok",
+            "edge": "ok",
+            "redis": "ok",
+        }
+    finally:
+        dev.send_signal(signal.SIGINT)
+        dev.wait(timeout=60)
+    assert dev.returncode == 0
+    deadline = time.monotonic() + 20
+    while any(alive(pid) for pid in children):
+        assert time.monotonic() < deadline, [p for p in children if alive(p)]
+        time.sleep(0.1)
+
+
+def test_port_in_use_is_one_clear_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        result = subprocess.run(
+            [*PRISM, "dev", "--edge-port", port, "--origin-port", str(free_port()),
+             "--kv-port", str(free_port()), "--state-dir", str(tmp_path)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert result.returncode == 1
+    assert f"port {port} (edge) is in use" in result.stderr
+    assert "Traceback" not in result.stderr
