@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,7 +22,15 @@ from prism import (
 
 from .base import ProviderSpec
 
-__all__ = ["build_client", "raise_for_upstream", "transport_error"]
+__all__ = [
+    "build_client",
+    "malformed",
+    "open_stream",
+    "parse_body",
+    "post",
+    "raise_for_upstream",
+    "transport_error",
+]
 
 
 def build_client(
@@ -101,3 +110,61 @@ def raise_for_upstream(
     if status == 504:
         raise UpstreamTimeoutError(f"Provider '{spec.name}' timed out{suffix}")
     raise UpstreamError(f"Provider '{spec.name}' answered HTTP {status}{suffix}")
+
+
+def malformed(spec: ProviderSpec, what: str) -> UpstreamError:
+    return UpstreamError(f"Provider '{spec.name}' sent {what}.", code="upstream_malformed")
+
+
+def parse_body(spec: ProviderSpec, content: bytes) -> dict[str, Any]:
+    """A 200 body as a JSON object, or the 502 the client should see."""
+    try:
+        data = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        raise malformed(spec, "malformed JSON") from None
+    if not isinstance(data, dict):
+        raise malformed(spec, "an unexpected body")
+    return data
+
+
+async def post(
+    client: httpx.AsyncClient,
+    spec: ProviderSpec,
+    path: str,
+    payload: bytes,
+    headers: Mapping[str, str],
+) -> bytes:
+    """POST within the provider's total timeout; the body of a 200, else its PrismError."""
+    try:
+        async with asyncio.timeout(spec.total_timeout):
+            response = await client.post(path, content=payload, headers=headers)
+    except TimeoutError:
+        raise UpstreamTimeoutError(f"Provider '{spec.name}' took too long.") from None
+    except httpx.HTTPError as error:
+        raise transport_error(spec, error) from None
+    raise_for_upstream(spec, response.status_code, response.content, response.headers)
+    return response.content
+
+
+async def open_stream(
+    client: httpx.AsyncClient,
+    spec: ProviderSpec,
+    path: str,
+    payload: bytes,
+    headers: Mapping[str, str],
+) -> httpx.Response:
+    """Start a streamed POST; a non-200 answer is read, closed and raised as a PrismError."""
+    request = client.build_request("POST", path, content=payload, headers=headers)
+    try:
+        response = await client.send(request, stream=True)
+    except httpx.HTTPError as error:
+        raise transport_error(spec, error) from None
+    if response.status_code != 200:
+        try:
+            content = await response.aread()
+        except httpx.HTTPError:
+            content = b""
+        finally:
+            await response.aclose()
+        raise_for_upstream(spec, response.status_code, content, response.headers)
+    return response

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import httpx
@@ -20,7 +20,7 @@ import orjson
 from prism import PrismError, UpstreamError, UpstreamTimeoutError
 from prism.sse import DONE, SSEDecoder
 
-from ._http import build_client, raise_for_upstream, transport_error
+from ._http import build_client, malformed, open_stream, parse_body, post, transport_error
 from .anthropic_translate import StreamTranslator, to_chat_completion, to_messages_request
 from .base import ProviderSpec, UpstreamCompletion, UpstreamStream
 
@@ -29,7 +29,6 @@ __all__ = ["ANTHROPIC_VERSION", "AnthropicProvider"]
 ANTHROPIC_VERSION = "2023-06-01"
 _PATH = "/v1/messages"
 _FINISH_SECONDS = 0.5  # how long to wait for the body's end after message_stop
-_OVERLOADED = 529  # Anthropic's "overloaded": the same thing as a 503 to the router
 
 
 def _sse(chunk: dict[str, Any]) -> bytes:
@@ -52,49 +51,20 @@ class AnthropicProvider:
             "accept-encoding": "identity",
         }
 
-    def _raise_for_status(self, status: int, content: bytes, headers: Mapping[str, str]) -> None:
-        raise_for_upstream(self.spec, 503 if status == _OVERLOADED else status, content, headers)
-
-    def _malformed(self, what: str) -> UpstreamError:
-        return UpstreamError(f"Provider '{self.spec.name}' sent {what}.", code="upstream_malformed")
-
     async def complete(self, body: dict[str, Any], model: str) -> UpstreamCompletion:
         # Translate first: a request Anthropic cannot express fails before any I/O.
         payload = orjson.dumps(to_messages_request(body, model))
-        try:
-            async with asyncio.timeout(self.spec.total_timeout):
-                response = await self._client.post(_PATH, content=payload, headers=self._headers)
-        except TimeoutError:
-            raise UpstreamTimeoutError(f"Provider '{self.spec.name}' took too long.") from None
-        except httpx.HTTPError as error:
-            raise transport_error(self.spec, error) from None
-        self._raise_for_status(response.status_code, response.content, response.headers)
-        try:
-            message = orjson.loads(response.content)
-        except orjson.JSONDecodeError:
-            raise self._malformed("malformed JSON") from None
-        if not isinstance(message, dict) or not isinstance(message.get("content"), list):
-            raise self._malformed("an unexpected body")
+        message = parse_body(
+            self.spec, await post(self._client, self.spec, _PATH, payload, self._headers)
+        )
+        if not isinstance(message.get("content"), list):
+            raise malformed(self.spec, "an unexpected body")
         completion = to_chat_completion(message, model)
         return UpstreamCompletion(body=orjson.dumps(completion), completion=completion)
 
     async def stream(self, body: dict[str, Any], model: str) -> UpstreamStream:
         payload = orjson.dumps({**to_messages_request(body, model), "stream": True})
-        request = self._client.build_request(
-            "POST", _PATH, content=payload, headers=self._stream_headers
-        )
-        try:
-            response = await self._client.send(request, stream=True)
-        except httpx.HTTPError as error:
-            raise transport_error(self.spec, error) from None
-        if response.status_code != 200:
-            try:
-                content = await response.aread()
-            except httpx.HTTPError:
-                content = b""
-            finally:
-                await response.aclose()
-            self._raise_for_status(response.status_code, content, response.headers)
+        response = await open_stream(self._client, self.spec, _PATH, payload, self._stream_headers)
         events = self._events(response, model)
         # Anthropic reports overload and similar failures as an ``error`` event right
         # after the 200. Waiting for message_start turns those into errors raised here,
@@ -121,9 +91,9 @@ class AnthropicProvider:
                     try:
                         event = orjson.loads(data)
                     except orjson.JSONDecodeError:
-                        raise self._malformed("a malformed stream event") from None
+                        raise malformed(self.spec, "a malformed stream event") from None
                     if not isinstance(event, dict):
-                        raise self._malformed("a malformed stream event")
+                        raise malformed(self.spec, "a malformed stream event")
                     for chunk in translator.feed(event):
                         yield _sse(chunk)
                     if translator.done:

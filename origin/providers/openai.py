@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 import orjson
 
-from prism import PrismError, UpstreamError, UpstreamTimeoutError
+from prism import PrismError, UpstreamTimeoutError
 
-from ._http import build_client, raise_for_upstream, transport_error
+from ._http import build_client, malformed, open_stream, parse_body, post, transport_error
 from .base import ProviderSpec, UpstreamCompletion, UpstreamStream
 
 __all__ = ["OpenAICompatibleProvider"]
@@ -35,49 +35,19 @@ class OpenAICompatibleProvider:
         return orjson.dumps(payload)
 
     async def complete(self, body: dict[str, Any], model: str) -> UpstreamCompletion:
-        try:
-            async with asyncio.timeout(self.spec.total_timeout):
-                response = await self._client.post(
-                    "/chat/completions",
-                    content=self._payload(body, model, stream=False),
-                    headers=self._headers,
-                )
-        except TimeoutError:
-            raise UpstreamTimeoutError(f"Provider '{self.spec.name}' took too long.") from None
-        except httpx.HTTPError as error:
-            raise transport_error(self.spec, error) from None
-        raise_for_upstream(self.spec, response.status_code, response.content, response.headers)
-        try:
-            completion = orjson.loads(response.content)
-        except orjson.JSONDecodeError:
-            raise UpstreamError(
-                f"Provider '{self.spec.name}' sent malformed JSON.", code="upstream_malformed"
-            ) from None
-        if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
-            raise UpstreamError(
-                f"Provider '{self.spec.name}' sent an unexpected body.", code="upstream_malformed"
-            )
-        return UpstreamCompletion(body=response.content, completion=completion)
+        payload = self._payload(body, model, stream=False)
+        content = await post(self._client, self.spec, "/chat/completions", payload, self._headers)
+        completion = parse_body(self.spec, content)
+        if not isinstance(completion.get("choices"), list):
+            raise malformed(self.spec, "an unexpected body")
+        # Served and stored as the provider sent it: no re-encoding on the hot path.
+        return UpstreamCompletion(body=content, completion=completion)
 
     async def stream(self, body: dict[str, Any], model: str) -> UpstreamStream:
-        request = self._client.build_request(
-            "POST",
-            "/chat/completions",
-            content=self._payload(body, model, stream=True),
-            headers=self._stream_headers,
+        payload = self._payload(body, model, stream=True)
+        response = await open_stream(
+            self._client, self.spec, "/chat/completions", payload, self._stream_headers
         )
-        try:
-            response = await self._client.send(request, stream=True)
-        except httpx.HTTPError as error:
-            raise transport_error(self.spec, error) from None
-        if response.status_code != 200:
-            try:
-                content = await response.aread()
-            except httpx.HTTPError:
-                content = b""
-            finally:
-                await response.aclose()
-            raise_for_upstream(self.spec, response.status_code, content, response.headers)
         return UpstreamStream(events=self._events(response), close=response.aclose)
 
     async def _events(self, response: httpx.Response) -> AsyncIterator[bytes]:
