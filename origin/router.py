@@ -8,8 +8,8 @@ each provider's outcome and latency.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 from prism import NotFoundError, PrismError, RateLimitError, UpstreamError
 
@@ -18,6 +18,8 @@ from .providers.base import ChatProvider, UpstreamCompletion, UpstreamStream
 from .providers.config import ProviderConfig
 
 __all__ = ["Router"]
+
+T = TypeVar("T")
 
 # Failures that another provider may not share; a 400 or 404 would only repeat.
 _RETRYABLE = (UpstreamError, RateLimitError)
@@ -49,13 +51,15 @@ class Router:
             time.perf_counter() - started
         )
 
-    async def complete(self, body: dict[str, Any], model: str) -> tuple[UpstreamCompletion, str]:
-        """The first successful answer among the model's targets, and who gave it."""
+    async def _first(
+        self, model: str, call: Callable[[ChatProvider, str], Awaitable[T]]
+    ) -> tuple[T, str]:
+        """The first target that answers, and who it was; the last error if none does."""
         last: PrismError | None = None
         for provider, upstream_model in self._targets(model):
             started = time.perf_counter()
             try:
-                result = await provider.complete(body, upstream_model)
+                result = await call(provider, upstream_model)
             except _RETRYABLE as error:
                 self._observe(provider, started, "error")
                 last = error
@@ -65,18 +69,10 @@ class Router:
         assert last is not None
         raise last
 
+    async def complete(self, body: dict[str, Any], model: str) -> tuple[UpstreamCompletion, str]:
+        """A complete answer from the model's first working target."""
+        return await self._first(model, lambda provider, up: provider.complete(body, up))
+
     async def stream(self, body: dict[str, Any], model: str) -> tuple[UpstreamStream, str]:
-        """A started stream from the first target that answers; failover only before byte one."""
-        last: PrismError | None = None
-        for provider, upstream_model in self._targets(model):
-            started = time.perf_counter()
-            try:
-                stream = await provider.stream(body, upstream_model)
-            except _RETRYABLE as error:
-                self._observe(provider, started, "error")
-                last = error
-                continue
-            self._observe(provider, started, "ok")
-            return stream, provider.spec.label or provider.spec.name
-        assert last is not None
-        raise last
+        """A started stream; failover happens only before its first byte."""
+        return await self._first(model, lambda provider, up: provider.stream(body, up))

@@ -23,11 +23,13 @@ class ThreadedServer:
         host: str = "127.0.0.1",
         port: int = 0,
         lifespan: Literal["auto", "on", "off"] = "on",
+        graceful_shutdown: int = 2,
     ):
         self.app = app
         self.host = host
         self.port = port
         self._lifespan = lifespan
+        self._graceful_shutdown = graceful_shutdown
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -47,7 +49,7 @@ class ThreadedServer:
             log_config=None,
             access_log=False,
             lifespan=self._lifespan,
-            timeout_graceful_shutdown=2,
+            timeout_graceful_shutdown=self._graceful_shutdown,
         )
         server = uvicorn.Server(config)
         thread = threading.Thread(

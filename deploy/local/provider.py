@@ -18,8 +18,6 @@ import asyncio
 import hashlib
 import hmac
 import re
-import socket
-import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -35,6 +33,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from deploy.local.asgi_thread import ThreadedServer
+from deploy.local.ports import free_port
 from deploy.local.provider_faults import (
     Api,
     Fault,
@@ -607,10 +607,7 @@ def create_provider_app(settings: ProviderSettings | None = None) -> Starlette:
 
 def closed_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on, for connection-refused tests."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-    return port
+    return free_port(host)
 
 
 class ProviderServer:
@@ -625,23 +622,27 @@ class ProviderServer:
         startup_timeout: float = 10.0,
     ) -> None:
         self.settings = settings or ProviderSettings()
-        self.host = host  # IPv4 only
-        self._requested_port = port
+        self._server = ThreadedServer(
+            create_provider_app(self.settings),
+            host=host,
+            port=port,
+            lifespan="off",
+            graceful_shutdown=1,  # stalled streams must not hold up stop()
+        )
         self._startup_timeout = startup_timeout
-        self._port: int | None = None
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
         self._control: ProviderControl | None = None
 
     @property
+    def host(self) -> str:
+        return self._server.host
+
+    @property
     def port(self) -> int:
-        if self._port is None:
-            raise RuntimeError("ProviderServer is not running")
-        return self._port
+        return self._server.port
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return self._server.url
 
     @property
     def control(self) -> ProviderControl:
@@ -650,52 +651,17 @@ class ProviderServer:
         return self._control
 
     def start(self) -> ProviderServer:
-        if self._thread is not None:
+        if self._control is not None:
             raise RuntimeError("ProviderServer already started")
-        # Bind here, then hand the socket to uvicorn: no window for another process to take it.
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self._requested_port))
-        port: int = sock.getsockname()[1]
-        config = uvicorn.Config(
-            create_provider_app(self.settings),
-            log_level="warning",
-            log_config=None,  # leave the host process's logging (pytest's) alone
-            access_log=False,
-            lifespan="off",
-            timeout_graceful_shutdown=1,  # stalled streams must not hold up stop()
-        )
-        server = uvicorn.Server(config)
-        thread = threading.Thread(
-            target=server.run,
-            kwargs={"sockets": [sock]},
-            name=f"prism-provider-{port}",
-            daemon=True,
-        )
-        thread.start()
-        deadline = time.monotonic() + self._startup_timeout
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                server.should_exit = True
-                thread.join(timeout=5)
-                sock.close()
-                raise RuntimeError(f"local provider did not start on {self.host}:{port}")
-            time.sleep(0.005)
-        self._port, self._server, self._thread = port, server, thread
+        self._server.start(timeout=self._startup_timeout)
         self._control = ProviderControl(self.url)
         return self
 
     def stop(self) -> None:
         if self._control is not None:
             self._control.close()
-        if self._server is not None and self._thread is not None:
-            self._server.should_exit = True
-            self._thread.join(timeout=5)
-            if self._thread.is_alive():
-                self._server.force_exit = True
-                self._thread.join(timeout=5)
-        self._server = self._thread = self._control = None
-        self._port = None
+            self._control = None
+        self._server.stop()
 
     def __enter__(self) -> ProviderServer:
         return self.start()

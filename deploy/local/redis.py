@@ -12,13 +12,9 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["RedisServer", "find_redis_server", "free_port"]
+from deploy.local.ports import free_port
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+__all__ = ["RedisServer", "find_redis_server"]
 
 
 def find_redis_server() -> str:

@@ -12,19 +12,19 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
 
 from deploy.edge_bundle import build_edge
-from deploy.local.redis import RedisServer, free_port
-from deploy.local.workers import LocalWorkersRuntime
+from deploy.local.ports import free_port, port_is_free
+from deploy.local.redis import RedisServer
+from deploy.local.workers import ExtraWorker, LocalWorkersRuntime
 from prism import parse_key_secrets
 
 __all__ = ["Component", "LocalStack", "StackConfig", "StackError", "StackInfo"]
@@ -48,6 +48,11 @@ class StackConfig:
     redis_url: str | None = None  # None: start a private redis-server
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     kv_flush_interval: float = 0.1
+    # For the benchmark: more Workers in the same runtime, extra origin environment,
+    # and extra demo-provider flags (e.g. ``--reply-words``).
+    extra_workers: Sequence[ExtraWorker] = ()
+    origin_env: Mapping[str, str] = field(default_factory=dict)
+    provider_args: Sequence[str] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,15 +75,6 @@ class StackInfo:
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
-
-
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def _dev_secrets(state_dir: Path, env: Mapping[str, str]) -> dict[str, str]:
@@ -173,7 +169,7 @@ class LocalStack:
             ("edge", cfg.edge_port),
             ("KV API stand-in", cfg.kv_api_port),
         ):
-            if port and not _port_free(cfg.host, port):
+            if port and not port_is_free(cfg.host, port):
                 raise StackError(f"port {port} ({label}) is in use on {cfg.host}; choose another")
         components: list[Component] = []
         dev = _dev_secrets(state, cfg.env)
@@ -205,7 +201,16 @@ class LocalStack:
             port = cfg.provider_port or free_port(cfg.host)
             demo = _Process(
                 "provider",
-                [python, "-m", "deploy.local.provider", "--host", cfg.host, "--port", str(port)],
+                [
+                    python,
+                    "-m",
+                    "deploy.local.provider",
+                    "--host",
+                    cfg.host,
+                    "--port",
+                    str(port),
+                    *cfg.provider_args,
+                ],
                 cfg.env,
                 logs / "provider.log",
             )
@@ -231,6 +236,7 @@ class LocalStack:
             CLOUDFLARE_API_TOKEN=dev["PRISM_LOCAL_API_TOKEN"],
             PRISM_KV_FLUSH_INTERVAL=str(cfg.kv_flush_interval),
         )
+        origin_env.update(cfg.origin_env)
         origin = _Process(
             "origin",
             [python, "-m", "deploy.cli", "origin", "serve", "--host", cfg.host,
@@ -254,6 +260,7 @@ class LocalStack:
             edge_port=cfg.edge_port,
             kv_api_port=kv_port,
             api_token=dev["PRISM_LOCAL_API_TOKEN"],
+            extra_workers=cfg.extra_workers,
             log_path=logs / "workers.log",
         )
         try:
@@ -284,6 +291,17 @@ class LocalStack:
             json.dumps({k: v for k, v in self.info.to_dict().items() if k != "api_key"})
         )
         return self.info
+
+    @property
+    def extra_urls(self) -> dict[str, str]:
+        """URLs of ``StackConfig.extra_workers`` by name, once started."""
+        return dict(self._runtime.extra_urls) if self._runtime is not None else {}
+
+    def pid(self, name: str) -> int | None:
+        """PID of a running part ("provider", "origin", "workers runtime"), if started."""
+        if name == "workers runtime":
+            return self._runtime.pid if self._runtime is not None else None
+        return next((p.popen.pid for p in self._processes if p.name == name), None)
 
     def dead_component(self) -> str | None:
         """The name of a part that has exited on its own, if any."""

@@ -12,7 +12,7 @@ from typer.testing import CliRunner, Result
 
 from deploy.cli import app
 from deploy.key_store import KVRevocationPublisher
-from deploy.local.redis import free_port
+from deploy.local.ports import free_port
 from prism import REVOKED_KEY, KeyRing
 from tests.fixtures.origin import KEY_SECRET, OriginFactory
 from tests.fixtures.workers import KVApi

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from deploy.local.redis import free_port
+from deploy.local.ports import free_port
 
 PRISM = [sys.executable, "-m", "deploy.cli"]
 

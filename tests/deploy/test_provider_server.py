@@ -18,6 +18,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from deploy.local.provider import ProviderServer, ProviderSettings, closed_port
+from tests.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 ANTHROPIC_HEADERS = {"x-api-key": "test-key", "anthropic-version": "2023-06-01"}
@@ -86,14 +87,6 @@ def sse_events(text: str) -> list[tuple[str, dict[str, Any]]]:
         lines = dict(line.split(": ", 1) for line in block.split("\n"))
         events.append((lines["event"], orjson.loads(lines["data"])))
     return events
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        time.sleep(0.01)
 
 
 # ---------------------------------------------------------------- OpenAI API via the SDK

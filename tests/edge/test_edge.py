@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -15,17 +14,10 @@ import redis
 
 from prism import REVOKED_KEY, encode_envelope, entry_key, fingerprint, parse_chat_request
 from tests.fixtures.edge import EdgeStack
+from tests.polling import wait_for
 
 VECTORS = json.loads((Path(__file__).parents[1] / "vectors" / "core.json").read_text())
 CHAT = "/v1/chat/completions"
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        time.sleep(0.02)
 
 
 def unique_body(**extra: object) -> dict[str, object]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -13,16 +12,9 @@ import redis
 from deploy.local.provider import ProviderServer
 from deploy.local.redis import RedisServer
 from tests.fixtures.origin import OriginFactory, RunningOrigin
+from tests.polling import wait_for
 
 BODY = {"model": "demo", "messages": [{"role": "user", "content": "fault test"}]}
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        time.sleep(0.02)
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Callable
 
 import httpx
 
@@ -15,14 +14,7 @@ from origin.settings import KVSettings
 from prism import decode_envelope, encode_envelope
 from tests.fixtures.origin import OriginFactory
 from tests.fixtures.workers import KVApi
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        time.sleep(0.05)
+from tests.polling import wait_for
 
 
 def sample(metrics: Metrics, name: str) -> float:
