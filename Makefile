@@ -1,7 +1,9 @@
 # Two commands matter: `make dev` (install everything, run the local stack) and
 # `make test` (install everything, lint, type-check, run the whole suite).
 
-PYTHON ?= $(shell command -v python3.12 || command -v python3.11 || command -v python3)
+# The first interpreter that really runs and is 3.11+ (pyenv shims exist for versions that don't).
+PYTHON ?= $(shell for p in python3.12 python3.11 python3; do \
+	$$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && command -v $$p && break; done)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from .commands import deploy, keys, origin
+from .commands import build, deploy, keys, origin
 from .commands.dev import dev_command
 from .commands.fingerprint import fingerprint_command
 from .commands.smoke import smoke_command
@@ -21,6 +21,7 @@ app = typer.Typer(
 app.add_typer(keys.app)
 app.add_typer(origin.app)
 app.add_typer(deploy.app)
+app.add_typer(build.app)
 app.command("fingerprint")(fingerprint_command)
 app.command("dev")(dev_command)
 app.command("smoke")(smoke_command)
