@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from deploy.local.ports import port_is_free
+
 __all__ = ["app"]
 
 app = typer.Typer(name="origin", help="Run the origin service.", no_args_is_help=True)
@@ -36,18 +38,17 @@ def serve(
     except SettingsError as error:
         typer.echo(f"Error: {error}", err=True)
         raise typer.Exit(2) from None
+    if not port_is_free(host, port):
+        typer.echo(f"Error: port {port} on {host} is in use; choose another with --port.", err=True)
+        raise typer.Exit(1)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
-    try:
-        uvicorn.run(
-            create_app(settings),
-            host=host,
-            port=port,
-            log_level=log_level,
-            access_log=False,
-            loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-            http="httptools" if importlib.util.find_spec("httptools") else "h11",
-            server_header=False,
-        )
-    except OSError as error:
-        typer.echo(f"Error: cannot serve on {host}:{port}: {error.strerror}", err=True)
-        raise typer.Exit(1) from None
+    uvicorn.run(
+        create_app(settings),
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
+        http="httptools" if importlib.util.find_spec("httptools") else "h11",
+        server_header=False,
+    )

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
+import redis
 
 from deploy.edge_bundle import build_edge
 from deploy.local.ports import free_port, port_is_free
@@ -92,6 +93,17 @@ def _dev_secrets(state_dir: Path, env: Mapping[str, str]) -> dict[str, str]:
         path.write_text(json.dumps(values))
         path.chmod(0o600)
     return values
+
+
+def _check_redis(url: str) -> None:
+    client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        client.ping()
+    except (redis.RedisError, OSError, ValueError) as error:
+        shown = url.split("@")[-1]  # never print a password
+        raise StackError(f"cannot reach Redis at {shown}: {type(error).__name__}") from None
+    finally:
+        client.close()
 
 
 class _Process:
@@ -178,7 +190,8 @@ class LocalStack:
         # Redis: the configured one, else a private server (the system's or the embedded one).
         redis_url = cfg.redis_url or cfg.env.get("REDIS_URL")
         if redis_url:
-            self._ready(components, "redis", redis_url, "configured (REDIS_URL)")
+            _check_redis(redis_url)
+            self._ready(components, "redis", redis_url.split("@")[-1], "configured (REDIS_URL)")
         else:
             (state / "redis").mkdir(exist_ok=True)
             try:
