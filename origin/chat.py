@@ -140,8 +140,14 @@ class ChatCompletions:
             join_key, chat.body, chat.model, chat.stream, on_complete
         )
         if chat.stream:
-            await flight.wait_started()
+            flight.join()  # left by _stream_body when the client is done or gone
+            try:
+                await flight.wait_started()
+            except BaseException:
+                flight.leave()
+                raise
             if flight.error is not None and not flight.events:
+                flight.leave()
                 raise flight.error
             timer.mark("upstream")
             headers[h.PROVIDER] = flight.provider
@@ -162,9 +168,12 @@ class ChatCompletions:
         return Response(flight.result.body, 200, headers, "application/json")
 
     async def _stream_body(self, flight: Flight, include_usage: bool) -> AsyncIterator[bytes]:
-        if flight.done and flight.result is not None and not flight.events:
-            # Joined a non-stream call: replay its answer.
-            yield replay(flight.result.completion, include_usage)
-            return
-        async for chunk in flight.follow(include_usage):
-            yield chunk
+        try:
+            if flight.done and flight.result is not None and not flight.events:
+                # Joined a non-stream call: replay its answer.
+                yield replay(flight.result.completion, include_usage)
+                return
+            async for chunk in flight.follow(include_usage):
+                yield chunk
+        finally:
+            flight.leave()

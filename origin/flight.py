@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from prism import PrismError, SSEDecoder, StreamAssembler, UpstreamError
+from prism import PrismError, SSEDecoder, StreamAssembler, UpstreamError, error_json
 
 from .providers.base import UpstreamCompletion
 from .router import Router
@@ -59,47 +59,54 @@ class Flight:
         self._notify()
 
     # -- the consumer side -------------------------------------------------------------
+    #
+    # Every client joins while it needs the flight and leaves when done or gone; the
+    # upstream call is cancelled only when the last one has left before it finished.
+
+    def join(self) -> None:
+        self.subscribers += 1
+
+    def leave(self) -> None:
+        self.subscribers -= 1
+        if self.subscribers == 0 and not self.done and self._task is not None:
+            # The last reader left mid-stream: stop paying for tokens nobody reads.
+            self._task.cancel()
 
     async def wait_started(self) -> None:
-        """Until the first event arrived or the flight ended."""
+        """Until the first event arrived or the flight ended (call between join and leave)."""
         while not self.events and not self.done:
             await self._changed.wait()
 
     async def wait_done(self) -> None:
-        while not self.done:
-            await self._changed.wait()
+        self.join()
+        try:
+            while not self.done:
+                await self._changed.wait()
+        finally:
+            self.leave()
 
     async def follow(self, include_usage: bool) -> AsyncIterator[bytes]:
-        """This subscriber's SSE bytes: live events, then ``[DONE]`` or an error event."""
+        """SSE bytes for one joined client: live events, then ``[DONE]`` or an error event."""
         seen = 0
-        self.subscribers += 1
-        try:
-            while True:
-                if seen < len(self.events):
-                    end = len(self.events)
-                    out = [
-                        b"data: " + self.events[i] + b"\n\n"
-                        for i in range(seen, end)
-                        if include_usage or not self.usage_only[i]
-                    ]
-                    seen = end
-                    if out:
-                        yield b"".join(out)
-                    continue
-                if self.done:
-                    break
-                await self._changed.wait()
-            if self.error is not None:
-                from prism import error_json
-
-                yield b"data: " + error_json(self.error) + b"\n\n"
-            else:
-                yield b"data: [DONE]\n\n"
-        finally:
-            self.subscribers -= 1
-            if self.subscribers == 0 and not self.done and self._task is not None:
-                # The last reader left mid-stream: stop paying for tokens nobody reads.
-                self._task.cancel()
+        while True:
+            if seen < len(self.events):
+                end = len(self.events)
+                out = [
+                    b"data: " + self.events[i] + b"\n\n"
+                    for i in range(seen, end)
+                    if include_usage or not self.usage_only[i]
+                ]
+                seen = end
+                if out:
+                    yield b"".join(out)
+                continue
+            if self.done:
+                break
+            await self._changed.wait()
+        if self.error is not None:
+            yield b"data: " + error_json(self.error) + b"\n\n"
+        else:
+            yield b"data: [DONE]\n\n"
 
 
 class FlightTable:
