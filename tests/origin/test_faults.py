@@ -194,3 +194,42 @@ def test_redis_outage_degrades_to_bypass_and_recovers_without_restart(
         wait_for(lambda: post(origin, api_key).headers["x-prism-edge-cache-layer"] == "redis")
     finally:
         server.stop()
+
+
+def test_a_joined_client_keeps_the_call_alive_when_the_first_one_leaves(
+    timed_origin: RunningOrigin, api_key: str, provider: ProviderServer, redis_url: str
+) -> None:
+    import asyncio
+
+    provider.control.set_fault("stall_mid_stream", seconds=0.4)
+    body = {
+        "model": "demo",
+        "messages": [{"role": "user", "content": "leader leaves"}],
+        "stream": True,
+    }
+    headers = {"authorization": f"Bearer {api_key}"}
+
+    async def run() -> httpx.Response:
+        async with httpx.AsyncClient(
+            base_url=timed_origin.url, headers=headers, timeout=30
+        ) as http:
+            async with http.stream("POST", "/v1/chat/completions", json=body) as leader:
+                assert leader.status_code == 200
+                chunks = leader.aiter_raw()
+                assert (await anext(chunks)).startswith(b"data: ")
+                follower = asyncio.create_task(
+                    http.post("/v1/chat/completions", json={**body, "stream": False})
+                )
+                await asyncio.to_thread(
+                    wait_for,
+                    lambda: timed_origin.metric("prism_origin_coalesced_requests_total") >= 1,
+                )
+            # the leader is gone mid-stream; the follower still gets the whole answer
+            return await follower
+
+    follower = asyncio.run(run())
+    assert follower.status_code == 200
+    assert follower.json()["choices"][0]["finish_reason"] == "stop"
+    assert provider.control.stats()["chat_requests"] == 1
+    timed_origin.wait_stored()
+    assert len(stored_keys(redis_url)) == 1
