@@ -64,7 +64,12 @@ def _b64(raw: bytes) -> str:
 class KeyRing:
     """The live signing secrets by version; mints with the newest, verifies with any."""
 
-    __slots__ = ("_secrets", "current")
+    __slots__ = ("_secrets", "_verified", "current")
+
+    # Keys already verified, so a busy key costs a dict lookup instead of an HMAC. Only
+    # successes are kept (a flood of bad keys cannot evict good ones into recomputation
+    # cost, nor grow this), and the size is bounded.
+    _MEMO_SIZE = 4096
 
     def __init__(self, secrets_by_version: Mapping[int, bytes]) -> None:
         if not secrets_by_version:
@@ -75,6 +80,7 @@ class KeyRing:
             if len(secret) < 16:
                 raise ValueError("a key secret must be at least 16 bytes")
         self._secrets = dict(secrets_by_version)
+        self._verified: dict[str, KeyIdentity] = {}
         self.current = max(self._secrets)
 
     @property
@@ -101,6 +107,16 @@ class KeyRing:
 
     def verify(self, key: str) -> KeyIdentity:
         """The key's identity, or ``AuthenticationError`` saying why not (never the key)."""
+        known = self._verified.get(key)
+        if known is not None:
+            return known
+        identity = self._verify(key)
+        if len(self._verified) >= self._MEMO_SIZE:
+            self._verified.clear()  # crude but bounded; refills with the hot keys at once
+        self._verified[key] = identity
+        return identity
+
+    def _verify(self, key: str) -> KeyIdentity:
         if not key:
             raise AuthenticationError(
                 "Missing API key. Pass it as 'Authorization: Bearer <key>'.", code="missing_api_key"

@@ -9,6 +9,7 @@ parameters faster than gateways do.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,32 +99,70 @@ def _check_shape(value: Any, limits: Limits) -> None:
                     )
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _number(low: float, high: float) -> Callable[[str, Any], None]:
+    def check(name: str, value: Any) -> None:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not low <= value <= high
+        ):
+            raise InvalidRequestError(
+                f"'{name}' must be a number from {low} to {high}.", param=name
+            )
+
+    return check
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _integer(low: int, high: int | None = None) -> Callable[[str, Any], None]:
+    def check(name: str, value: Any) -> None:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or value < low
+            or (high is not None and value > high)
+        ):
+            span = f"from {low} to {high}" if high is not None else f">= {low}"
+            raise InvalidRequestError(f"'{name}' must be an integer {span}.", param=name)
+
+    return check
 
 
-def _number_in(body: dict[str, Any], name: str, low: float, high: float) -> None:
-    value = body.get(name)
-    if value is None:
+def _kind(kind: type | tuple[type, ...], what: str) -> Callable[[str, Any], None]:
+    def check(name: str, value: Any) -> None:
+        if not isinstance(value, kind):
+            raise InvalidRequestError(f"'{name}' must be {what}.", param=name)
+
+    return check
+
+
+def _stop(name: str, value: Any) -> None:
+    if isinstance(value, str):
         return
-    if not _is_number(value) or not low <= value <= high:
-        raise InvalidRequestError(f"'{name}' must be a number from {low} to {high}.", param=name)
+    if not (isinstance(value, list) and len(value) <= 4 and all(isinstance(s, str) for s in value)):
+        raise InvalidRequestError("'stop' must be a string or up to 4 strings.", param=name)
 
 
-def _int_at_least(body: dict[str, Any], name: str, low: int) -> None:
-    value = body.get(name)
-    if value is not None and (not _is_int(value) or value < low):
-        raise InvalidRequestError(f"'{name}' must be an integer >= {low}.", param=name)
-
-
-def _optional(body: dict[str, Any], name: str, kind: type | tuple[type, ...], what: str) -> None:
-    value = body.get(name)
-    if value is not None and not isinstance(value, kind):
-        raise InvalidRequestError(f"'{name}' must be {what}.", param=name)
+# Checked only when present (and not null): a request pays for the fields it sends.
+_PARAMETER_CHECKS: dict[str, Callable[[str, Any], None]] = {
+    "stream": _kind(bool, "a boolean"),
+    "stream_options": _kind(dict, "an object"),
+    "temperature": _number(0, 2),
+    "top_p": _number(0, 1),
+    "presence_penalty": _number(-2, 2),
+    "frequency_penalty": _number(-2, 2),
+    "max_tokens": _integer(1),
+    "max_completion_tokens": _integer(1),
+    "seed": _integer(-(2**63)),
+    "n": _integer(1, 128),
+    "stop": _stop,
+    "tools": _kind(list, "an array of tools"),
+    "tool_choice": _kind((str, dict), "a string or an object"),
+    "response_format": _kind(dict, "an object"),
+    "logit_bias": _kind(dict, "an object"),
+    "user": _kind(str, "a string"),
+    "metadata": _kind(dict, "an object"),
+}
+_CHECKED = frozenset(_PARAMETER_CHECKS)
 
 
 def _check_messages(messages: Any, limits: Limits) -> None:
@@ -154,6 +193,10 @@ def _check_messages(messages: Any, limits: Limits) -> None:
             )
 
 
+# Built once: json.loads(..., parse_float=...) would build a new decoder per call.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_parse_float)
+
+
 def parse_chat_request(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> ChatRequest:
     """Validate ``raw`` as a chat-completions body, or raise the matching ``PrismError``."""
     if len(raw) > limits.max_body_bytes:
@@ -161,7 +204,7 @@ def parse_chat_request(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> Cha
             f"Request body is {len(raw)} bytes; the limit is {limits.max_body_bytes}."
         )
     try:
-        body = json.loads(raw, parse_constant=_reject_constant, parse_float=_parse_float)
+        body = _DECODER.decode(raw.decode() if isinstance(raw, bytes) else raw)
     except InvalidRequestError:
         raise
     except RecursionError:
@@ -174,42 +217,25 @@ def parse_chat_request(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> Cha
         ) from None
     if not isinstance(body, dict):
         raise InvalidRequestError("Request body must be a JSON object.", code="invalid_json")
-    _check_shape(body, limits)
+    # Walk the tree only when the raw text could break a limit: a body shorter than the
+    # string limit holds no longer string, and one with fewer brackets than the depth
+    # limit cannot nest deeper. Typical requests skip the walk entirely.
+    opens = raw.count(b"[") + raw.count(b"{") if isinstance(raw, bytes) else len(raw)
+    if opens > limits.max_depth or len(raw) > limits.max_string_chars:
+        _check_shape(body, limits)
 
     model = body.get("model")
     if not isinstance(model, str) or not 0 < len(model) <= 256:
         raise InvalidRequestError("'model' must be a non-empty string.", param="model")
     _check_messages(body.get("messages"), limits)
 
+    for name in _CHECKED.intersection(body):
+        value = body[name]
+        if value is not None:
+            _PARAMETER_CHECKS[name](name, value)
     stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise InvalidRequestError("'stream' must be a boolean.", param="stream")
     stream_options = body.get("stream_options")
-    if stream_options is not None and not isinstance(stream_options, dict):
-        raise InvalidRequestError("'stream_options' must be an object.", param="stream_options")
-
-    _number_in(body, "temperature", 0, 2)
-    _number_in(body, "top_p", 0, 1)
-    _number_in(body, "presence_penalty", -2, 2)
-    _number_in(body, "frequency_penalty", -2, 2)
-    _int_at_least(body, "max_tokens", 1)
-    _int_at_least(body, "max_completion_tokens", 1)
-    _int_at_least(body, "seed", -(2**63))
     n = body.get("n")
-    if n is not None and (not _is_int(n) or not 1 <= n <= 128):
-        raise InvalidRequestError("'n' must be an integer from 1 to 128.", param="n")
-    stop = body.get("stop")
-    if stop is not None and not (
-        isinstance(stop, str)
-        or (isinstance(stop, list) and len(stop) <= 4 and all(isinstance(s, str) for s in stop))
-    ):
-        raise InvalidRequestError("'stop' must be a string or up to 4 strings.", param="stop")
-    _optional(body, "tools", list, "an array of tools")
-    _optional(body, "tool_choice", (str, dict), "a string or an object")
-    _optional(body, "response_format", dict, "an object")
-    _optional(body, "logit_bias", dict, "an object")
-    _optional(body, "user", str, "a string")
-    _optional(body, "metadata", dict, "an object")
 
     return ChatRequest(
         body=body,
