@@ -62,10 +62,18 @@ def create_app(
             "status": "ok" if redis_ok else "degraded",
             "redis": {"ok": redis_ok},
             "providers": {
-                name: {"kind": p.spec.kind, "base_url": p.spec.base_url}
+                name: {
+                    "kind": p.spec.kind,
+                    "base_url": p.spec.base_url,
+                    **gateway.router.health[name].snapshot(),
+                }
                 for name, p in gateway.providers.items()
             },
-            "kv_writer": {"enabled": writer is not None},
+            "kv_writer": {
+                "enabled": writer is not None,
+                "queued": writer.queued if writer is not None else 0,
+            },
+            "background_writes": gateway.background_tasks,
             "uptime_seconds": round(time.time() - started, 1),
         }
         return _json(body)

@@ -50,6 +50,10 @@ class KVWriter:
         if settings.api_token:
             self._headers["authorization"] = f"Bearer {settings.api_token}"
 
+    @property
+    def queued(self) -> int:
+        return self._queue.qsize()
+
     def submit(self, key: str, value: bytes, ttl: int) -> bool:
         """Queue one entry; never waits. False (and counted) when the queue is full."""
         try:

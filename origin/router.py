@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from prism import NotFoundError, PrismError, RateLimitError, UpstreamError
 
+from .health import ProviderHealth
 from .metrics import Metrics
 from .providers.base import ChatProvider, UpstreamCompletion, UpstreamStream
 from .providers.config import ProviderConfig
@@ -32,6 +33,7 @@ class Router:
         self._config = config
         self._providers = providers
         self._metrics = metrics
+        self.health = {name: ProviderHealth() for name in providers}
 
     def _targets(self, model: str) -> list[tuple[ChatProvider, str]]:
         targets = [(self._providers[spec.name], up) for spec, up in self._config.targets(model)]
@@ -46,10 +48,14 @@ class Router:
     def knows(self, model: str) -> bool:
         return bool(self._config.targets(model))
 
-    def _observe(self, provider: ChatProvider, started: float, outcome: str) -> None:
-        self._metrics.provider_seconds.labels(provider.spec.name, outcome).observe(
-            time.perf_counter() - started
-        )
+    def _observe(
+        self, provider: ChatProvider, started: float, error: PrismError | None = None
+    ) -> None:
+        seconds = time.perf_counter() - started
+        outcome = "ok" if error is None else "error"
+        self._metrics.provider_seconds.labels(provider.spec.name, outcome).observe(seconds)
+        detail = None if error is None else f"{error.status} {error.code}"
+        self.health[provider.spec.name].record(error is None, seconds, detail)
 
     async def _first(
         self, model: str, call: Callable[[ChatProvider, str], Awaitable[T]]
@@ -61,10 +67,10 @@ class Router:
             try:
                 result = await call(provider, upstream_model)
             except _RETRYABLE as error:
-                self._observe(provider, started, "error")
+                self._observe(provider, started, error)
                 last = error
                 continue
-            self._observe(provider, started, "ok")
+            self._observe(provider, started)
             return result, provider.spec.label or provider.spec.name
         assert last is not None
         raise last

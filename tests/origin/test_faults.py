@@ -170,6 +170,10 @@ label = "live provider"
         response = post(origin, api_key, body)
         assert response.status_code == 200
         assert response.headers["x-prism-provider"] == "live provider"
+    providers = httpx.get(origin.url + "/healthz").json()["providers"]
+    assert providers["dead"]["error_rate"] == 1.0
+    assert providers["dead"]["last_error"] == "502 upstream_unreachable"
+    assert providers["live"]["error_rate"] == 0.0 and providers["live"]["recent_calls"] == 2
 
 
 def test_redis_outage_degrades_to_bypass_and_recovers_without_restart(
