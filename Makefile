@@ -38,8 +38,24 @@ pytest: setup
 
 test: lint typecheck pytest
 
-bench: setup
-	$(BIN)/prism bench
+# wrk is the load generator: installed with apt when missing and we may (root or sudo -n);
+# otherwise prism bench falls back to a slower Python one and says so. BENCH_ARGS=--quick etc.
+BENCH_ARGS ?=
+bench: setup $(VENV)/.bench-installed
+	@command -v wrk >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
+	  else SUDO=none; fi; \
+	  if [ "$$SUDO" != none ] && command -v apt-get >/dev/null 2>&1; then \
+	    $$SUDO apt-get install -y -qq wrk >/dev/null 2>&1 || \
+	    { $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq wrk >/dev/null; } || true; \
+	  fi; }
+	@command -v wrk >/dev/null 2>&1 || echo "warning: wrk is not installed and could not be" \
+	  "(apt-get install wrk); using the slower Python load generator" >&2
+	$(BIN)/prism bench $(BENCH_ARGS)
+
+$(VENV)/.bench-installed: pyproject.toml $(VENV)/.installed
+	$(BIN)/pip install --quiet -e '.[bench]'
+	@touch $@
 
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache .prism

@@ -328,12 +328,13 @@ class LocalStack:
         return None
 
     def stop(self) -> None:
-        if self._runtime is not None:
-            self._runtime.stop()
-            self._runtime = None
+        # The origin first: its KV writer drains into the stand-in the runtime hosts.
         for process in reversed(self._processes):
             process.stop()
         self._processes.clear()
+        if self._runtime is not None:
+            self._runtime.stop()
+            self._runtime = None
         if self._redis is not None:
             self._redis.stop()
             self._redis = None

@@ -1,0 +1,27 @@
+"""`prism bench`: every layer of the gateway against its floor, in one run, on loopback.
+
+- ``runner``: starts the stack and the floors, drives the load, collects the result.
+- ``loadgen``: wrk with a generated Lua script (or a labelled Python fallback).
+- ``floor_app``: the minimal ASGI app that does one Redis GET (the Redis-hit floor).
+- ``workers/trivial``: the trivial Python Worker (the edge's floor in the same runtime).
+- ``probes``: time to first byte of streams; ``profiler``: py-spy on the origin.
+- ``report``: the table, the JSON and the PNG chart; ``targets``: the issue's targets.
+"""
+
+from .loadgen import LoadResult, LoadSpec, run_load
+from .report import draw_chart, render_table, write_results
+from .runner import BenchConfig, BenchError, BenchRunner
+from .targets import evaluate_targets
+
+__all__ = [
+    "BenchConfig",
+    "BenchError",
+    "BenchRunner",
+    "LoadResult",
+    "LoadSpec",
+    "draw_chart",
+    "evaluate_targets",
+    "render_table",
+    "run_load",
+    "write_results",
+]

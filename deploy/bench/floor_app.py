@@ -1,0 +1,92 @@
+"""The floor for a Redis hit: an ASGI app that does one Redis GET and returns the bytes.
+
+Same server settings as the origin (uvicorn, uvloop, httptools, no access log,
+no server header) and the same Redis client (redis-py asyncio with a pool), but
+nothing else: no routing framework, no auth, no parsing, no envelope. The
+origin's Redis-hit throughput is judged against this.
+
+Run it: ``python -m deploy.bench.floor_app --port 9200 --redis-url redis://... --key K``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from redis.asyncio import Redis
+
+__all__ = ["FloorApp", "main"]
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+_HEADERS = [(b"content-type", b"application/json")]
+
+
+class FloorApp:
+    """Answers every HTTP request with the value of one Redis key (404 when missing)."""
+
+    def __init__(self, redis_url: str, key: str) -> None:
+        self._redis_url = redis_url
+        self._key = key
+        self._redis: Redis | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        # Read the body like any real endpoint must, so the comparison is fair.
+        more = True
+        while more:
+            message = await receive()
+            more = message.get("more_body", False)
+        assert self._redis is not None
+        value = await self._redis.get(self._key)
+        status = 200 if value is not None else 404
+        await send({"type": "http.response.start", "status": status, "headers": _HEADERS})
+        await send({"type": "http.response.body", "body": value or b""})
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                # The origin's pool settings, minus what only matters when Redis fails.
+                self._redis = Redis.from_url(self._redis_url, max_connections=512)
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self._redis is not None:
+                    await self._redis.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(prog="python -m deploy.bench.floor_app")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--redis-url", required=True)
+    parser.add_argument("--key", required=True)
+    args = parser.parse_args(argv)
+    # Exactly what `prism origin serve` passes to uvicorn.
+    uvicorn.run(
+        FloorApp(args.redis_url, args.key),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
+        http="httptools" if importlib.util.find_spec("httptools") else "h11",
+        server_header=False,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,445 @@
+"""`prism bench`: every layer of the stack against its floor, in one run, on loopback.
+
+One process tree: the local stack (Redis, demo provider, origin, the Workers
+runtime with the edge, the KV REST stand-in and the trivial floor Worker), the
+floor ASGI app, and a constant Node HTTP server that shows the load
+generator's own ceiling. Each measured row is paired with its floor and run
+next to it in time, so load from elsewhere on the machine hits both alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+from deploy.local.ports import free_port
+from deploy.local.redis import find_redis_server
+from deploy.local.stack import LocalStack, StackConfig, StackInfo
+from deploy.local.workers import ExtraWorker, find_node_toolchain
+from prism import headers as h
+from prism import parse_key_secrets
+
+from .ladder import ladder_worker, measure_ladder
+from .loadgen import FALLBACK_TOOL, UNIQUE, LoadSpec, run_load, wrk_path, wrk_version
+from .machine import CpuClock, load_average, machine_info, process_tree, rss_mb, versions
+from .probes import StreamTarget, measure_ttfb
+from .profiler import PySpy, find_py_spy
+from .replication import measure_replication, read_metrics
+from .servers import BenchError, HelperServer, RssSampler
+from .targets import evaluate_targets
+from .workload import CHAT_PATH, chat_body, plant_entry
+
+__all__ = ["BenchConfig", "BenchError", "BenchRunner"]
+
+TRIVIAL_WORKER = Path(__file__).with_name("workers") / "trivial"
+# Replies padded to ~1 KB, as DESIGN.md's edge measurement used.
+_PROVIDER_ARGS = ("--reply-words", "150")
+_NODE_CEILING = (
+    "const http=require('http');"
+    "http.createServer((q,s)=>{q.resume();q.on('end',()=>{s.writeHead(200,"
+    "{'content-type':'application/json'});s.end('{\"ok\":true}')})})"
+    ".listen(+process.argv[1],'127.0.0.1')"
+)
+_KV_FLUSH = 1.0  # the KV writer's production flush interval (prism dev uses 0.1 s)
+_SCRUBBED_ENV = (
+    "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "PRISM_PROVIDERS_FILE", "REDIS_URL", "PRISM_REDIS_URL",
+)  # fmt: skip
+
+_FLOOR_KEY = "prism-bench:floor"
+_STACK_PARTS = ("origin", "provider", "workers runtime")
+
+Step = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    duration: float = 10.0  # seconds per timed run
+    warmup: float = 2.0  # seconds of unrecorded load before each target (0: none)
+    stream_requests: int = 200  # streamed requests per target for time to first byte
+    concurrency: tuple[int, ...] = (1, 32)
+    profile: bool = False  # extra, unmeasured runs: the edge ladder and py-spy on the origin
+    profile_dir: Path | None = None  # where py-spy's collapsed stacks are kept (None: dropped)
+    quick: bool = False
+
+    @classmethod
+    def smoke(cls, duration: float = 1.0) -> BenchConfig:
+        """The smallest run that still exercises every section (for the test suite)."""
+        return cls(duration=duration, warmup=0.0, stream_requests=8, quick=True)
+
+
+@dataclass(frozen=True, slots=True)
+class _Context:
+    """What every phase needs: where things are, who they are, what to send."""
+
+    info: StackInfo
+    urls: Mapping[str, str]  # trivial, floor, ceiling, provider
+    pids: Mapping[str, int]  # origin, provider, workers runtime, floor app, ceiling
+    auth: Mapping[str, str]
+    bad: Mapping[str, str]  # the same headers with a forged key
+    hit_body: str
+    hit_key: str  # the planted entry's Redis / KV key
+    miss_body: str
+
+
+class BenchRunner:
+    """``BenchRunner(config, on_step).run()`` → the result dict (also what the JSON holds)."""
+
+    def __init__(self, config: BenchConfig, on_step: Step | None = None) -> None:
+        self.config = config
+        self._on_step = on_step or (lambda label: None)
+        self._state = Path(tempfile.mkdtemp(prefix="prism-bench-"))
+        self._stack: LocalStack | None = None
+        self._children: list[HelperServer] = []
+        self._nonce = secrets.token_hex(4)
+        self._runs = 0
+        # Fresh secrets each run, handed to the stack, so nothing of `prism dev`'s is reused.
+        self._secrets = {
+            "PRISM_KEY_SECRET": secrets.token_urlsafe(32),
+            "PRISM_FORWARD_SECRET": secrets.token_urlsafe(32),
+            "PRISM_LOCAL_API_TOKEN": secrets.token_urlsafe(24),
+        }
+
+    @property
+    def _ladder_rounds(self) -> int:
+        return 1 if self.config.quick else 3
+
+    @property
+    def total_steps(self) -> int:
+        """How many times ``on_step`` will be called (for a progress bar)."""
+        pairs = 2 * len(self.config.concurrency)  # (floor, hit) and (provider, miss) per c
+        profile = 3 + self._ladder_rounds if self.config.profile else 0
+        # start, checks, ceiling, 4 edge rows, origin rows, streaming, KV drain, profile
+        return 3 + 4 + 2 * pairs + 1 + 1 + profile
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def run(self) -> dict[str, Any]:
+        started = dt.datetime.now(dt.UTC)
+        load_before = load_average()
+        try:
+            result = self._run()
+        finally:
+            self._stop()
+        result["meta"].update(
+            started_at=started.isoformat(timespec="seconds"),
+            finished_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            wall_seconds=round((dt.datetime.now(dt.UTC) - started).total_seconds(), 1),
+            load_average={"before": load_before, "after": load_average()},
+        )
+        result["targets"] = evaluate_targets(result)
+        return result
+
+    def _stop(self) -> None:
+        for child in reversed(self._children):
+            child.stop()
+        self._children.clear()
+        if self._stack is not None:
+            self._stack.stop()
+            self._stack = None
+        shutil.rmtree(self._state, ignore_errors=True)
+
+    def _start(self) -> tuple[StackInfo, dict[str, str]]:
+        self._on_step("starting the stack (Redis, provider, origin, Workers runtime)")
+        logs = self._state / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        urls: dict[str, str] = {}
+        # The ceiling first: the ladder Worker's fetch probe is pointed at it.
+        port = free_port()
+        node = find_node_toolchain().node
+        self._children.append(
+            HelperServer("ceiling", [str(node), "-e", _NODE_CEILING, str(port)], logs / "ceil.log")
+        )
+        urls["ceiling"] = f"http://127.0.0.1:{port}"
+        env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV} | self._secrets
+        origin_port = free_port()
+        workers = [ExtraWorker("trivial", TRIVIAL_WORKER, kv_binding="PRISM_KV")]
+        if self.config.profile:
+            edge_secrets = {
+                name: self._secrets[name] for name in ("PRISM_KEY_SECRET", "PRISM_FORWARD_SECRET")
+            }
+            workers.append(ladder_worker(self._state / "ladder", edge_secrets, urls["ceiling"]))
+        self._stack = LocalStack(
+            StackConfig(
+                state_dir=self._state,
+                origin_port=origin_port,
+                edge_port=0,
+                kv_api_port=0,
+                env=env,
+                kv_flush_interval=_KV_FLUSH,
+                extra_workers=tuple(workers),
+                provider_args=_PROVIDER_ARGS,
+            )
+        )
+        info = self._stack.start()
+        urls.update(self._stack.extra_urls)
+        port = free_port()
+        self._children.append(
+            HelperServer(
+                "floor app",
+                [sys.executable, "-m", "deploy.bench.floor_app", "--port", str(port),
+                 "--redis-url", info.redis_url, "--key", _FLOOR_KEY],
+                logs / "floor.log",
+            )
+        )  # fmt: skip
+        urls["floor"] = f"http://127.0.0.1:{port}"
+        urls["provider"] = next(c.url for c in info.components if c.name == "provider")
+        self._on_step("planting cache entries and checking every path answers as expected")
+        for child in self._children:
+            child.wait_ready(urls["floor" if child.name == "floor app" else "ceiling"])
+        return info, urls
+
+    def _timed(
+        self, spec: LoadSpec, server_pids: list[int], rss: RssSampler | None = None
+    ) -> dict[str, Any]:
+        self._runs += 1
+        spec = replace(spec, nonce=f"{self._nonce}r{self._runs}")
+        if self.config.warmup > 0:
+            run_load(replace(spec, duration=self.config.warmup, nonce=spec.nonce + "w"))
+        clock = CpuClock([p for pid in server_pids for p in process_tree(pid)]).start()
+        if rss is not None:
+            rss.active = True
+        try:
+            result = run_load(spec)
+        finally:
+            if rss is not None:
+                rss.active = False
+        row = result.to_dict()
+        seconds = result.duration_s or 1.0
+        row["server_cpu_pct"] = round(100 * clock.stop() / seconds, 1)
+        row["loadgen_cpu_pct"] = round(100 * result.loadgen_cpu_s / seconds, 1)
+        return row
+
+    def _run(self) -> dict[str, Any]:
+        info, urls = self._start()
+        assert self._stack is not None
+        planted = plant_entry(
+            project=info.project,
+            provider_url=urls["provider"],
+            redis_url=info.redis_url,
+            kv_bulk_url=f"{info.kv_api_url}/accounts/local/storage/kv/namespaces/prism-local/bulk",
+            kv_token=self._secrets["PRISM_LOCAL_API_TOKEN"],
+        )
+        # The floor app reads the same envelope from its own key.
+        with contextlib.closing(redis.Redis.from_url(info.redis_url)) as client:
+            client.set(_FLOOR_KEY, planted.envelope)
+        auth = {"content-type": "application/json", "authorization": f"Bearer {info.api_key}"}
+        # Well-formed, right project and key id, signed with another secret: only the
+        # signature check can reject it.
+        forged = parse_key_secrets("not-" + secrets.token_hex(16)).mint(
+            info.project, key_id="devkey0000000001"
+        )
+        ctx = _Context(
+            info=info,
+            urls=urls,
+            pids={name: self._stack.pid(name) or 0 for name in _STACK_PARTS}
+            | {child.name: child.pid for child in self._children},
+            auth=auth,
+            bad=auth | {"authorization": f"Bearer {forged}"},
+            hit_body=planted.body,
+            hit_key=planted.key,
+            miss_body=chat_body(UNIQUE),
+        )
+        layers = self._check_paths(ctx)
+        # Idle: started, and each path answered once, before any load.
+        idle_rss = rss_mb(ctx.pids["origin"])
+        high = max(self.config.concurrency)
+        self._on_step(f"load generator ceiling (constant Node server, c{high})")
+        ceiling = self._timed(
+            self._spec(urls["ceiling"], ctx.hit_body, auth, high), [ctx.pids["ceiling"]]
+        )
+        edge = self._edge(ctx)
+        edge["layers"] = {"kv_hit": layers["edge_hit"], "bad_key_status": layers["bad_key"]}
+        edge["server_timing_kv_hit"] = layers["edge_hit_timing"]
+        streaming = self._streaming(ctx)
+        # Last, so the KV writer's drain is measured right after the miss run that fed it.
+        origin, kv, peak_rss = self._origin(ctx)
+        origin["layers"] = {"redis_hit": layers["origin_hit"], "miss": layers["origin_miss"]}
+        result: dict[str, Any] = {
+            "meta": self._meta(wrk_path()),
+            "loadgen_ceiling": ceiling,
+            "edge": edge,
+            "origin": origin,
+            "streaming": streaming,
+            "kv_writer": kv,
+            "memory": {
+                "origin_idle_rss_mb": idle_rss,
+                "origin_load_rss_mb": max(peak_rss, idle_rss),
+            },
+        }
+        if self.config.profile:
+            result["profile"] = self._profile(ctx, high)
+        return result
+
+    def _spec(self, url: str, body: str, headers: Mapping[str, str], c: int) -> LoadSpec:
+        return LoadSpec(url=url + CHAT_PATH, concurrency=c, duration=self.config.duration,
+                        body=body, headers=headers)  # fmt: skip
+
+    def _edge(self, ctx: _Context) -> dict[str, Any]:
+        """KV hit and bad key through the Prism Worker, next to the trivial Worker (c1)."""
+        edge: dict[str, Any] = {}
+        trivial = ctx.urls["trivial"] + CHAT_PATH
+        for name, url, headers in (
+            ("trivial_worker", trivial, ctx.auth),
+            ("trivial_worker_kv_read", f"{trivial}?kv={ctx.hit_key}", ctx.auth),
+            ("kv_hit", ctx.info.edge_url + CHAT_PATH, ctx.auth),
+            ("bad_key", ctx.info.edge_url + CHAT_PATH, ctx.bad),
+        ):
+            self._on_step(f"edge: {name.replace('_', ' ')} (c1)")
+            load = LoadSpec(url=url, concurrency=1, duration=self.config.duration,
+                            body=ctx.hit_body, headers=headers)  # fmt: skip
+            edge[name] = self._timed(load, [ctx.pids["workers runtime"]])
+        return edge
+
+    def _origin(self, ctx: _Context) -> tuple[dict[str, Any], dict[str, Any], float]:
+        """Each origin case right after its floor, at every concurrency; then the KV writer."""
+        pids, origin_url = ctx.pids, ctx.info.origin_url
+        origin: dict[str, Any] = {"concurrency": list(self.config.concurrency)}
+        kv: dict[str, Any] = {}
+        rss = RssSampler(pids["origin"])
+        try:
+            for c in self.config.concurrency:
+                for name, url, body, servers in (
+                    ("floor", ctx.urls["floor"], ctx.hit_body, [pids["floor app"]]),
+                    ("redis_hit", origin_url, ctx.hit_body, [pids["origin"]]),
+                    ("provider_direct", ctx.urls["provider"], ctx.miss_body, [pids["provider"]]),
+                    ("miss", origin_url, ctx.miss_body, [pids["origin"], pids["provider"]]),
+                ):
+                    self._on_step(f"origin: {name.replace('_', ' ')} (c{c})")
+                    before = read_metrics(origin_url)
+                    load = self._spec(url, body, ctx.auth, c)
+                    row = self._timed(load, servers, rss if url == origin_url else None)
+                    origin.setdefault(name, {})[str(c)] = row
+                    if name == "miss" and c == max(self.config.concurrency):
+                        self._on_step("KV writer: waiting for the new entries to replicate")
+                        ran = row["duration_s"] + self.config.warmup
+                        kv = measure_replication(origin_url, before, ran, _KV_FLUSH)
+        finally:
+            rss.close()
+        return origin, kv, rss.peak
+
+    def _streaming(self, ctx: _Context) -> dict[str, Any]:
+        self._on_step("streaming: time to first byte (provider, origin, edge + origin)")
+        headers = {**ctx.auth, "accept": "text/event-stream"}
+        return measure_ttfb(
+            [
+                StreamTarget("provider_direct", ctx.urls["provider"] + CHAT_PATH, headers),
+                StreamTarget("origin", ctx.info.origin_url + CHAT_PATH, headers),
+                StreamTarget("edge_origin", ctx.info.edge_url + CHAT_PATH, headers),
+            ],
+            chat_body(UNIQUE, stream=True),
+            self.config.stream_requests,
+            self._nonce + "s",
+        )
+
+    def _check_paths(self, ctx: _Context) -> dict[str, Any]:
+        """One request per path: the numbers mean nothing if a "hit" was not a hit."""
+        chat, info, hit, auth = CHAT_PATH, ctx.info, ctx.hit_body, ctx.auth
+        miss = chat_body(f"check-{self._nonce}")
+        with httpx.Client(timeout=30) as http:
+            edge_hit = http.post(info.edge_url + chat, content=hit, headers=auth)
+            origin_hit = http.post(info.origin_url + chat, content=hit, headers=auth)
+            origin_miss = http.post(info.origin_url + chat, content=miss, headers=auth)
+            bad_key = http.post(info.edge_url + chat, content=hit, headers=ctx.bad)
+            others = [
+                http.post(ctx.urls[name] + chat, content=hit, headers=auth)
+                for name in ("trivial", "floor", "provider")
+            ]
+        checks = {
+            "edge_hit": edge_hit.headers.get(h.CACHE_LAYER),
+            "edge_hit_timing": edge_hit.headers.get(h.SERVER_TIMING, ""),
+            "origin_hit": origin_hit.headers.get(h.CACHE_LAYER),
+            "origin_miss": origin_miss.headers.get(h.CACHE_LAYER),
+            "bad_key": bad_key.status_code,
+        }
+        problems = [
+            f"{what} answered {got}"
+            for what, got, want in (
+                ("edge hit", (edge_hit.status_code, checks["edge_hit"]), (200, "kv")),
+                ("origin hit", (origin_hit.status_code, checks["origin_hit"]), (200, "redis")),
+                ("origin miss", (origin_miss.status_code, checks["origin_miss"]), (200, "miss")),
+                ("bad key", bad_key.status_code, 401),
+                ("floors", [r.status_code for r in others], [200, 200, 200]),
+            )
+            if got != want
+        ]
+        if problems:
+            raise BenchError("path check failed: " + "; ".join(problems))
+        return checks
+
+    def _profile(self, ctx: _Context, high: int) -> dict[str, Any]:
+        """Where the time goes: the edge hit step by step, and py-spy on the origin."""
+        seconds = max(2, round(self.config.duration))
+        found: dict[str, Any] = {
+            "edge_ladder": measure_ladder(
+                ctx.urls["ladder"] + CHAT_PATH,
+                (ctx.hit_body, ctx.miss_body),
+                ctx.auth,
+                max(1, round(seconds / 5)),
+                self._ladder_rounds,
+                self._on_step,
+            )
+        }
+        spy = find_py_spy()
+        if spy is None:
+            found["error"] = "py-spy is not installed (pip install 'prism-gateway[bench]')"
+            return found
+        folder = self.config.profile_dir or self._state
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, body, c in (
+            ("redis_hit", ctx.hit_body, high),
+            ("miss", ctx.miss_body, 1),
+            ("miss", ctx.miss_body, high),
+        ):
+            self._on_step(f"profiling the origin: {name.replace('_', ' ')} (c{c})")
+            load = replace(
+                self._spec(ctx.info.origin_url, body, ctx.auth, c),
+                duration=seconds,
+                nonce=f"{self._nonce}p{name}{c}",
+            )
+            out = folder / f"origin-{name}-c{c}.txt"
+            with PySpy(spy, ctx.pids["origin"], seconds, out) as sampler:
+                run_load(load)
+            found[f"{name}_c{c}"] = sampler.summary() | {"collapsed_stacks": str(out)}
+        return found
+
+    def _meta(self, tool: str | None) -> dict[str, Any]:
+        node: str | None = None
+        miniflare: str | None = None
+        with contextlib.suppress(RuntimeError):
+            toolchain = find_node_toolchain()
+            node, miniflare = str(toolchain.node), toolchain.miniflare_version
+        try:
+            redis_server: str | None = find_redis_server()
+        except FileNotFoundError:
+            redis_server = None
+        return {
+            "machine": machine_info(),
+            "versions": versions(redis_server, node, miniflare),
+            "loadgen": {"tool": wrk_version(tool) if tool else FALLBACK_TOOL},
+            "config": {
+                "duration_s": self.config.duration,
+                "warmup_s": self.config.warmup,
+                "stream_requests": self.config.stream_requests,
+                "concurrency": list(self.config.concurrency),
+                "quick": self.config.quick,
+                "provider": "local demo provider, no added latency, replies ~1 KB",
+                "request_body_bytes": len(chat_body("x")),
+            },
+            "notes": [
+                "Everything runs on this one machine: load generator and servers share its cores.",
+                "Each measured row runs right after its floor, so outside load hits both alike.",
+                "Edge rows are sequential (c1): they measure latency, not throughput.",
+            ],
+        }

@@ -1,0 +1,100 @@
+"""What the benchmark sends, and the cache entries it plants before measuring.
+
+Requests are realistic in size (about 2 KB of chat body; the demo provider
+pads its answers to about 1 KB) and always cacheable (``temperature: 0``). A
+"miss" body carries the ``UNIQUE`` token, which the load generator replaces per
+request, so no request of a miss run is answered from a cache or coalesced.
+
+A hit is planted, not earned: the provider's real answer to the hit body is
+wrapped in an envelope and written to Redis (for the origin) and through the
+Workers KV REST stand-in (for the edge), under the fingerprint the edge and
+the origin will compute. The runner then checks the response header says
+``kv`` / ``redis`` before it trusts any number.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import httpx
+import redis
+
+from prism import encode_envelope, entry_key, fingerprint, parse_chat_request
+
+from .loadgen import UNIQUE
+
+__all__ = ["CHAT_PATH", "MODEL", "PlantedEntry", "chat_body", "plant_entry"]
+
+CHAT_PATH = "/v1/chat/completions"
+MODEL = "gpt-4o-mini"
+_TTL = 86_400
+# About 2 KB of prompt: a system message and a user turn, as a small app would send.
+_SYSTEM = (
+    "You are a careful assistant for an online bookshop. Answer in two short paragraphs, "
+    "cite the catalogue entry you used, and never invent prices or stock levels. "
+) * 4
+_USER = (
+    "A customer asks which edition of the book would suit a reader who prefers large print "
+    "and an index, and whether the hardback ships in one or two days. "
+) * 7
+
+
+def chat_body(tag: str, *, stream: bool = False) -> str:
+    """A ~2 KB cacheable chat body whose answer depends on ``tag`` (use ``UNIQUE`` for misses)."""
+    body = {
+        "model": MODEL,
+        "temperature": 0,
+        "stream": stream,
+        "messages": [
+            {"role": "system", "content": _SYSTEM},
+            {"role": "user", "content": f"[{tag}] {_USER}"},
+        ],
+    }
+    text = json.dumps(body, separators=(",", ":"))
+    assert tag != UNIQUE or UNIQUE in text
+    return text
+
+
+@dataclass(frozen=True, slots=True)
+class PlantedEntry:
+    body: str  # the request body that hits
+    fingerprint: str
+    key: str  # the Redis / KV key
+    envelope: bytes
+
+
+def plant_entry(
+    *,
+    project: str,
+    provider_url: str,
+    redis_url: str,
+    kv_bulk_url: str,
+    kv_token: str,
+) -> PlantedEntry:
+    """Ask the provider once, then store its answer in Redis and KV for the hit body."""
+    body = chat_body("planted-hit")
+    answer = httpx.post(
+        provider_url + CHAT_PATH,
+        content=body,
+        headers={"content-type": "application/json", "authorization": "Bearer demo"},
+        timeout=30,
+    )
+    answer.raise_for_status()
+    usage = answer.json().get("usage")
+    envelope = encode_envelope(answer.content, model=MODEL, ttl=_TTL, usage=usage)
+    fp = fingerprint(project, CHAT_PATH, parse_chat_request(body))
+    key = entry_key(fp)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.set(key, envelope, ex=_TTL)
+    finally:
+        client.close()
+    stored = httpx.put(
+        kv_bulk_url,
+        json=[{"key": key, "value": envelope.decode(), "expiration_ttl": _TTL}],
+        headers={"authorization": f"Bearer {kv_token}"},
+        timeout=30,
+    )
+    stored.raise_for_status()
+    return PlantedEntry(body=body, fingerprint=fp, key=key, envelope=envelope)
