@@ -20,6 +20,7 @@ from prism import headers as h
 from .auth import authenticate
 from .chat import ChatCompletions
 from .gateway import Gateway
+from .providers._http import ConnectorFactory
 from .responses import error_response, exception_handlers
 from .settings import Settings
 
@@ -34,11 +35,11 @@ def create_app(
     settings: Settings,
     *,
     redis: Redis | None = None,
-    transports: Mapping[str, httpx.AsyncBaseTransport] | None = None,
+    connectors: Mapping[str, ConnectorFactory] | None = None,
     kv_transport: httpx.AsyncBaseTransport | None = None,
 ) -> Starlette:
-    """The origin ASGI app. ``transports`` swap a provider's HTTP transport (by provider name)."""
-    gateway = Gateway(settings, redis=redis, transports=transports, kv_transport=kv_transport)
+    """The origin ASGI app. ``connectors`` swap a provider's connection pool (by name)."""
+    gateway = Gateway(settings, redis=redis, connectors=connectors, kv_transport=kv_transport)
     chat = ChatCompletions(gateway)
     started = time.time()
 

@@ -17,6 +17,7 @@ from .cache import RedisCache
 from .flight import FlightTable
 from .kv_writer import KVWriter
 from .metrics import Metrics
+from .providers._http import ConnectorFactory
 from .providers.anthropic import AnthropicProvider
 from .providers.base import ChatProvider, ProviderSpec, UpstreamCompletion
 from .providers.openai import OpenAICompatibleProvider
@@ -28,12 +29,10 @@ __all__ = ["Gateway"]
 log = logging.getLogger("prism.origin")
 
 
-def build_provider(
-    spec: ProviderSpec, transport: httpx.AsyncBaseTransport | None = None
-) -> ChatProvider:
+def build_provider(spec: ProviderSpec, connector: ConnectorFactory | None = None) -> ChatProvider:
     if spec.kind == "anthropic":
-        return AnthropicProvider(spec, transport)
-    return OpenAICompatibleProvider(spec, transport)
+        return AnthropicProvider(spec, connector)
+    return OpenAICompatibleProvider(spec, connector)
 
 
 class Gateway:
@@ -42,7 +41,7 @@ class Gateway:
         settings: Settings,
         *,
         redis: Redis | None = None,
-        transports: Mapping[str, httpx.AsyncBaseTransport] | None = None,
+        connectors: Mapping[str, ConnectorFactory] | None = None,
         kv_transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.settings = settings
@@ -54,9 +53,9 @@ class Gateway:
             max_connections=512,
         )
         self.cache = RedisCache(self.redis, self.metrics, settings.redis_retry_after)
-        transports = transports or {}
+        connectors = connectors or {}
         self.providers: dict[str, ChatProvider] = {
-            name: build_provider(spec, transports.get(name))
+            name: build_provider(spec, connectors.get(name))
             for name, spec in settings.providers.providers.items()
         }
         self.router = Router(settings.providers, self.providers, self.metrics)

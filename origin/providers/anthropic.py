@@ -14,13 +14,13 @@ import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-import httpx
+import aiohttp
 import orjson
 
 from prism import PrismError, UpstreamError, UpstreamTimeoutError
 from prism.sse import DONE, SSEDecoder
 
-from ._http import build_client, malformed, open_stream, parse_body, post, transport_error
+from ._http import ConnectorFactory, UpstreamHTTP, malformed, parse_body, transport_error
 from .anthropic_translate import StreamTranslator, to_chat_completion, to_messages_request
 from .base import ProviderSpec, UpstreamCompletion, UpstreamStream
 
@@ -36,11 +36,9 @@ def _sse(chunk: dict[str, Any]) -> bytes:
 
 
 class AnthropicProvider:
-    def __init__(
-        self, spec: ProviderSpec, transport: httpx.AsyncBaseTransport | None = None
-    ) -> None:
+    def __init__(self, spec: ProviderSpec, connector: ConnectorFactory | None = None) -> None:
         self.spec = spec
-        self._client = build_client(spec, transport)
+        self._http = UpstreamHTTP(spec, connector)
         self._headers = {"content-type": "application/json", "anthropic-version": ANTHROPIC_VERSION}
         if spec.api_key:
             self._headers["x-api-key"] = spec.api_key
@@ -54,9 +52,7 @@ class AnthropicProvider:
     async def complete(self, body: dict[str, Any], model: str) -> UpstreamCompletion:
         # Translate first: a request Anthropic cannot express fails before any I/O.
         payload = orjson.dumps(to_messages_request(body, model))
-        message = parse_body(
-            self.spec, await post(self._client, self.spec, _PATH, payload, self._headers)
-        )
+        message = parse_body(self.spec, await self._http.post(_PATH, payload, self._headers))
         if not isinstance(message.get("content"), list):
             raise malformed(self.spec, "an unexpected body")
         completion = to_chat_completion(message, model)
@@ -64,7 +60,7 @@ class AnthropicProvider:
 
     async def stream(self, body: dict[str, Any], model: str) -> UpstreamStream:
         payload = orjson.dumps({**to_messages_request(body, model), "stream": True})
-        response = await open_stream(self._client, self.spec, _PATH, payload, self._stream_headers)
+        response = await self._http.open_stream(_PATH, payload, self._stream_headers)
         events = self._events(response, model)
         # Anthropic reports overload and similar failures as an ``error`` event right
         # after the 200. Waiting for message_start turns those into errors raised here,
@@ -76,14 +72,15 @@ class AnthropicProvider:
             raise
         return UpstreamStream(events=_Primed(first, events))
 
-    async def _events(self, response: httpx.Response, model: str) -> AsyncGenerator[bytes, None]:
+    async def _events(
+        self, response: aiohttp.ClientResponse, model: str
+    ) -> AsyncGenerator[bytes, None]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.spec.total_timeout
         decoder = SSEDecoder()
         translator = StreamTranslator(model, provider=self.spec.name)
         try:
-            # aiter_bytes, not aiter_raw: these bytes are parsed, not passed through.
-            body = response.aiter_bytes()
+            body = response.content.iter_any()
             async for raw in body:
                 if loop.time() > deadline:
                     raise UpstreamTimeoutError(f"Provider '{self.spec.name}' stream took too long.")
@@ -106,13 +103,13 @@ class AnthropicProvider:
             )
         except PrismError:
             raise
-        except httpx.HTTPError as error:
+        except (aiohttp.ClientError, TimeoutError) as error:
             raise transport_error(self.spec, error) from None
         finally:
-            await response.aclose()
+            response.release()  # back to the pool when fully read, else closed
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._http.aclose()
 
 
 async def _finish_body(body: AsyncIterator[bytes]) -> None:
@@ -122,7 +119,7 @@ async def _finish_body(body: AsyncIterator[bytes]) -> None:
     the connection goes back to the pool and the next stream skips a TCP+TLS setup.
     The answer is complete already, so a failure here costs only that connection.
     """
-    with contextlib.suppress(httpx.HTTPError, TimeoutError):
+    with contextlib.suppress(aiohttp.ClientError, TimeoutError):
         async with asyncio.timeout(_FINISH_SECONDS):
             async for _ in body:
                 pass

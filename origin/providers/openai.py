@@ -6,23 +6,21 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
+import aiohttp
 import orjson
 
 from prism import PrismError, UpstreamTimeoutError
 
-from ._http import build_client, malformed, open_stream, parse_body, post, transport_error
+from ._http import ConnectorFactory, UpstreamHTTP, malformed, parse_body, transport_error
 from .base import ProviderSpec, UpstreamCompletion, UpstreamStream
 
 __all__ = ["OpenAICompatibleProvider"]
 
 
 class OpenAICompatibleProvider:
-    def __init__(
-        self, spec: ProviderSpec, transport: httpx.AsyncBaseTransport | None = None
-    ) -> None:
+    def __init__(self, spec: ProviderSpec, connector: ConnectorFactory | None = None) -> None:
         self.spec = spec
-        self._client = build_client(spec, transport)
+        self._http = UpstreamHTTP(spec, connector)
         self._headers = {"content-type": "application/json"}
         if spec.api_key:
             self._headers["authorization"] = f"Bearer {spec.api_key}"
@@ -36,7 +34,7 @@ class OpenAICompatibleProvider:
 
     async def complete(self, body: dict[str, Any], model: str) -> UpstreamCompletion:
         payload = self._payload(body, model, stream=False)
-        content = await post(self._client, self.spec, "/chat/completions", payload, self._headers)
+        content = await self._http.post("/chat/completions", payload, self._headers)
         completion = parse_body(self.spec, content)
         if not isinstance(completion.get("choices"), list):
             raise malformed(self.spec, "an unexpected body")
@@ -45,25 +43,27 @@ class OpenAICompatibleProvider:
 
     async def stream(self, body: dict[str, Any], model: str) -> UpstreamStream:
         payload = self._payload(body, model, stream=True)
-        response = await open_stream(
-            self._client, self.spec, "/chat/completions", payload, self._stream_headers
-        )
-        return UpstreamStream(events=self._events(response), close=response.aclose)
+        response = await self._http.open_stream("/chat/completions", payload, self._stream_headers)
 
-    async def _events(self, response: httpx.Response) -> AsyncIterator[bytes]:
+        async def close() -> None:
+            response.close()
+
+        return UpstreamStream(events=self._events(response), close=close)
+
+    async def _events(self, response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
         deadline = asyncio.get_running_loop().time() + self.spec.total_timeout
         try:
-            async for chunk in response.aiter_raw():
+            # As the provider flushed them: passed on chunk by chunk, no re-chunking.
+            async for chunk in response.content.iter_any():
                 if asyncio.get_running_loop().time() > deadline:
                     raise UpstreamTimeoutError(f"Provider '{self.spec.name}' stream took too long.")
-                if chunk:
-                    yield chunk
+                yield chunk
         except PrismError:
             raise
-        except httpx.HTTPError as error:
+        except (aiohttp.ClientError, TimeoutError) as error:
             raise transport_error(self.spec, error) from None
         finally:
-            await response.aclose()
+            response.release()  # back to the pool when fully read, else closed
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._http.aclose()

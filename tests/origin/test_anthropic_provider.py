@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import httpx
+import aiohttp
 import orjson
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
+from deploy.local.asgi_thread import ThreadedServer
 from deploy.local.provider import ProviderServer, ProviderSettings
 from origin.providers.anthropic import AnthropicProvider
 from origin.providers.anthropic_translate import (
@@ -28,6 +34,7 @@ from prism import (
     UpstreamTimeoutError,
     UpstreamUnavailableError,
 )
+from tests.polling import wait_for
 
 MODEL = "claude-sonnet-4-5"
 CREATED = 1_700_000_000
@@ -648,29 +655,22 @@ async def test_upstream_faults_become_the_matching_prism_error(
         assert caught.value.headers == {"retry-after": "7"}
 
 
-class _ConnectionCounter(httpx.AsyncBaseTransport):
-    """A real transport that counts new TCP connections (httpcore's trace extension)."""
+class _CountingConnector(aiohttp.TCPConnector):
+    """A real connector that counts the TCP connections it opens."""
 
     def __init__(self) -> None:
-        self._inner = httpx.AsyncHTTPTransport()
+        super().__init__()
         self.connections = 0
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        async def trace(name: str, info: dict[str, Any]) -> None:
-            if name == "connection.connect_tcp.complete":
-                self.connections += 1
-
-        request.extensions["trace"] = trace
-        return await self._inner.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
+    async def _create_connection(self, *args: Any, **kwargs: Any) -> Any:
+        self.connections += 1
+        return await super()._create_connection(*args, **kwargs)
 
 
 async def test_finished_streams_leave_the_connection_for_reuse(provider: ProviderServer) -> None:
-    counter = _ConnectionCounter()
+    counter = _CountingConnector()
     spec = ProviderSpec(name="anthropic", kind="anthropic", base_url=provider.url, api_key="k")
-    anthropic = AnthropicProvider(spec, transport=counter)
+    anthropic = AnthropicProvider(spec, connector=lambda _spec: counter)
     try:
         for _ in range(3):
             stream = await anthropic.stream(CHAT, MODEL)
@@ -739,54 +739,32 @@ async def test_wrong_gateway_key_is_an_upstream_auth_failure(
 
 
 async def test_error_event_right_after_200_fails_the_stream_start() -> None:
-    # The local provider cannot inject an in-stream error event; a mock transport can.
+    # The local provider cannot inject an in-stream error event; a tiny real server can.
     overloaded = (
         b"event: error\n"
         b'data: {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}\n\n'
     )
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(
-            200, content=overloaded, headers={"content-type": "text/event-stream"}
-        )
+    async def messages(request: Request) -> Response:
+        return Response(overloaded, 200, media_type="text/event-stream")
 
-    spec = ProviderSpec(name="anthropic", kind="anthropic", base_url="http://mock", api_key="k")
-    anthropic = AnthropicProvider(spec, transport=httpx.MockTransport(handler))
-    try:
-        with pytest.raises(UpstreamUnavailableError) as caught:
-            await anthropic.stream(CHAT, MODEL)
-        assert caught.value.status == 503
-    finally:
-        await anthropic.aclose()
-
-
-class _ObservedBody(httpx.AsyncByteStream):
-    """An SSE body that records whether the client closed it."""
-
-    def __init__(self, events: list[dict[str, Any]]) -> None:
-        self._events = events
-        self.closed = False
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        for event in self._events:
-            yield b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
-
-    async def aclose(self) -> None:
-        self.closed = True
+    app = Starlette(routes=[Route("/v1/messages", messages, methods=["POST"])])
+    with ThreadedServer(app, lifespan="off") as server:
+        spec = ProviderSpec(name="anthropic", kind="anthropic", base_url=server.url, api_key="k")
+        anthropic = AnthropicProvider(spec)
+        try:
+            with pytest.raises(UpstreamUnavailableError) as caught:
+                await anthropic.stream(CHAT, MODEL)
+            assert caught.value.status == 503
+        finally:
+            await anthropic.aclose()
 
 
-async def test_closing_an_unread_stream_releases_the_upstream_response() -> None:
-    body = _ObservedBody(TOOL_EVENTS)
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, stream=body, headers={"content-type": "text/event-stream"})
-
-    spec = ProviderSpec(name="anthropic", kind="anthropic", base_url="http://mock", api_key="k")
-    anthropic = AnthropicProvider(spec, transport=httpx.MockTransport(handler))
-    try:
-        stream = await anthropic.stream(CHAT, MODEL)
-        assert not body.closed
-        await stream.aclose()  # e.g. the hedged request that lost, before reading a byte
-        assert body.closed
-    finally:
-        await anthropic.aclose()
+async def test_closing_an_unread_stream_releases_the_upstream_response(
+    anthropic: AnthropicProvider, provider: ProviderServer
+) -> None:
+    provider.control.set_fault("stall_mid_stream", after_chunks=2, seconds=10)
+    stream = await anthropic.stream(CHAT, MODEL)
+    assert provider.control.stats()["open_streams"] == 1
+    await stream.aclose()  # e.g. the hedged request that lost, before reading on
+    await asyncio.to_thread(wait_for, lambda: provider.control.stats()["open_streams"] == 0, 5.0)
