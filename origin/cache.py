@@ -1,9 +1,10 @@
 """The exact cache in Redis, the source of truth, with a breaker so a dead Redis costs nothing.
 
-One round trip per request: the revocation check and the entry read go in one
-pipeline. When Redis fails, the cache steps aside for ``retry_after`` seconds
-(requests are answered as ``bypass``) and then tries again: Redis coming back
-needs no restart.
+One round trip and one command per request: the revocation check and the entry read
+run as one server-side script (EVALSHA), which costs the client about what a bare GET
+does, half of what a two-command pipeline costs in redis-py. When Redis fails, the
+cache steps aside for ``retry_after`` seconds (requests are answered as ``bypass``)
+and then tries again: Redis coming back needs no restart.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from prism import REVOKED_KEY, entry_key
 
@@ -30,6 +31,10 @@ class Lookup:
 
 UNAVAILABLE = Lookup(available=False)
 
+# KEYS[1] = the revoked set, KEYS[2] = the entry; ARGV[1] = the key id. A missing entry
+# comes back as false (nil), which keeps its place in the reply.
+_LOOKUP = "return {redis.call('SISMEMBER', KEYS[1], ARGV[1]), redis.call('GET', KEYS[2])}"
+
 
 class RedisCache:
     def __init__(self, redis: Redis, metrics: Metrics, retry_after: float = 1.0) -> None:
@@ -37,6 +42,7 @@ class RedisCache:
         self._metrics = metrics
         self._retry_after = retry_after
         self._down_until = 0.0
+        self._lookup_sha: str | None = None
 
     @property
     def available(self) -> bool:
@@ -52,16 +58,27 @@ class RedisCache:
             return UNAVAILABLE
         try:
             if fingerprint is None:
-                revoked = await self.redis.sismember(REVOKED_KEY, key_id)
-                return Lookup(available=True, revoked=bool(revoked))
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.sismember(REVOKED_KEY, key_id)
-            pipe.get(entry_key(fingerprint))
-            revoked, entry = await pipe.execute()
+                member = await self.redis.sismember(REVOKED_KEY, key_id)
+                return Lookup(available=True, revoked=bool(member))
+            revoked, entry = await self._lookup(key_id, entry_key(fingerprint))
         except (RedisError, OSError):
             self._failed("lookup")
             return UNAVAILABLE
         return Lookup(available=True, revoked=bool(revoked), entry=entry)
+
+    async def _lookup(self, key_id: str, key: str) -> tuple[int, bytes | None]:
+        for _ in range(2):
+            if self._lookup_sha is None:
+                self._lookup_sha = str(await self.redis.script_load(_LOOKUP))
+            try:
+                reply = await self.redis.execute_command(  # type: ignore[no-untyped-call]
+                    "EVALSHA", self._lookup_sha, 2, REVOKED_KEY, key, key_id
+                )
+            except NoScriptError:  # Redis restarted or flushed its scripts
+                self._lookup_sha = None
+                continue
+            return int(reply[0]), reply[1] if len(reply) > 1 else None
+        raise RedisError("lookup script could not be loaded")
 
     async def store(self, fingerprint: str, data: bytes, ttl: int) -> bool:
         if not self.available:
