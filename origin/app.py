@@ -17,18 +17,35 @@ from starlette.routing import Route
 from prism import PrismError
 from prism import headers as h
 
+from .asgi import Receive, Scope, Send
 from .auth import authenticate
+from .chat import PATH as CHAT_PATH
 from .chat import ChatCompletions
 from .gateway import Gateway
 from .providers._http import ConnectorFactory
 from .responses import error_response, exception_handlers
 from .settings import Settings
 
-__all__ = ["create_app"]
+__all__ = ["OriginApp", "create_app"]
 
 
 def _json(data: object, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status, media_type="application/json")
+
+
+class OriginApp:
+    """The chat route as plain ASGI, everything else (and the lifespan) through Starlette."""
+
+    def __init__(self, framework: Starlette, chat: ChatCompletions) -> None:
+        self.framework = framework
+        self.state = framework.state
+        self._chat = chat
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == CHAT_PATH:
+            await self._chat(scope, receive, send)
+        else:
+            await self.framework(scope, receive, send)
 
 
 def create_app(
@@ -37,7 +54,7 @@ def create_app(
     redis: Redis | None = None,
     connectors: Mapping[str, ConnectorFactory] | None = None,
     kv_transport: httpx.AsyncBaseTransport | None = None,
-) -> Starlette:
+) -> OriginApp:
     """The origin ASGI app. ``connectors`` swap a provider's connection pool (by name)."""
     gateway = Gateway(settings, redis=redis, connectors=connectors, kv_transport=kv_transport)
     chat = ChatCompletions(gateway)
@@ -90,9 +107,8 @@ def create_app(
         finally:
             await gateway.close()
 
-    app = Starlette(
+    framework = Starlette(
         routes=[
-            Route("/v1/chat/completions", chat.handle, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
@@ -100,5 +116,5 @@ def create_app(
         exception_handlers=exception_handlers,
         lifespan=lifespan,
     )
-    app.state.gateway = gateway
-    return app
+    framework.state.gateway = gateway
+    return OriginApp(framework, chat)

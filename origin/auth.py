@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-
-from starlette.datastructures import Headers
 
 from prism import KeyRing, verify_forward
 from prism import headers as h
@@ -20,7 +19,7 @@ class Caller:
     fingerprint: str | None  # computed and signed by the edge; None when called directly
 
 
-def bearer(headers: Headers) -> str:
+def bearer(headers: Mapping[str, str]) -> str:
     value = headers.get("authorization", "")
     scheme, _, token = value.partition(" ")
     if scheme.lower() != "bearer":
@@ -28,7 +27,7 @@ def bearer(headers: Headers) -> str:
     return token.strip()
 
 
-def authenticate(headers: Headers, key_ring: KeyRing, forward_secret: bytes) -> Caller:
+def authenticate(headers: Mapping[str, str], key_ring: KeyRing, forward_secret: bytes) -> Caller:
     forwarded = headers.get(h.FORWARD)
     if forwarded is not None:
         # Only the edge can sign this; a bad or expired one is refused, never ignored.

@@ -1,9 +1,10 @@
 """``POST /v1/chat/completions``: auth, parse, fingerprint, Redis, then the provider.
 
-The hot path does one Redis round trip (revocation + entry, pipelined), serves
-a hit's stored bytes without parsing them, and on a miss answers as soon as
-the provider does; the cache writes (Redis and Workers KV, in parallel) run
-after, in the background, never in front of the client.
+A plain ASGI endpoint: no framework on the hot path. It makes one Redis round trip
+(revocation and entry in one script), serves a hit's stored bytes without parsing
+them, and on a miss answers as soon as the provider does; the cache writes (Redis
+and Workers KV, in parallel) run after, in the background, never in front of the
+client.
 """
 
 from __future__ import annotations
@@ -12,34 +13,33 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 
-from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-
 from prism import (
     AuthenticationError,
     CacheDecision,
     CachePolicy,
     ChatRequest,
+    MethodNotAllowedError,
     PrismError,
-    RequestTooLargeError,
     classify,
     decode_envelope,
+    error_json,
     fingerprint,
     parse_chat_request,
     replay,
 )
 from prism import headers as h
 
+from .asgi import Receive, Reply, Scope, Send, read_body, request_headers, send_reply
 from .auth import authenticate
 from .flight import Flight
 from .gateway import Gateway
 from .providers.base import UpstreamCompletion
-from .responses import error_response
 
 __all__ = ["ChatCompletions"]
 
 PATH = "/v1/chat/completions"
-SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+JSON = {"content-type": "application/json"}
+SSE = {"content-type": "text/event-stream", "cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
 class _Timer:
@@ -55,47 +55,35 @@ class _Timer:
         self._last = now
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise RequestTooLargeError(f"Request body is {declared} bytes; the limit is {limit}.")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RequestTooLargeError(f"Request body exceeds the limit of {limit} bytes.")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 class ChatCompletions:
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
         self.policy = CachePolicy(default_ttl=gateway.settings.default_ttl)
 
-    async def handle(self, request: Request) -> Response:
-        request_id = request.headers.get(h.REQUEST_ID) or secrets.token_hex(8)
-        layer = "bypass"
-        status = 500
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = request_headers(scope)
+        request_id = headers.get(h.REQUEST_ID) or secrets.token_hex(8)
         try:
-            response = await self._handle(request, request_id)
-            layer = response.headers.get(h.CACHE_LAYER, "bypass")
-            status = response.status_code
-            return response
+            if scope["method"] != "POST":
+                raise MethodNotAllowedError(f"Method {scope['method']} is not allowed here.")
+            reply = await self._handle(headers, receive, request_id)
         except PrismError as error:
-            status = error.status
-            return error_response(error, request_id)
-        finally:
-            self.gw.metrics.requests.labels("chat", str(status), layer).inc()
+            reply = Reply(
+                error.status, {**JSON, **error.headers, h.REQUEST_ID: request_id}, error_json(error)
+            )
+        self.gw.metrics.requests.labels(
+            "chat", str(reply.status), reply.headers.get(h.CACHE_LAYER, "bypass")
+        ).inc()
+        await send_reply(reply, receive, send)
 
-    async def _handle(self, request: Request, request_id: str) -> Response:
+    async def _handle(self, headers: dict[str, str], receive: Receive, request_id: str) -> Reply:
         gw = self.gw
         timer = _Timer()
-        caller = authenticate(request.headers, gw.settings.key_ring, gw.settings.forward_secret)
+        caller = authenticate(headers, gw.settings.key_ring, gw.settings.forward_secret)
         timer.mark("auth")
-        chat = parse_chat_request(await _read_body(request, gw.settings.limits.max_body_bytes))
-        decision = classify(chat, request.headers.get("cache-control"), self.policy)
+        limit = gw.settings.limits.max_body_bytes
+        chat = parse_chat_request(await read_body(receive, limit, headers.get("content-length")))
+        decision = classify(chat, headers.get("cache-control"), self.policy)
         timer.mark("parse")
         fp = caller.fingerprint or fingerprint(caller.project, PATH, chat)
         timer.mark("fingerprint")
@@ -103,20 +91,20 @@ class ChatCompletions:
         timer.mark("redis")
         if lookup.revoked:
             raise AuthenticationError("This API key has been revoked.", code="key_revoked")
-        headers = {h.REQUEST_ID: request_id, h.CACHE_KEY: fp[: h.CACHE_KEY_PREFIX_LEN]}
+        out = {h.REQUEST_ID: request_id, h.CACHE_KEY: fp[: h.CACHE_KEY_PREFIX_LEN]}
         if lookup.entry is not None:
             envelope = decode_envelope(lookup.entry)
             if envelope is not None:
-                headers[h.CACHE_LAYER] = "redis"
-                headers[h.ENTRY_EXPIRES] = str(envelope.expires_at())
-                headers[h.SERVER_TIMING] = h.server_timing(timer.stages)
+                out[h.CACHE_LAYER] = "redis"
+                out[h.ENTRY_EXPIRES] = str(envelope.expires_at())
+                out[h.SERVER_TIMING] = h.server_timing(timer.stages)
                 if chat.stream:
                     body = replay(envelope.completion(), chat.include_usage)
-                    return Response(body, 200, {**headers, **SSE_HEADERS}, "text/event-stream")
-                return Response(envelope.body, 200, headers, "application/json")
+                    return Reply(200, {**SSE, **out}, body)
+                return Reply(200, {**JSON, **out}, envelope.body)
         cacheable = lookup.available and not decision.bypass
-        headers[h.CACHE_LAYER] = "miss" if cacheable else "bypass"
-        return await self._miss(chat, fp, decision, cacheable, headers, timer)
+        out[h.CACHE_LAYER] = "miss" if cacheable else "bypass"
+        return await self._miss(chat, fp, decision, cacheable, out, timer)
 
     async def _miss(
         self,
@@ -126,7 +114,7 @@ class ChatCompletions:
         cacheable: bool,
         headers: dict[str, str],
         timer: _Timer,
-    ) -> Response:
+    ) -> Reply:
         gw = self.gw
         on_complete = None
         if cacheable and decision.write:
@@ -152,12 +140,8 @@ class ChatCompletions:
             timer.mark("upstream")
             headers[h.PROVIDER] = flight.provider
             headers[h.SERVER_TIMING] = h.server_timing(timer.stages)
-            return StreamingResponse(
-                self._stream_body(flight, chat.include_usage),
-                200,
-                {**headers, **SSE_HEADERS},
-                media_type="text/event-stream",
-            )
+            stream = self._stream_body(flight, chat.include_usage)
+            return Reply(200, {**SSE, **headers}, stream=stream)
         await flight.wait_done()
         timer.mark("upstream")
         if flight.error is not None:
@@ -165,7 +149,7 @@ class ChatCompletions:
         assert flight.result is not None
         headers[h.PROVIDER] = flight.provider
         headers[h.SERVER_TIMING] = h.server_timing(timer.stages)
-        return Response(flight.result.body, 200, headers, "application/json")
+        return Reply(200, {**JSON, **headers}, flight.result.body)
 
     async def _stream_body(self, flight: Flight, include_usage: bool) -> AsyncIterator[bytes]:
         try:
