@@ -9,6 +9,7 @@ and then tries again: Redis coming back needs no restart.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -37,10 +38,13 @@ _LOOKUP = "return {redis.call('SISMEMBER', KEYS[1], ARGV[1]), redis.call('GET', 
 
 
 class RedisCache:
-    def __init__(self, redis: Redis, metrics: Metrics, retry_after: float = 1.0) -> None:
+    def __init__(
+        self, redis: Redis, metrics: Metrics, retry_after: float = 1.0, timeout: float = 0.5
+    ) -> None:
         self.redis = redis
         self._metrics = metrics
         self._retry_after = retry_after
+        self._timeout = timeout
         self._down_until = 0.0
         self._lookup_sha: str | None = None
 
@@ -57,11 +61,12 @@ class RedisCache:
         if not self.available:
             return UNAVAILABLE
         try:
-            if fingerprint is None:
-                member = await self.redis.sismember(REVOKED_KEY, key_id)
-                return Lookup(available=True, revoked=bool(member))
-            revoked, entry = await self._lookup(key_id, entry_key(fingerprint))
-        except (RedisError, OSError):
+            async with asyncio.timeout(self._timeout):
+                if fingerprint is None:
+                    member = await self.redis.sismember(REVOKED_KEY, key_id)
+                    return Lookup(available=True, revoked=bool(member))
+                revoked, entry = await self._lookup(key_id, entry_key(fingerprint))
+        except (RedisError, OSError, TimeoutError):
             self._failed("lookup")
             return UNAVAILABLE
         return Lookup(available=True, revoked=bool(revoked), entry=entry)
@@ -70,13 +75,21 @@ class RedisCache:
         for _ in range(2):
             if self._lookup_sha is None:
                 self._lookup_sha = str(await self.redis.script_load(_LOOKUP))
+            # Straight on a pooled connection: this is the one command every request
+            # sends, and redis-py's client layer (retries, events, argument checks)
+            # costs more CPU than the command itself.
+            pool = self.redis.connection_pool
+            connection = await pool.get_connection()  # type: ignore[no-untyped-call]
             try:
-                reply = await self.redis.execute_command(  # type: ignore[no-untyped-call]
+                await connection.send_command(
                     "EVALSHA", self._lookup_sha, 2, REVOKED_KEY, key, key_id
                 )
+                reply = await connection.read_response()
             except NoScriptError:  # Redis restarted or flushed its scripts
                 self._lookup_sha = None
                 continue
+            finally:
+                await pool.release(connection)
             return int(reply[0]), reply[1] if len(reply) > 1 else None
         raise RedisError("lookup script could not be loaded")
 
@@ -84,8 +97,9 @@ class RedisCache:
         if not self.available:
             return False
         try:
-            await self.redis.set(entry_key(fingerprint), data, ex=ttl)
-        except (RedisError, OSError):
+            async with asyncio.timeout(self._timeout):
+                await self.redis.set(entry_key(fingerprint), data, ex=ttl)
+        except (RedisError, OSError, TimeoutError):
             self._failed("store")
             return False
         return True
@@ -93,8 +107,9 @@ class RedisCache:
     async def ping(self) -> bool:
         """A live check for /healthz; also closes the breaker when Redis is back."""
         try:
-            await self.redis.ping()
-        except (RedisError, OSError):
+            async with asyncio.timeout(self._timeout):
+                await self.redis.ping()
+        except (RedisError, OSError, TimeoutError):
             self._failed("ping")
             return False
         self._down_until = 0.0

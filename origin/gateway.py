@@ -10,6 +10,8 @@ from typing import Any
 
 import httpx
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from prism import encode_envelope, entry_key
 
@@ -48,11 +50,17 @@ class Gateway:
         self.metrics = Metrics()
         self.redis = redis or Redis.from_url(
             settings.redis_url,
-            socket_timeout=settings.redis_timeout,
+            # No per-read socket_timeout: redis-py implements it with asyncio.wait_for (a
+            # task per call). RedisCache bounds each operation itself, more cheaply, and its
+            # breaker replaces redis-py's retries.
+            socket_timeout=None,
             socket_connect_timeout=settings.redis_timeout,
+            retry=Retry(NoBackoff(), 0),
             max_connections=512,
         )
-        self.cache = RedisCache(self.redis, self.metrics, settings.redis_retry_after)
+        self.cache = RedisCache(
+            self.redis, self.metrics, settings.redis_retry_after, settings.redis_timeout
+        )
         connectors = connectors or {}
         self.providers: dict[str, ChatProvider] = {
             name: build_provider(spec, connectors.get(name))

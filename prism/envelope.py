@@ -24,6 +24,7 @@ __all__ = ["ENVELOPE_VERSION", "Envelope", "decode", "encode", "entry_key"]
 
 ENVELOPE_VERSION = 1
 _SUM_LEN = 16
+_META = json.JSONDecoder()
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +84,7 @@ def decode(data: bytes | str | None, now: float | None = None) -> Envelope | Non
         head, sep, body = raw.partition(b"\n")
         if not sep:
             return None
-        meta = json.loads(head)
+        meta = _META.raw_decode(head.decode())[0]
         if not isinstance(meta, dict) or meta.get("v") != ENVELOPE_VERSION:
             return None
         created, ttl, model = meta["created"], meta["ttl"], meta["model"]

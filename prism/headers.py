@@ -29,4 +29,4 @@ CACHE_KEY_PREFIX_LEN = 16
 
 def server_timing(stages: Iterable[tuple[str, float]]) -> str:
     """Render ``(name, milliseconds)`` pairs as a Server-Timing header value."""
-    return ", ".join(f"{name};dur={ms:.2f}" for name, ms in stages)
+    return ", ".join([f"{name};dur={ms:.2f}" for name, ms in stages])

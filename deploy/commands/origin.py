@@ -51,4 +51,5 @@ def serve(
         loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
         http="httptools" if importlib.util.find_spec("httptools") else "h11",
         server_header=False,
+        proxy_headers=False,  # the origin reads no client address: skip that middleware
     )
