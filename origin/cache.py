@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, RedisError
@@ -71,25 +72,28 @@ class RedisCache:
             return UNAVAILABLE
         return Lookup(available=True, revoked=bool(revoked), entry=entry)
 
+    async def _command(self, *args: str | bytes | int) -> Any:
+        """One command straight on a pooled connection. Every request sends one: redis-py's
+        client layer (retries, events, argument checks) costs more CPU than the command."""
+        pool = self.redis.connection_pool
+        connection = await pool.get_connection()  # type: ignore[no-untyped-call]
+        try:
+            await connection.send_command(*args)
+            return await connection.read_response()
+        finally:
+            await pool.release(connection)
+
     async def _lookup(self, key_id: str, key: str) -> tuple[int, bytes | None]:
         for _ in range(2):
             if self._lookup_sha is None:
                 self._lookup_sha = str(await self.redis.script_load(_LOOKUP))
-            # Straight on a pooled connection: this is the one command every request
-            # sends, and redis-py's client layer (retries, events, argument checks)
-            # costs more CPU than the command itself.
-            pool = self.redis.connection_pool
-            connection = await pool.get_connection()  # type: ignore[no-untyped-call]
             try:
-                await connection.send_command(
+                reply = await self._command(
                     "EVALSHA", self._lookup_sha, 2, REVOKED_KEY, key, key_id
                 )
-                reply = await connection.read_response()
             except NoScriptError:  # Redis restarted or flushed its scripts
                 self._lookup_sha = None
                 continue
-            finally:
-                await pool.release(connection)
             return int(reply[0]), reply[1] if len(reply) > 1 else None
         raise RedisError("lookup script could not be loaded")
 
@@ -98,7 +102,7 @@ class RedisCache:
             return False
         try:
             async with asyncio.timeout(self._timeout):
-                await self.redis.set(entry_key(fingerprint), data, ex=ttl)
+                await self._command("SET", entry_key(fingerprint), data, "EX", ttl)
         except (RedisError, OSError, TimeoutError):
             self._failed("store")
             return False

@@ -99,9 +99,9 @@ class ChatCompletions:
             reply = Reply(
                 error.status, {**JSON, **error.headers, h.REQUEST_ID: request_id}, error_json(error)
             )
-        self.gw.metrics.requests.labels(
-            "chat", str(reply.status), reply.headers.get(h.CACHE_LAYER, "bypass")
-        ).inc()
+        self.gw.metrics.count_request(
+            "chat", reply.status, reply.headers.get(h.CACHE_LAYER, "bypass")
+        )
         await send_reply(reply, receive, send)
 
     async def _handle(self, headers: dict[str, str], receive: Receive, request_id: str) -> Reply:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 __all__ = ["Metrics"]
@@ -12,6 +14,7 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 class Metrics:
     def __init__(self) -> None:
         self.registry = registry = CollectorRegistry(auto_describe=True)
+        self._request_children: dict[tuple[str, int, str], Any] = {}
         self.requests = Counter(
             "prism_origin_requests",
             "Requests answered, by route, status and cache layer.",
@@ -58,6 +61,15 @@ class Metrics:
             ("reason",),
             registry=registry,
         )
+
+    def count_request(self, route: str, status: int, layer: str) -> None:
+        """``requests.labels(...).inc()`` with the labelled child remembered (no lock, no
+        label validation per request)."""
+        key = (route, status, layer)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self._request_children[key] = self.requests.labels(route, str(status), layer)
+        child.inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
