@@ -155,7 +155,8 @@ class EdgeHandler:
     async def _kv_read(self, platform: Platform, key: str) -> str | None:
         """KV, bounded: an error or a slow read is a miss, never a failed request."""
         try:
-            return await asyncio.wait_for(platform.kv_get(key), self.settings.kv_timeout)
+            async with asyncio.timeout(self.settings.kv_timeout):
+                return await platform.kv_get(key)
         except Exception:
             return None
 
