@@ -10,6 +10,7 @@ client.
 from __future__ import annotations
 
 import itertools
+import logging
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -38,6 +39,8 @@ from .providers.base import UpstreamCompletion
 
 __all__ = ["ChatCompletions"]
 
+log = logging.getLogger("prism.origin")
+
 PATH = "/v1/chat/completions"
 JSON = {"content-type": "application/json"}
 SSE = {"content-type": "text/event-stream", "cache-control": "no-cache", "x-accel-buffering": "no"}
@@ -56,6 +59,12 @@ class _Timer:
         self._last = now
 
 
+def _error_reply(error: PrismError, request_id: str) -> Reply:
+    return Reply(
+        error.status, {**JSON, **error.headers, h.REQUEST_ID: request_id}, error_json(error)
+    )
+
+
 class _RecentBodies:
     """Parsed requests and fingerprints of recently seen bodies, per project.
 
@@ -66,7 +75,10 @@ class _RecentBodies:
 
     __slots__ = ("_items", "_size")
 
-    def __init__(self, size: int = 2048) -> None:
+    # Bodies larger than this are not kept: worst case 1,024 x 16 KiB = 16 MiB.
+    MAX_BODY = 16 * 1024
+
+    def __init__(self, size: int = 1024) -> None:
         self._items: dict[tuple[str, bytes], tuple[ChatRequest, str]] = {}
         self._size = size
 
@@ -74,6 +86,8 @@ class _RecentBodies:
         return self._items.get((project, raw))
 
     def put(self, project: str, raw: bytes, chat: ChatRequest, fp: str) -> None:
+        if len(raw) > self.MAX_BODY:
+            return
         if len(self._items) >= self._size:
             self._items.clear()
         self._items[(project, raw)] = (chat, fp)
@@ -96,9 +110,10 @@ class ChatCompletions:
                 raise MethodNotAllowedError(f"Method {scope['method']} is not allowed here.")
             reply = await self._handle(headers, receive, request_id)
         except PrismError as error:
-            reply = Reply(
-                error.status, {**JSON, **error.headers, h.REQUEST_ID: request_id}, error_json(error)
-            )
+            reply = _error_reply(error, request_id)
+        except Exception:  # a bug must still answer in the API's format, and be logged
+            log.exception("unhandled error in chat completions (request %s)", request_id)
+            reply = _error_reply(PrismError("The gateway failed unexpectedly."), request_id)
         self.gw.metrics.count_request(
             "chat", reply.status, reply.headers.get(h.CACHE_LAYER, "bypass")
         )

@@ -100,6 +100,7 @@ class KVWriter:
     async def _run(self) -> None:
         while True:
             batch = await self._next_batch()
+            self._metrics.kv_in_flight.set(len(batch))
             try:
                 await self._send(batch)
             except Exception:  # the writer must outlive any single failure
@@ -108,6 +109,7 @@ class KVWriter:
             finally:
                 for _ in batch:
                     self._queue.task_done()
+                self._metrics.kv_in_flight.set(0)
                 self._metrics.kv_queue.set(self._queue.qsize())
 
     async def _send(self, batch: list[_Entry]) -> None:

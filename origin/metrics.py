@@ -46,6 +46,11 @@ class Metrics:
         self.kv_queue = Gauge(
             "prism_kv_writer_queue_depth", "Entries waiting to go to Workers KV.", registry=registry
         )
+        self.kv_in_flight = Gauge(
+            "prism_kv_writer_in_flight",
+            "Entries in the bulk call being sent right now.",
+            registry=registry,
+        )
         self.kv_sent = Counter(
             "prism_kv_writer_sent", "Entries written to Workers KV.", registry=registry
         )

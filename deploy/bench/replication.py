@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-__all__ = ["measure_replication", "read_metrics"]
+__all__ = ["measure_replication", "read_metrics", "wait_writer_idle"]
 
 _SENT = "prism_kv_writer_sent_total"
 _DROPPED = "prism_kv_writer_dropped_total"
@@ -47,25 +47,43 @@ def _misses(metrics: Mapping[str, float]) -> float:
     )
 
 
+def _writer_idle(metrics: Mapping[str, float]) -> bool:
+    return (
+        metrics.get("prism_kv_writer_queue_depth", 0) == 0
+        and metrics.get("prism_kv_writer_in_flight", 0) == 0
+    )
+
+
+def wait_writer_idle(origin_url: str, timeout: float = 120) -> dict[str, float]:
+    """The origin's metrics once its KV writer has nothing queued or in flight.
+
+    Local bulk writes are slow (the local KV stores about one key per 2 ms), so entries
+    of an earlier run may still be on their way; reading "before" then would count
+    them against the next run.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        metrics = read_metrics(origin_url)
+        if _writer_idle(metrics) or time.monotonic() > deadline:
+            return metrics
+        time.sleep(0.1)
+
+
 def measure_replication(
     origin_url: str, before: Mapping[str, float], run_seconds: float, flush_interval: float
 ) -> dict[str, Any]:
     """What the KV writer did with the entries created since ``before`` was read.
 
-    Waits until every new entry is sent or dropped, or nothing has moved for two
-    flush intervals, or a minute has passed.
+    Waits until the writer is idle again (nothing queued, no bulk call in flight), or
+    two minutes have passed.
     """
     began = time.monotonic()
-    settled, still_since = -1.0, began
     while True:
         after = read_metrics(origin_url)
         created = _misses(after) - _misses(before)
         done = _total(after, _SENT) + _total(after, _DROPPED)
         done -= _total(before, _SENT) + _total(before, _DROPPED)
-        now = time.monotonic()
-        if done != settled:
-            settled, still_since = done, now
-        if done >= created or now - still_since > 2 * flush_interval or now - began > 60:
+        if (done >= created and _writer_idle(after)) or time.monotonic() - began > 120:
             break
         time.sleep(0.1)
     drain = time.monotonic() - began

@@ -36,7 +36,7 @@ from .loadgen import FALLBACK_TOOL, UNIQUE, LoadSpec, run_load, wrk_path, wrk_ve
 from .machine import CpuClock, load_average, machine_info, process_tree, rss_mb, versions
 from .probes import StreamTarget, measure_ttfb
 from .profiler import PySpy, find_py_spy
-from .replication import measure_replication, read_metrics
+from .replication import measure_replication, wait_writer_idle
 from .servers import BenchError, HelperServer, RssSampler
 from .targets import evaluate_targets
 from .workload import CHAT_PATH, chat_body, plant_entry
@@ -317,7 +317,7 @@ class BenchRunner:
                     ("miss", origin_url, ctx.miss_body, [pids["origin"], pids["provider"]]),
                 ):
                     self._on_step(f"origin: {name.replace('_', ' ')} (c{c})")
-                    before = read_metrics(origin_url)
+                    before = wait_writer_idle(origin_url)
                     load = self._spec(url, body, ctx.auth, c)
                     row = self._timed(load, servers, rss if url == origin_url else None)
                     origin.setdefault(name, {})[str(c)] = row
