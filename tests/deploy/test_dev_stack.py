@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from deploy.bench.machine import process_tree
 from deploy.local.ports import free_port
 
 PRISM = [sys.executable, "-m", "deploy.cli"]
@@ -19,23 +20,7 @@ PRISM = [sys.executable, "-m", "deploy.cli"]
 
 def descendants(root: int) -> set[int]:
     """Every live process below ``root`` (children started in new sessions included)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(fields[1])
-    found: set[int] = set()
-    frontier = [root]
-    while frontier:
-        current = frontier.pop()
-        for pid, parent in parents.items():
-            if parent == current and pid not in found:
-                found.add(pid)
-                frontier.append(pid)
-    return found
+    return set(process_tree(root)) - {root}
 
 
 def alive(pid: int) -> bool:
