@@ -25,6 +25,8 @@ __all__ = ["ENVELOPE_VERSION", "Envelope", "decode", "encode", "entry_key"]
 ENVELOPE_VERSION = 1
 _SUM_LEN = 16
 _META = json.JSONDecoder()
+# Built once: json.dumps with any non-default option builds a new encoder per call.
+_META_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +74,7 @@ def encode(
         "sum": _sum(body),
         "usage": usage,
     }
-    return json.dumps(meta, separators=(",", ":")).encode() + b"\n" + body
+    return _META_ENCODER.encode(meta).encode() + b"\n" + body
 
 
 def decode(data: bytes | str | None, now: float | None = None) -> Envelope | None:

@@ -116,6 +116,9 @@ class UpstreamTimeoutError(UpstreamError):
     default_code = "upstream_timeout"
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
 def error_body(error: PrismError) -> dict[str, Any]:
     """The OpenAI-style error object for ``error``."""
     return {
@@ -129,4 +132,4 @@ def error_body(error: PrismError) -> dict[str, Any]:
 
 
 def error_json(error: PrismError) -> bytes:
-    return json.dumps(error_body(error), separators=(",", ":")).encode()
+    return _ENCODER.encode(error_body(error)).encode()

@@ -37,6 +37,13 @@ EXCLUDED_FIELDS = frozenset(
 )
 
 
+# Built once (json.dumps with options builds a new encoder per call). ASCII escapes make
+# every unicode spelling agree, lone surrogates included.
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+)
+
+
 def canonical_document(project: str, path: str, request: ChatRequest) -> dict[str, Any]:
     """The exact document that is hashed: what ``prism fingerprint --explain`` shows."""
     return {
@@ -49,11 +56,5 @@ def canonical_document(project: str, path: str, request: ChatRequest) -> dict[st
 
 def fingerprint(project: str, path: str, request: ChatRequest) -> str:
     """64 hex chars identifying the cached answer to ``request`` for ``project``."""
-    canonical = json.dumps(
-        canonical_document(project, path, request),
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=True,
-        allow_nan=False,
-    )
+    canonical = _CANONICAL.encode(canonical_document(project, path, request))
     return hashlib.sha256(canonical.encode()).hexdigest()
