@@ -17,7 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CpuClock", "load_average", "machine_info", "process_tree", "rss_mb", "versions"]
+__all__ = ["CpuClock", "load_average", "machine_info", "rss_mb", "versions"]
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -90,25 +90,6 @@ def versions(redis_server: str | None, node: str | None, miniflare: str | None) 
         found["node"] = _command_version([node, "--version"], r"v(\S+)")
     found["miniflare"] = miniflare
     return found
-
-
-def process_tree(root: int) -> list[int]:
-    """``root`` and every live process below it (workerd runs under the Node launcher)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(fields[1])
-    tree, frontier = [root], [root]
-    while frontier:
-        current = frontier.pop()
-        children = [pid for pid, parent in parents.items() if parent == current]
-        tree.extend(children)
-        frontier.extend(children)
-    return tree
 
 
 def _cpu_seconds(pid: int) -> float:

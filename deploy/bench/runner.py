@@ -25,6 +25,7 @@ import httpx
 import redis
 
 from deploy.local.ports import free_port
+from deploy.local.processes import process_tree
 from deploy.local.redis import find_redis_server
 from deploy.local.stack import LocalStack, StackConfig, StackInfo
 from deploy.local.workers import ExtraWorker, find_node_toolchain
@@ -33,7 +34,7 @@ from prism import parse_key_secrets
 
 from .ladder import ladder_worker, measure_ladder
 from .loadgen import FALLBACK_TOOL, UNIQUE, LoadSpec, run_load, wrk_path, wrk_version
-from .machine import CpuClock, load_average, machine_info, process_tree, rss_mb, versions
+from .machine import CpuClock, load_average, machine_info, rss_mb, versions
 from .probes import StreamTarget, measure_ttfb
 from .profiler import PySpy, find_py_spy
 from .replication import measure_replication, wait_writer_idle

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -13,6 +10,7 @@ from pathlib import Path
 from types import TracebackType
 
 from deploy.local.ports import free_port
+from deploy.local.processes import stop_group
 
 __all__ = ["RedisServer", "find_redis_server"]
 
@@ -84,15 +82,8 @@ class RedisServer:
 
     def stop(self) -> None:
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        if process is not None:
+            stop_group(process, timeout=5)
 
     @property
     def running(self) -> bool:

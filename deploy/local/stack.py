@@ -11,19 +11,16 @@ import contextlib
 import json
 import os
 import secrets
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import httpx
 import redis
 
 from deploy.edge_bundle import build_edge
 from deploy.local.ports import free_port, port_is_free
+from deploy.local.processes import ChildProcess, ChildStartError
 from deploy.local.redis import RedisServer
 from deploy.local.workers import ExtraWorker, LocalWorkersRuntime
 from prism import parse_key_secrets
@@ -106,63 +103,24 @@ def _check_redis(url: str) -> None:
         client.close()
 
 
-class _Process:
-    """A child process in its own group; stop() ends the whole group."""
-
-    def __init__(self, name: str, args: list[str], env: Mapping[str, str], log: Path) -> None:
-        self.name = name
-        self._log = log.open("ab")
-        self.popen = subprocess.Popen(
-            args,
-            env=dict(env),
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self.alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait()
-        self._log.close()
-
-
 class LocalStack:
     def __init__(self, config: StackConfig, on_ready: Callable[[Component], None] | None = None):
         self.config = config
         self._on_ready = on_ready or (lambda component: None)
         self._redis: RedisServer | None = None
         self._runtime: LocalWorkersRuntime | None = None
-        self._processes: list[_Process] = []
+        self._processes: list[ChildProcess] = []
         self.info: StackInfo | None = None
 
     def _ready(self, components: list[Component], name: str, url: str, detail: str) -> None:
         components.append(Component(name, url, detail))
         self._on_ready(components[-1])
 
-    def _wait_http(self, process: _Process, url: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not process.alive():
-                raise StackError(
-                    f"{process.name} exited at start-up; see {self.config.state_dir}/logs/"
-                    f"{process.name}.log"
-                )
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url, timeout=1).status_code < 500:
-                    return
-            time.sleep(0.05)
-        raise StackError(f"{process.name} did not answer at {url} within {timeout:.0f} s")
+    def _wait_http(self, process: ChildProcess, url: str, timeout: float) -> None:
+        try:
+            process.wait_http(url, timeout=timeout)
+        except ChildStartError as error:
+            raise StackError(str(error)) from None
 
     def start(self) -> StackInfo:
         try:
@@ -212,7 +170,7 @@ class LocalStack:
             provider = "configured (" + ", ".join(n for n in _PROVIDER_ENV if cfg.env.get(n)) + ")"
         else:
             port = cfg.provider_port or free_port(cfg.host)
-            demo = _Process(
+            demo = ChildProcess(
                 "provider",
                 [
                     python,
@@ -224,8 +182,8 @@ class LocalStack:
                     str(port),
                     *cfg.provider_args,
                 ],
-                cfg.env,
                 logs / "provider.log",
+                cfg.env,
             )
             self._processes.append(demo)
             demo_url = f"http://{cfg.host}:{port}"
@@ -250,12 +208,12 @@ class LocalStack:
             PRISM_KV_FLUSH_INTERVAL=str(cfg.kv_flush_interval),
         )
         origin_env.update(cfg.origin_env)
-        origin = _Process(
+        origin = ChildProcess(
             "origin",
             [python, "-m", "deploy.cli", "origin", "serve", "--host", cfg.host,
              "--port", str(cfg.origin_port)],
-            origin_env,
             logs / "origin.log",
+            origin_env,
         )  # fmt: skip
         self._processes.append(origin)
 
@@ -314,7 +272,7 @@ class LocalStack:
         """PID of a running part ("provider", "origin", "workers runtime"), if started."""
         if name == "workers runtime":
             return self._runtime.pid if self._runtime is not None else None
-        return next((p.popen.pid for p in self._processes if p.name == name), None)
+        return next((p.pid for p in self._processes if p.name == name), None)
 
     def dead_component(self) -> str | None:
         """The name of a part that has exited on its own, if any."""

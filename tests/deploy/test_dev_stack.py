@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from deploy.bench.machine import process_tree
 from deploy.local.ports import free_port
+from deploy.local.processes import process_tree
 
 PRISM = [sys.executable, "-m", "deploy.cli"]
 

@@ -1,0 +1,95 @@
+"""Child processes of the local stack and the benchmark: each in its own process group."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+__all__ = ["ChildProcess", "ChildStartError", "process_tree", "stop_group"]
+
+
+class ChildStartError(RuntimeError):
+    """A child exited or stayed silent at start-up; said in one line."""
+
+
+def stop_group(popen: subprocess.Popen[Any], timeout: float = 10.0) -> None:
+    """SIGTERM the child's whole group, wait, then SIGKILL what is left."""
+    if popen.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(popen.pid, signal.SIGTERM)
+        try:
+            popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(popen.pid, signal.SIGKILL)
+            popen.wait()
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and every live process below it (children in new sessions included)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(fields[1])
+    tree, frontier = [root], [root]
+    while frontier:
+        current = frontier.pop()
+        children = [pid for pid, parent in parents.items() if parent == current]
+        tree.extend(children)
+        frontier.extend(children)
+    return tree
+
+
+class ChildProcess:
+    """A child in its own process group, its output in ``log``; stop() ends the group."""
+
+    def __init__(
+        self, name: str, args: list[str], log: Path, env: Mapping[str, str] | None = None
+    ) -> None:
+        self.name = name
+        self.log_path = log
+        self._log = log.open("ab")
+        self.popen = subprocess.Popen(
+            args,
+            env=dict(env) if env is not None else None,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def wait_http(self, url: str, *, timeout: float = 30.0, method: str = "GET") -> None:
+        """Until ``url`` answers below 500; ``ChildStartError`` if the child dies or stays mute."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise ChildStartError(f"{self.name} exited at start-up; see {self.log_path}")
+            with contextlib.suppress(httpx.HTTPError):
+                body = b"{}" if method == "POST" else None
+                if httpx.request(method, url, content=body, timeout=1).status_code < 500:
+                    return
+            time.sleep(0.05)  # polling a child we do not control, with a deadline
+        raise ChildStartError(f"{self.name} did not answer at {url} within {timeout:.0f} s")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        stop_group(self.popen, timeout)
+        self._log.close()
