@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Mapping
 
 from prism import (
     AuthenticationError,
@@ -20,6 +19,7 @@ from prism import (
     PrismError,
     RequestTooLargeError,
     UpstreamError,
+    bearer_token,
     classify,
     decode_envelope,
     encode_envelope,
@@ -44,12 +44,6 @@ SSE = "text/event-stream"
 _MIN_KV_TTL = 60
 # Request headers the origin may need; everything else (cookies, the API key) stays here.
 _FORWARDED = ("content-type", "cache-control", "accept", "openai-organization")
-
-
-def _bearer(headers: Mapping[str, str]) -> str:
-    value = headers.get("authorization", "")
-    scheme, _, token = value.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" else ""
 
 
 class EdgeHandler:
@@ -86,7 +80,7 @@ class EdgeHandler:
         if path == CHAT_PATH and request.method != "POST":
             raise MethodNotAllowedError(f"Method {request.method} is not allowed here.")
         started = platform.now()
-        key = _bearer(request.headers)
+        key = bearer_token(request.headers.get("authorization"))
         identity = self.settings.key_ring.verify(key)
         if await self.revoked.contains(identity.key_id, platform.now(), platform.kv_get):
             raise AuthenticationError("This API key has been revoked.", code="key_revoked")

@@ -6,10 +6,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from prism import KeyRing, verify_forward
+from prism import KeyRing, bearer_token, verify_forward
 from prism import headers as h
 
-__all__ = ["Caller", "authenticate", "bearer"]
+__all__ = ["Caller", "authenticate"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,19 +19,11 @@ class Caller:
     fingerprint: str | None  # computed and signed by the edge; None when called directly
 
 
-def bearer(headers: Mapping[str, str]) -> str:
-    value = headers.get("authorization", "")
-    scheme, _, token = value.partition(" ")
-    if scheme.lower() != "bearer":
-        return ""
-    return token.strip()
-
-
 def authenticate(headers: Mapping[str, str], key_ring: KeyRing, forward_secret: bytes) -> Caller:
     forwarded = headers.get(h.FORWARD)
     if forwarded is not None:
         # Only the edge can sign this; a bad or expired one is refused, never ignored.
         found = verify_forward(forward_secret, forwarded, time.time())
         return Caller(found.project, found.key_id, found.fingerprint or None)
-    identity = key_ring.verify(bearer(headers))
+    identity = key_ring.verify(bearer_token(headers.get("authorization")))
     return Caller(identity.project, identity.key_id, None)

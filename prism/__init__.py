@@ -25,7 +25,15 @@ from .errors import (
 )
 from .fingerprint import EXCLUDED_FIELDS, canonical_document, fingerprint
 from .forward import Forwarded, sign_forward, verify_forward
-from .keys import REVOKED_KEY, KeyIdentity, KeyRing, key_hash, parse_key_secrets, valid_project_id
+from .keys import (
+    REVOKED_KEY,
+    KeyIdentity,
+    KeyRing,
+    bearer_token,
+    key_hash,
+    parse_key_secrets,
+    valid_project_id,
+)
 from .request import ChatRequest, Limits, parse_chat_request
 from .sse import SSEDecoder, StreamAssembler, replay
 
@@ -54,6 +62,7 @@ __all__ = [
     "UpstreamError",
     "UpstreamTimeoutError",
     "UpstreamUnavailableError",
+    "bearer_token",
     "canonical_document",
     "classify",
     "decode_envelope",

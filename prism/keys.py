@@ -24,6 +24,7 @@ __all__ = [
     "REVOKED_KEY",
     "KeyIdentity",
     "KeyRing",
+    "bearer_token",
     "key_hash",
     "parse_key_secrets",
     "valid_project_id",
@@ -41,6 +42,12 @@ _MAX_KEY_LEN = 200
 
 def valid_project_id(project: str) -> bool:
     return bool(_PROJECT_RE.match(project))
+
+
+def bearer_token(authorization: str | None) -> str:
+    """The key in an ``Authorization: Bearer <key>`` header value; "" for anything else."""
+    scheme, _, token = (authorization or "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
 
 
 def key_hash(key: str) -> str:

@@ -113,3 +113,13 @@ def test_bad_inputs_to_mint_and_secrets_are_refused() -> None:
 def test_key_hash_is_not_the_key(ring: KeyRing) -> None:
     key = ring.mint("acme")
     assert key_hash(key) != key and len(key_hash(key)) == 64
+
+
+def test_bearer_token_reads_only_the_bearer_scheme() -> None:
+    from prism import bearer_token
+
+    assert bearer_token("Bearer sk-prism-v1.a.b.c") == "sk-prism-v1.a.b.c"
+    assert bearer_token("bearer  spaced ") == "spaced"
+    assert bearer_token("Basic dXNlcg==") == ""
+    assert bearer_token("Bearer") == ""
+    assert bearer_token(None) == ""
