@@ -7,7 +7,7 @@ handler never imports ``js``, so it stays importable and testable anywhere.
 from __future__ import annotations
 
 from collections.abc import Coroutine, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 __all__ = ["EdgeRequest", "EdgeResponse", "OriginReply", "Platform"]
@@ -28,8 +28,6 @@ class EdgeResponse:
     body: bytes | str | None = None
     # An origin response whose body the runtime streams through untouched.
     passthrough: OriginReply | None = None
-    # Stage timings, rendered into Server-Timing by the handler.
-    timings: list[tuple[str, float]] = field(default_factory=list)
 
 
 class OriginReply(Protocol):

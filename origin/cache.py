@@ -64,7 +64,7 @@ class RedisCache:
         try:
             async with asyncio.timeout(self._timeout):
                 if fingerprint is None:
-                    member = await self.redis.sismember(REVOKED_KEY, key_id)
+                    member = await self._command("SISMEMBER", REVOKED_KEY, key_id)
                     return Lookup(available=True, revoked=bool(member))
                 revoked, entry = await self._lookup(key_id, entry_key(fingerprint))
         except (RedisError, OSError, TimeoutError):

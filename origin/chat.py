@@ -36,6 +36,7 @@ from .auth import authenticate
 from .flight import Flight
 from .gateway import Gateway
 from .providers.base import UpstreamCompletion
+from .responses import error_headers
 
 __all__ = ["ChatCompletions"]
 
@@ -60,9 +61,7 @@ class _Timer:
 
 
 def _error_reply(error: PrismError, request_id: str) -> Reply:
-    return Reply(
-        error.status, {**JSON, **error.headers, h.REQUEST_ID: request_id}, error_json(error)
-    )
+    return Reply(error.status, error_headers(error, request_id), error_json(error))
 
 
 class _RecentBodies:
@@ -174,9 +173,7 @@ class ChatCompletions:
 
         # Join only requests that would accept a cached answer anyway.
         join_key = fp if cacheable and decision.read and gw.settings.coalesce else None
-        flight, _joined = gw.flights.get_or_start(
-            join_key, chat.body, chat.model, chat.stream, on_complete
-        )
+        flight = gw.flights.get_or_start(join_key, chat.body, chat.model, chat.stream, on_complete)
         if chat.stream:
             flight.join()  # left by _stream_body when the client is done or gone
             try:

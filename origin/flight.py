@@ -124,20 +124,20 @@ class FlightTable:
         model: str,
         stream: bool,
         on_complete: OnComplete | None,
-    ) -> tuple[Flight, bool]:
+    ) -> Flight:
         """The flight for ``key`` (joined) or a new one; ``key=None`` never joins."""
         if key is not None:
             flight = self._flights.get(key)
             if flight is not None and not flight.done:
                 if self._on_join:
                     self._on_join()
-                return flight, True
+                return flight
         flight = Flight()
         work = self._stream(flight, body, model) if stream else self._complete(flight, body, model)
         flight.start(self._run(flight, key, work, on_complete))
         if key is not None:
             self._flights[key] = flight
-        return flight, False
+        return flight
 
     async def _run(
         self, flight: Flight, key: str | None, work: Awaitable[None], on_complete: OnComplete | None

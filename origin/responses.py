@@ -16,18 +16,21 @@ from prism import (
 )
 from prism import headers as h
 
-__all__ = ["error_response", "exception_handlers"]
+__all__ = ["error_headers", "error_response", "exception_handlers"]
 
 log = logging.getLogger("prism.origin")
 
 
-def error_response(
-    error: PrismError, request_id: str | None = None, extra: dict[str, str] | None = None
-) -> Response:
-    headers = {**error.headers, **(extra or {})}
+def error_headers(error: PrismError, request_id: str | None) -> dict[str, str]:
+    """The headers of every error answer, for Starlette routes and the plain-ASGI chat alike."""
+    headers = {"content-type": "application/json", **error.headers}
     if request_id:
         headers[h.REQUEST_ID] = request_id
-    return Response(error_json(error), error.status, headers, media_type="application/json")
+    return headers
+
+
+def error_response(error: PrismError, request_id: str | None = None) -> Response:
+    return Response(error_json(error), error.status, error_headers(error, request_id))
 
 
 async def _prism_error(request: Request, exc: Exception) -> Response:

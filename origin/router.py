@@ -45,9 +45,6 @@ class Router:
             )
         return targets
 
-    def knows(self, model: str) -> bool:
-        return bool(self._config.targets(model))
-
     def _observe(
         self, provider: ChatProvider, started: float, error: PrismError | None = None
     ) -> None:

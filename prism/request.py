@@ -220,7 +220,10 @@ def parse_chat_request(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> Cha
     # Walk the tree only when the raw text could break a limit: a body shorter than the
     # string limit holds no longer string, and one with fewer brackets than the depth
     # limit cannot nest deeper. Typical requests skip the walk entirely.
-    opens = raw.count(b"[") + raw.count(b"{") if isinstance(raw, bytes) else len(raw)
+    if isinstance(raw, bytes):
+        opens = raw.count(b"[") + raw.count(b"{")
+    else:
+        opens = raw.count("[") + raw.count("{")
     if opens > limits.max_depth or len(raw) > limits.max_string_chars:
         _check_shape(body, limits)
 
