@@ -116,14 +116,19 @@ def echo_server() -> Any:
         yield server, bodies
 
 
-@pytest.mark.parametrize("tool", ["wrk", "python"])
-def test_load_generator_sends_a_new_body_per_request_when_asked(
-    tool: str, echo_server: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    if tool == "wrk" and wrk_path() is None:
+@pytest.fixture(params=["wrk", "python"])
+def tool(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each load-generator test runs with wrk (when installed) and with the fallback."""
+    if request.param == "wrk" and wrk_path() is None:
         pytest.skip("wrk is not installed")
-    if tool == "python":
+    if request.param == "python":
         monkeypatch.setenv("PRISM_BENCH_LOADGEN", "python")
+    return str(request.param)
+
+
+def test_load_generator_sends_a_new_body_per_request_when_asked(
+    tool: str, echo_server: Any
+) -> None:
     server, bodies = echo_server
     spec = LoadSpec(
         url=server.url + "/v1/x",
@@ -140,14 +145,7 @@ def test_load_generator_sends_a_new_body_per_request_when_asked(
     assert all(body.startswith(b'{"q":"n1-') for body in bodies)
 
 
-@pytest.mark.parametrize("tool", ["wrk", "python"])
-def test_load_generator_counts_non_2xx_apart_from_errors(
-    tool: str, echo_server: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    if tool == "wrk" and wrk_path() is None:
-        pytest.skip("wrk is not installed")
-    if tool == "python":
-        monkeypatch.setenv("PRISM_BENCH_LOADGEN", "python")
+def test_load_generator_counts_non_2xx_apart_from_errors(tool: str, echo_server: Any) -> None:
     server, _ = echo_server
     spec = LoadSpec(url=server.url + "/v1/x", concurrency=1, duration=0.5, body="teapot")
     result = run_load(spec)

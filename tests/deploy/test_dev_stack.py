@@ -14,6 +14,7 @@ from pathlib import Path
 
 from deploy.local.ports import free_port
 from deploy.local.processes import process_tree
+from tests.polling import wait_for
 
 PRISM = [sys.executable, "-m", "deploy.cli"]
 
@@ -92,10 +93,7 @@ def test_prism_dev_serves_miss_then_kv_and_stops_cleanly_on_sigint(tmp_path: Pat
         dev.send_signal(signal.SIGINT)
         dev.wait(timeout=60)
     assert dev.returncode == 0
-    deadline = time.monotonic() + 20
-    while any(alive(pid) for pid in children):
-        assert time.monotonic() < deadline, [p for p in children if alive(p)]
-        time.sleep(0.1)
+    wait_for(lambda: not any(alive(pid) for pid in children), timeout=20, interval=0.1)
 
 
 def test_port_in_use_is_one_clear_line(tmp_path: Path) -> None:

@@ -10,9 +10,8 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import cloudflare
 import httpx
@@ -27,22 +26,11 @@ from deploy.local.workers import (
     find_node_toolchain,
 )
 from tests.fixtures.workers import KVApi, WorkersRuntimeFactory
+from tests.polling import wait_for
 
 SAMPLE = Path(__file__).parent / "sample_worker"
 RUNTIME_SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "local" / "runtime.mjs"
 SECRET = "s3cr3t-value"
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.02) -> Any:
-    """Poll until ``predicate`` returns something truthy; fail at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout}s")
-        time.sleep(interval)
 
 
 def group_alive(pgid: int) -> bool:
