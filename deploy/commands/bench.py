@@ -19,6 +19,8 @@ from deploy.bench.loadgen import wrk_path
 from deploy.local.stack import StackError
 from deploy.local.workers import RuntimeStartError, ToolchainNotFoundError
 
+from ._options import JsonOption
+
 __all__ = ["bench_command"]
 
 
@@ -44,9 +46,7 @@ def bench_command(
             "and py-spy on the origin.",
         ),
     ] = False,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print the result as JSON instead of tables.")
-    ] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Benchmark every layer against its floor, on loopback, in one run: the edge (KV hit
     and bad key vs a trivial Python Worker), the origin (Redis hit and miss at concurrency

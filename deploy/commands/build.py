@@ -10,6 +10,8 @@ import typer
 
 from deploy.edge_bundle import Target, build_edge
 
+from ._options import JsonOption
+
 __all__ = ["app"]
 
 app = typer.Typer(name="build", help="Generate deployable artefacts.", no_args_is_help=True)
@@ -26,9 +28,7 @@ def edge(
     origin_url: Annotated[
         str | None, typer.Option(envvar="PRISM_ORIGIN_URL", help="ORIGIN_URL for the Worker.")
     ] = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print the staged files as JSON.")
-    ] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Stage the edge Worker: only the edge/ and prism/ modules, the entry for the target
     runtime, build constants, and its own wrangler.toml (and, for cloudflare, a

@@ -42,6 +42,8 @@ from deploy.cloudflare_edge import (
     deploy_edge,
 )
 
+from ._options import JsonOption
+
 __all__ = ["SECRET_ENV_VARS", "UsageError", "app", "collect_secrets"]
 
 # Everything the origin reads from its environment; only the ones set are stored.
@@ -136,9 +138,7 @@ def origin(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the plan; make no AWS calls.")
     ] = False,
-    json_output: Annotated[
-        bool, typer.Option("--json", help="Print the result as JSON on stdout.")
-    ] = False,
+    json_output: JsonOption = False,
 ) -> None:
     """Deploy the origin to EC2 behind Caddy (HTTPS on 443 only), or update it in place.
 
@@ -217,9 +217,7 @@ def edge(
             "create, upload and set nothing.",
         ),
     ] = False,
-    json_output: Annotated[
-        bool, typer.Option("--json", help="Print the result as JSON on stdout.")
-    ] = False,
+    json_output: JsonOption = False,
 ) -> None:
     """Deploy the edge Worker to Cloudflare: KV namespace, bundle, secrets, wrangler deploy.
 

@@ -28,6 +28,8 @@ from deploy.key_store import (
 )
 from prism import KeyRing, PrismError, parse_key_secrets
 
+from ._options import JsonOption
+
 __all__ = ["app"]
 
 app = typer.Typer(name="keys", help="Mint, verify and manage Prism API keys.", no_args_is_help=True)
@@ -57,7 +59,7 @@ def key_ring(secret: str) -> KeyRing:
 def mint(
     project: Annotated[str, typer.Option("--project", "-p", help="Project id the key belongs to.")],
     secret: SecretOption,
-    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Print a new API key for PROJECT, signed offline with PRISM_KEY_SECRET.
 
@@ -83,7 +85,7 @@ def mint(
 def verify(
     key: Annotated[str, typer.Argument(help="The API key to check.", show_default=False)],
     secret: SecretOption,
-    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Check a key's signature offline; print its project id (exit 0) or the reason (exit 1).
 
@@ -121,7 +123,6 @@ RedisUrlOption = Annotated[
         "--redis-url", envvar="REDIS_URL", show_envvar=True, help="Redis holding key metadata."
     ),
 ]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 ProjectOption = Annotated[
     str, typer.Option("--project", "-p", help="Project id.", show_default=False)
 ]

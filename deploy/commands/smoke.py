@@ -14,6 +14,8 @@ from rich.table import Table
 
 from prism import headers as h
 
+from ._options import JsonOption
+
 __all__ = ["smoke_command"]
 
 
@@ -24,7 +26,7 @@ def smoke_command(
     ],
     model: Annotated[str, typer.Option(help="Model to ask.")] = "gpt-4o-mini",
     pause: Annotated[float, typer.Option(help="Seconds to wait before the third request.")] = 1.0,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Send one new chat request three times (the third after a pause) and show status,
     time, cache layer and Server-Timing stages. Against `prism dev`: miss, then kv.

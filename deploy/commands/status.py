@@ -13,6 +13,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ._options import JsonOption
+
 __all__ = ["status_command"]
 
 
@@ -56,7 +58,7 @@ def status_command(
     state_dir: Annotated[
         Path, typer.Option(help="`prism dev` state folder, read when no URL is given.")
     ] = Path(".prism"),
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Check each configured part: the origin's /healthz, the edge (a keyless request must
     be refused by the edge itself), Redis. With no URLs, checks the local `prism dev` stack.
