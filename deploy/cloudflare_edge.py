@@ -43,14 +43,14 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
-
-import cloudflare
-from cloudflare import Cloudflare
 
 from deploy.edge_bundle import EdgeBundle, build_edge, load_wrangler_config
 from prism import parse_key_secrets
+
+if TYPE_CHECKING:
+    from cloudflare import Cloudflare
 
 __all__ = [
     "DEFAULT_API_URL",
@@ -401,6 +401,8 @@ def _parse_deploy_output(output: str) -> tuple[tuple[str, ...], str | None]:
 
 def make_client(config: EdgeDeployConfig) -> Cloudflare:
     """An SDK client that authenticates with the configured API token only."""
+    from cloudflare import Cloudflare  # the SDK takes ~0.4 s to import: only when deploying
+
     client = Cloudflare(api_token=config.api_token, base_url=config.api_url)
     # The SDK also reads CLOUDFLARE_API_KEY / CLOUDFLARE_EMAIL from the environment and
     # sends those instead of the token when present; this deploy uses the token.
@@ -419,6 +421,8 @@ def find_namespace(client: Cloudflare, account_id: str, title: str) -> str | Non
 
 def ensure_namespace(client: Cloudflare, account_id: str, title: str) -> tuple[str, bool]:
     """The id of the KV namespace called ``title``, created if missing: ``(id, created)``."""
+    import cloudflare
+
     existing = find_namespace(client, account_id, title)
     if existing is not None:
         return existing, False
@@ -439,6 +443,8 @@ def ensure_namespace(client: Cloudflare, account_id: str, title: str) -> tuple[s
 @contextmanager
 def _api_errors(config: EdgeDeployConfig, doing: str) -> Iterator[None]:
     """Translate the SDK's exceptions into one-line :class:`EdgeDeployError` s."""
+    import cloudflare
+
     try:
         yield
     except cloudflare.APIStatusError as error:

@@ -7,11 +7,9 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
-import boto3
 import typer
-from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 from rich.console import Console
 from rich.markup import escape
 
@@ -43,6 +41,9 @@ from deploy.cloudflare_edge import (
 )
 
 from ._options import JsonOption
+
+if TYPE_CHECKING:
+    from botocore.exceptions import ClientError
 
 __all__ = ["SECRET_ENV_VARS", "UsageError", "app", "collect_secrets"]
 
@@ -167,6 +168,10 @@ def origin(
     if dry_run:
         _print_plan(plan(config), json_output)
         return
+    # boto3 costs a few hundred ms to import: only the command that uses it pays.
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
     try:
         with _progress(f"Deploying origin {config.name} to {config.region}") as progress:
             result = apply(config, boto3.Session(), progress)
