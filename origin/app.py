@@ -8,7 +8,6 @@ from contextlib import asynccontextmanager
 
 import httpx
 import orjson
-from redis.asyncio import Redis
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -23,6 +22,7 @@ from .chat import PATH as CHAT_PATH
 from .chat import ChatCompletions
 from .gateway import Gateway
 from .providers._http import ConnectorFactory
+from .redis_pipe import RedisPipe
 from .responses import error_response, exception_handlers
 from .settings import Settings
 
@@ -51,7 +51,7 @@ class OriginApp:
 def create_app(
     settings: Settings,
     *,
-    redis: Redis | None = None,
+    redis: RedisPipe | None = None,
     connectors: Mapping[str, ConnectorFactory] | None = None,
     kv_transport: httpx.AsyncBaseTransport | None = None,
 ) -> OriginApp:

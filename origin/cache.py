@@ -1,9 +1,9 @@
 """The exact cache in Redis, the source of truth, with a breaker so a dead Redis costs nothing.
 
-One round trip and one command per request: the revocation check and the entry read
-run as one server-side script (EVALSHA), which costs the client about what a bare GET
-does, half of what a two-command pipeline costs in redis-py. When Redis fails, the
-cache steps aside for ``retry_after`` seconds (requests are answered as ``bypass``)
+One command per request: the revocation check and the entry read run as one
+server-side script (EVALSHA), and every request's command shares one auto-pipelined
+connection (``RedisPipe``). When Redis fails or stalls, the cache steps aside for
+``retry_after`` seconds (requests are answered as ``bypass``), drops the connection,
 and then tries again: Redis coming back needs no restart.
 """
 
@@ -12,14 +12,13 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any
 
-from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, RedisError
 
 from prism import REVOKED_KEY, entry_key
 
 from .metrics import Metrics
+from .redis_pipe import RedisPipe
 
 __all__ = ["Lookup", "RedisCache"]
 
@@ -40,7 +39,7 @@ _LOOKUP = "return {redis.call('SISMEMBER', KEYS[1], ARGV[1]), redis.call('GET', 
 
 class RedisCache:
     def __init__(
-        self, redis: Redis, metrics: Metrics, retry_after: float = 1.0, timeout: float = 0.5
+        self, redis: RedisPipe, metrics: Metrics, retry_after: float = 1.0, timeout: float = 0.5
     ) -> None:
         self.redis = redis
         self._metrics = metrics
@@ -56,6 +55,7 @@ class RedisCache:
     def _failed(self, op: str) -> None:
         self._metrics.redis_errors.labels(op).inc()
         self._down_until = time.monotonic() + self._retry_after
+        self.redis.reset()  # a stalled connection is not waited on again
 
     async def lookup(self, key_id: str, fingerprint: str | None) -> Lookup:
         """Is ``key_id`` revoked, and the entry for ``fingerprint`` (when given)."""
@@ -64,7 +64,7 @@ class RedisCache:
         try:
             async with asyncio.timeout(self._timeout):
                 if fingerprint is None:
-                    member = await self._command("SISMEMBER", REVOKED_KEY, key_id)
+                    member = await self.redis.execute("SISMEMBER", REVOKED_KEY, key_id)
                     return Lookup(available=True, revoked=bool(member))
                 revoked, entry = await self._lookup(key_id, entry_key(fingerprint))
         except (RedisError, OSError, TimeoutError):
@@ -72,23 +72,12 @@ class RedisCache:
             return UNAVAILABLE
         return Lookup(available=True, revoked=bool(revoked), entry=entry)
 
-    async def _command(self, *args: str | bytes | int) -> Any:
-        """One command straight on a pooled connection. Every request sends one: redis-py's
-        client layer (retries, events, argument checks) costs more CPU than the command."""
-        pool = self.redis.connection_pool
-        connection = await pool.get_connection()  # type: ignore[no-untyped-call]
-        try:
-            await connection.send_command(*args)
-            return await connection.read_response()
-        finally:
-            await pool.release(connection)
-
     async def _lookup(self, key_id: str, key: str) -> tuple[int, bytes | None]:
         for _ in range(2):
             if self._lookup_sha is None:
-                self._lookup_sha = str(await self.redis.script_load(_LOOKUP))
+                self._lookup_sha = (await self.redis.execute("SCRIPT", "LOAD", _LOOKUP)).decode()
             try:
-                reply = await self._command(
+                reply = await self.redis.execute(
                     "EVALSHA", self._lookup_sha, 2, REVOKED_KEY, key, key_id
                 )
             except NoScriptError:  # Redis restarted or flushed its scripts
@@ -102,7 +91,7 @@ class RedisCache:
             return False
         try:
             async with asyncio.timeout(self._timeout):
-                await self._command("SET", entry_key(fingerprint), data, "EX", ttl)
+                await self.redis.execute("SET", entry_key(fingerprint), data, "EX", ttl)
         except (RedisError, OSError, TimeoutError):
             self._failed("store")
             return False
@@ -112,7 +101,7 @@ class RedisCache:
         """A live check for /healthz; also closes the breaker when Redis is back."""
         try:
             async with asyncio.timeout(self._timeout):
-                await self.redis.ping()
+                await self.redis.execute("PING")
         except (RedisError, OSError, TimeoutError):
             self._failed("ping")
             return False

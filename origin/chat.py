@@ -23,7 +23,6 @@ from prism import (
     MethodNotAllowedError,
     PrismError,
     classify,
-    decode_envelope,
     error_json,
     fingerprint,
     parse_chat_request,
@@ -36,6 +35,7 @@ from .auth import authenticate
 from .flight import Flight
 from .gateway import Gateway
 from .providers.base import UpstreamCompletion
+from .recent import RecentBodies, RecentEntries
 from .responses import error_headers
 
 __all__ = ["ChatCompletions"]
@@ -64,39 +64,12 @@ def _error_reply(error: PrismError, request_id: str) -> Reply:
     return Reply(error.status, error_headers(error, request_id), error_json(error))
 
 
-class _RecentBodies:
-    """Parsed requests and fingerprints of recently seen bodies, per project.
-
-    A cache gateway sees the same bodies again and again (that is what a hit is), so
-    parsing and canonicalising each one once saves both on every repeat. Bounded:
-    cleared when full, and refilled by the hot bodies at once.
-    """
-
-    __slots__ = ("_items", "_size")
-
-    # Bodies larger than this are not kept: worst case 1,024 x 16 KiB = 16 MiB.
-    MAX_BODY = 16 * 1024
-
-    def __init__(self, size: int = 1024) -> None:
-        self._items: dict[tuple[str, bytes], tuple[ChatRequest, str]] = {}
-        self._size = size
-
-    def get(self, project: str, raw: bytes) -> tuple[ChatRequest, str] | None:
-        return self._items.get((project, raw))
-
-    def put(self, project: str, raw: bytes, chat: ChatRequest, fp: str) -> None:
-        if len(raw) > self.MAX_BODY:
-            return
-        if len(self._items) >= self._size:
-            self._items.clear()
-        self._items[(project, raw)] = (chat, fp)
-
-
 class ChatCompletions:
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
         self.policy = CachePolicy(default_ttl=gateway.settings.default_ttl)
-        self._recent = _RecentBodies()
+        self._bodies = RecentBodies()
+        self._entries = RecentEntries()
         # Request ids need to be unique, not secret: a random prefix and a counter.
         self._id_prefix = secrets.token_hex(4)
         self._ids = itertools.count(1)
@@ -125,11 +98,11 @@ class ChatCompletions:
         timer.mark("auth")
         limits = gw.settings.limits
         raw = await read_body(receive, limits.max_body_bytes, headers.get("content-length"))
-        known = self._recent.get(caller.project, raw)
+        known = self._bodies.get(caller.project, raw)
         if known is None:
             chat = parse_chat_request(raw, limits)
             fp = fingerprint(caller.project, PATH, chat)
-            self._recent.put(caller.project, raw, chat, fp)
+            self._bodies.put(caller.project, raw, chat, fp)
         else:
             chat, fp = known
         # The edge's signed fingerprint wins: both halves compute it the same way anyway.
@@ -142,10 +115,11 @@ class ChatCompletions:
             raise AuthenticationError("This API key has been revoked.", code="key_revoked")
         out = {h.REQUEST_ID: request_id, h.CACHE_KEY: fp[: h.CACHE_KEY_PREFIX_LEN]}
         if lookup.entry is not None:
-            envelope = decode_envelope(lookup.entry)
+            envelope = self._entries.decode(lookup.entry, time.time())
             if envelope is not None:
                 out[h.CACHE_LAYER] = "redis"
-                out[h.ENTRY_EXPIRES] = str(envelope.expires_at())
+                if caller.fingerprint is not None:  # the edge: it writes KV with the time left
+                    out[h.ENTRY_EXPIRES] = str(envelope.expires_at())
                 out[h.SERVER_TIMING] = h.server_timing(timer.stages)
                 if chat.stream:
                     body = replay(envelope.completion(), chat.include_usage)

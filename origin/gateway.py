@@ -9,9 +9,6 @@ from collections.abc import Coroutine, Mapping
 from typing import Any
 
 import httpx
-from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
 from prism import encode_envelope, entry_key
 
@@ -23,6 +20,7 @@ from .providers._http import ConnectorFactory
 from .providers.anthropic import AnthropicProvider
 from .providers.base import ChatProvider, ProviderSpec, UpstreamCompletion
 from .providers.openai import OpenAICompatibleProvider
+from .redis_pipe import RedisPipe
 from .router import Router
 from .settings import Settings
 
@@ -42,22 +40,13 @@ class Gateway:
         self,
         settings: Settings,
         *,
-        redis: Redis | None = None,
+        redis: RedisPipe | None = None,
         connectors: Mapping[str, ConnectorFactory] | None = None,
         kv_transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = Metrics()
-        self.redis = redis or Redis.from_url(
-            settings.redis_url,
-            # No per-read socket_timeout: redis-py implements it with asyncio.wait_for (a
-            # task per call). RedisCache bounds each operation itself, more cheaply, and its
-            # breaker replaces redis-py's retries.
-            socket_timeout=None,
-            socket_connect_timeout=settings.redis_timeout,
-            retry=Retry(NoBackoff(), 0),
-            max_connections=512,
-        )
+        self.redis = redis or RedisPipe(settings.redis_url, settings.redis_timeout)
         self.cache = RedisCache(
             self.redis, self.metrics, settings.redis_retry_after, settings.redis_timeout
         )
@@ -111,4 +100,4 @@ class Gateway:
             await self._kv_client.aclose()
         for provider in self.providers.values():
             await provider.aclose()
-        await self.redis.aclose()
+        await self.redis.close()

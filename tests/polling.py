@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-__all__ = ["wait_for"]
+__all__ = ["async_wait_for", "wait_for"]
 
 
 T = TypeVar("T")
@@ -22,3 +23,17 @@ def wait_for(predicate: Callable[[], T], timeout: float = 15.0, interval: float 
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout} s")
         time.sleep(interval)
+
+
+async def async_wait_for(
+    predicate: Callable[[], Awaitable[T]], within: float = 15.0, interval: float = 0.02
+) -> T:
+    """``wait_for`` inside an event loop: the loop keeps running between polls."""
+    deadline = time.monotonic() + within
+    while True:
+        result = await predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {within} s")
+        await asyncio.sleep(interval)

@@ -1,0 +1,64 @@
+"""What the origin has seen recently: the work a repeat would otherwise redo.
+
+A cache gateway sees the same request bodies and serves the same stored entries
+again and again (that is what a hit is), so parsing, canonicalising and checking
+each one once saves that work on every repeat. Both memos are bounded: cleared
+when full, and refilled by what is hot at once. Keys are the exact bytes, so a
+memo can never answer for different input.
+"""
+
+from __future__ import annotations
+
+from prism import ChatRequest, Envelope, decode_envelope
+
+__all__ = ["RecentBodies", "RecentEntries"]
+
+
+class RecentBodies:
+    """Parsed requests and fingerprints of recently seen bodies, per project."""
+
+    __slots__ = ("_items", "_size")
+
+    # Bodies larger than this are not kept: worst case 1,024 x 16 KiB = 16 MiB.
+    MAX_BODY = 16 * 1024
+
+    def __init__(self, size: int = 1024) -> None:
+        self._items: dict[tuple[str, bytes], tuple[ChatRequest, str]] = {}
+        self._size = size
+
+    def get(self, project: str, raw: bytes) -> tuple[ChatRequest, str] | None:
+        return self._items.get((project, raw))
+
+    def put(self, project: str, raw: bytes, chat: ChatRequest, fp: str) -> None:
+        if len(raw) > self.MAX_BODY:
+            return
+        if len(self._items) >= self._size:
+            self._items.clear()
+        self._items[(project, raw)] = (chat, fp)
+
+
+class RecentEntries:
+    """Decoded envelopes of recently served entries, so a hot hit skips the JSON
+    metadata parse and the checksum. Expiry is still checked on every use."""
+
+    __slots__ = ("_items", "_size")
+
+    # Worst case 256 x 64 KiB = 16 MiB; a typical completion is a few KiB.
+    MAX_ENTRY = 64 * 1024
+
+    def __init__(self, size: int = 256) -> None:
+        self._items: dict[bytes, Envelope] = {}
+        self._size = size
+
+    def decode(self, raw: bytes, now: float) -> Envelope | None:
+        """``decode_envelope(raw, now)``, remembered for small entries."""
+        envelope = self._items.get(raw)
+        if envelope is None:
+            envelope = decode_envelope(raw, now)
+            if envelope is None or len(raw) > self.MAX_ENTRY:
+                return envelope
+            if len(self._items) >= self._size:
+                self._items.clear()
+            self._items[raw] = envelope
+            return envelope
+        return envelope if now < envelope.expires_at() else None

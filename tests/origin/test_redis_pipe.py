@@ -1,0 +1,142 @@
+"""RedisPipe against a real Redis: replies reach their callers, in order, through
+timeouts, errors, a lost connection and a restarted server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+import redis
+import redis.asyncio
+from redis.exceptions import ConnectionError, NoScriptError, ResponseError
+
+from deploy.local.redis import RedisServer
+from origin.cache import RedisCache
+from origin.metrics import Metrics
+from origin.redis_pipe import RedisPipe, pack
+from tests.polling import async_wait_for
+
+
+def test_pack_is_resp_array_of_bulk_strings() -> None:
+    assert pack(("SET", b"k\r\n", 5)) == b"*3\r\n$3\r\nSET\r\n$3\r\nk\r\n\r\n$1\r\n5\r\n"
+
+
+async def test_concurrent_commands_each_get_their_own_reply(redis_url: str) -> None:
+    pipe = RedisPipe(redis_url)
+    try:
+        values = [os.urandom(64) for _ in range(300)]
+        await asyncio.gather(*(pipe.execute("SET", f"k{i}", v) for i, v in enumerate(values)))
+        got = await asyncio.gather(*(pipe.execute("GET", f"k{i}") for i in range(300)))
+        assert got == values
+        assert await pipe.execute("GET", "missing") is None
+        assert await pipe.execute("INCRBY", "n", 7) == 7
+    finally:
+        await pipe.close()
+
+
+async def test_a_caller_that_gives_up_does_not_shift_the_replies(redis_url: str) -> None:
+    pipe = RedisPipe(redis_url)
+    try:
+        # BLPOP answers (nil) only after 0.3 s; its caller stops waiting long before.
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.05):
+                await pipe.execute("BLPOP", "empty-list", "0.3")
+        await pipe.execute("SET", "after", b"mine")
+        assert await pipe.execute("GET", "after") == b"mine"
+    finally:
+        await pipe.close()
+
+
+async def test_error_replies_raise_and_the_connection_goes_on(redis_url: str) -> None:
+    pipe = RedisPipe(redis_url)
+    try:
+        with pytest.raises(NoScriptError):
+            await pipe.execute("EVALSHA", "0" * 40, 0)
+        with pytest.raises(ResponseError, match="wrong number of arguments"):
+            await pipe.execute("GET")
+        assert await pipe.execute("PING") == b"PONG"
+    finally:
+        await pipe.close()
+
+
+async def test_url_credentials_and_database_are_used(redis_url: str) -> None:
+    admin = redis.Redis.from_url(redis_url)
+    admin.execute_command("ACL", "SETUSER", "piper", "on", ">pipe-secret", "~*", "+@all")
+    host_port = redis_url.removeprefix("redis://").split("/")[0]
+    pipe = RedisPipe(f"redis://piper:pipe-secret@{host_port}/3")
+    try:
+        await pipe.execute("SET", "in-db-3", b"yes")
+        assert await pipe.execute("ACL", "WHOAMI") == b"piper"
+        assert redis.Redis.from_url(f"redis://{host_port}/3").get("in-db-3") == b"yes"
+        assert admin.get("in-db-3") is None
+        refused = RedisPipe(f"redis://piper:wrong@{host_port}/0")
+        with pytest.raises(ResponseError):
+            await refused.execute("PING")
+    finally:
+        await pipe.close()
+        admin.execute_command("ACL", "DELUSER", "piper")
+        admin.close()
+
+
+async def _until_blocked(url: str) -> None:
+    """Until Redis reports one client blocked (the command really left)."""
+    client = redis.asyncio.Redis.from_url(url)
+
+    async def blocked() -> bool:
+        return (await client.info("clients"))["blocked_clients"] == 1
+
+    try:
+        await async_wait_for(blocked, within=5)
+    finally:
+        await client.aclose()
+
+
+async def test_lost_connection_fails_waiters_then_reconnects(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    server = RedisServer(workdir=tmp_path_factory.mktemp("pipe-redis")).start()
+    pipe = RedisPipe(server.url)
+    try:
+        assert await pipe.execute("PING") == b"PONG"
+        waiting = asyncio.ensure_future(pipe.execute("BLPOP", "never", "0"))
+        await _until_blocked(server.url)
+        server.stop()
+        with pytest.raises(ConnectionError):
+            await asyncio.wait_for(waiting, 5)
+        with pytest.raises((ConnectionError, OSError)):
+            await pipe.execute("PING")
+        server.start()
+        assert await pipe.execute("PING") == b"PONG"
+    finally:
+        await pipe.close()
+        server.stop()
+
+
+async def test_a_stalled_redis_trips_the_breaker_and_is_reconnected_after(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    server = RedisServer(workdir=tmp_path_factory.mktemp("stalled-redis")).start()
+    pipe = RedisPipe(server.url)
+    cache = RedisCache(pipe, Metrics(), retry_after=0.2, timeout=0.2)
+    process = server._process
+    assert process is not None
+    try:
+        assert (await cache.lookup("key1", "f" * 64)).available
+        os.kill(process.pid, signal.SIGSTOP)  # accepts bytes, answers nothing
+        started = time.monotonic()
+        assert not (await cache.lookup("key1", "f" * 64)).available
+        assert time.monotonic() - started < 1.0
+        os.kill(process.pid, signal.SIGCONT)
+
+        async def answered() -> bool:
+            return (await cache.lookup("key1", "f" * 64)).available
+
+        await async_wait_for(answered, within=5)
+        assert await cache.store("f" * 64, b"entry", 60)
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
+        await pipe.close()
+        server.stop()
