@@ -10,6 +10,7 @@ stays at the PoP.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import secrets
 
 from prism import (
@@ -17,11 +18,12 @@ from prism import (
     MethodNotAllowedError,
     NotFoundError,
     PrismError,
+    RecentBodies,
+    RecentEntries,
     RequestTooLargeError,
     UpstreamError,
     bearer_token,
     classify,
-    decode_envelope,
     encode_envelope,
     entry_key,
     error_json,
@@ -47,14 +49,20 @@ _FORWARDED = ("content-type", "cache-control", "accept", "openai-organization")
 
 
 class EdgeHandler:
-    """One per isolate: holds the settings and the memoized revocation set."""
+    """One per isolate: the settings, the memoized revocation set, and what this isolate
+    has recently parsed and decoded (an isolate serves many requests in turn)."""
 
     def __init__(self, settings: EdgeSettings) -> None:
         self.settings = settings
         self.revoked = RevocationSet(settings.revocation_ttl)
+        self._bodies = RecentBodies(size=256)
+        self._entries = RecentEntries(size=128)
+        # Request ids need to be unique, not secret: a random prefix per isolate and a counter.
+        self._id_prefix = secrets.token_hex(4)
+        self._ids = itertools.count(1)
 
     async def handle(self, request: EdgeRequest, platform: Platform) -> EdgeResponse:
-        request_id = request.headers.get(h.REQUEST_ID) or secrets.token_hex(8)
+        request_id = request.headers.get(h.REQUEST_ID) or f"{self._id_prefix}{next(self._ids):08x}"
         timings: list[tuple[str, float]] = []
         try:
             response = await self._route(request, platform, timings)
@@ -105,17 +113,22 @@ class EdgeHandler:
             raise RequestTooLargeError(f"Request body is {declared} bytes; the limit is {limit}.")
         started = platform.now()
         body = await platform.read_body()
-        chat = parse_chat_request(body, self.settings.limits)
+        known = self._bodies.get(project, body)
+        if known is None:
+            chat = parse_chat_request(body, self.settings.limits)
+            fp = fingerprint(project, CHAT_PATH, chat)
+            self._bodies.put(project, body, chat, fp)
+        else:
+            chat, fp = known
         decision = classify(chat, request.headers.get("cache-control"))
+        # CPU only, and the Workers clock stands still while code runs: I/O stages only.
         timings.append(("parse", _ms(started, platform.now())))
-        fp = fingerprint(project, CHAT_PATH, chat)
-        timings.append(("fingerprint", 0.0))  # CPU only: the Workers clock stands still
         headers = {h.CACHE_KEY: fp[: h.CACHE_KEY_PREFIX_LEN]}
         if decision.read:
             started = platform.now()
             cached = await self._kv_read(platform, entry_key(fp))
             timings.append(("kv", _ms(started, platform.now())))
-            envelope = decode_envelope(cached, platform.now()) if cached else None
+            envelope = self._entries.decode(cached, platform.now()) if cached else None
             if envelope is not None:
                 headers[h.CACHE_LAYER] = "kv"
                 if chat.stream:

@@ -13,7 +13,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from prism import REVOKED_KEY, entry_key
 
@@ -52,10 +52,13 @@ class RedisCache:
     def available(self) -> bool:
         return time.monotonic() >= self._down_until
 
-    def _failed(self, op: str) -> None:
+    def _failed(self, op: str, error: Exception) -> None:
         self._metrics.redis_errors.labels(op).inc()
         self._down_until = time.monotonic() + self._retry_after
-        self.redis.reset()  # a stalled connection is not waited on again
+        if not isinstance(error, ResponseError):
+            # A stalled or broken connection is not waited on again; an error reply
+            # (OOM, a bad command) leaves the connection itself in step.
+            self.redis.reset()
 
     async def lookup(self, key_id: str, fingerprint: str | None) -> Lookup:
         """Is ``key_id`` revoked, and the entry for ``fingerprint`` (when given)."""
@@ -67,8 +70,8 @@ class RedisCache:
                     member = await self.redis.execute("SISMEMBER", REVOKED_KEY, key_id)
                     return Lookup(available=True, revoked=bool(member))
                 revoked, entry = await self._lookup(key_id, entry_key(fingerprint))
-        except (RedisError, OSError, TimeoutError):
-            self._failed("lookup")
+        except (RedisError, OSError, TimeoutError) as error:
+            self._failed("lookup", error)
             return UNAVAILABLE
         return Lookup(available=True, revoked=bool(revoked), entry=entry)
 
@@ -92,8 +95,8 @@ class RedisCache:
         try:
             async with asyncio.timeout(self._timeout):
                 await self.redis.execute("SET", entry_key(fingerprint), data, "EX", ttl)
-        except (RedisError, OSError, TimeoutError):
-            self._failed("store")
+        except (RedisError, OSError, TimeoutError) as error:
+            self._failed("store", error)
             return False
         return True
 
@@ -102,8 +105,8 @@ class RedisCache:
         try:
             async with asyncio.timeout(self._timeout):
                 await self.redis.execute("PING")
-        except (RedisError, OSError, TimeoutError):
-            self._failed("ping")
+        except (RedisError, OSError, TimeoutError) as error:
+            self._failed("ping", error)
             return False
         self._down_until = 0.0
         return True

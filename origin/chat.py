@@ -22,6 +22,8 @@ from prism import (
     ChatRequest,
     MethodNotAllowedError,
     PrismError,
+    RecentBodies,
+    RecentEntries,
     classify,
     error_json,
     fingerprint,
@@ -35,7 +37,6 @@ from .auth import authenticate
 from .flight import Flight
 from .gateway import Gateway
 from .providers.base import UpstreamCompletion
-from .recent import RecentBodies, RecentEntries
 from .responses import error_headers
 
 __all__ = ["ChatCompletions"]

@@ -34,6 +34,7 @@ from .keys import (
     parse_key_secrets,
     valid_project_id,
 )
+from .recent import RecentBodies, RecentEntries
 from .request import ChatRequest, Limits, parse_chat_request
 from .sse import SSEDecoder, StreamAssembler, replay
 
@@ -56,6 +57,8 @@ __all__ = [
     "PermissionDeniedError",
     "PrismError",
     "RateLimitError",
+    "RecentBodies",
+    "RecentEntries",
     "RequestTooLargeError",
     "SSEDecoder",
     "StreamAssembler",

@@ -1,9 +1,10 @@
 """The floor for a Redis hit: an ASGI app that does one Redis GET and returns the bytes.
 
 Same server settings as the origin (uvicorn, uvloop, httptools, no access log,
-no server header) and the same Redis client (redis-py asyncio with a pool), but
-nothing else: no routing framework, no auth, no parsing, no envelope. The
-origin's Redis-hit throughput is judged against this.
+no server header) and the same Redis client (the origin's auto-pipelined
+``RedisPipe``), but nothing else: no routing framework, no auth, no parsing, no
+envelope. The origin's Redis-hit throughput is judged against this, so the
+ratio measures what Prism's own work costs, not which Redis client is faster.
 
 Run it: ``python -m deploy.bench.floor_app --port 9200 --redis-url redis://... --key K``.
 """
@@ -15,7 +16,7 @@ import importlib.util
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from redis.asyncio import Redis
+from origin.redis_pipe import RedisPipe
 
 __all__ = ["FloorApp", "main"]
 
@@ -33,7 +34,7 @@ class FloorApp:
     def __init__(self, redis_url: str, key: str) -> None:
         self._redis_url = redis_url
         self._key = key
-        self._redis: Redis | None = None
+        self._redis: RedisPipe | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -47,7 +48,7 @@ class FloorApp:
             message = await receive()
             more = message.get("more_body", False)
         assert self._redis is not None
-        value = await self._redis.get(self._key)
+        value = await self._redis.execute("GET", self._key)
         status = 200 if value is not None else 404
         await send({"type": "http.response.start", "status": status, "headers": _HEADERS})
         await send({"type": "http.response.body", "body": value or b""})
@@ -56,12 +57,11 @@ class FloorApp:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                # The origin's pool settings, minus what only matters when Redis fails.
-                self._redis = Redis.from_url(self._redis_url, max_connections=512)
+                self._redis = RedisPipe(self._redis_url)
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 if self._redis is not None:
-                    await self._redis.aclose()
+                    await self._redis.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 

@@ -16,6 +16,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def port_is_free(host: str, port: int) -> bool:
     with socket.socket() as sock:
+        # As servers bind: a port whose old connections linger in TIME_WAIT is free.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import time
 
@@ -140,3 +141,25 @@ async def test_a_stalled_redis_trips_the_breaker_and_is_reconnected_after(
         os.kill(process.pid, signal.SIGCONT)
         await pipe.close()
         server.stop()
+
+
+async def test_under_concurrency_with_cancellations_every_answer_is_its_own(
+    redis_url: str,
+) -> None:
+    pipe = RedisPipe(redis_url)
+    rng = random.Random(7)
+    try:
+        values = {f"s{i}": os.urandom(rng.randrange(1, 4096)) for i in range(400)}
+        await asyncio.gather(*(pipe.execute("SET", k, v) for k, v in values.items()))
+        keys = [rng.choice(list(values)) for _ in range(2000)]
+        calls = [asyncio.ensure_future(pipe.execute("GET", k)) for k in keys]
+        for call in rng.sample(calls, 500):  # callers that give up before their reply
+            call.cancel()
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        answered = [(k, r) for k, r in zip(keys, results, strict=True) if isinstance(r, bytes)]
+        cancelled = [r for r in results if isinstance(r, asyncio.CancelledError)]
+        assert len(answered) == 1500 and len(cancelled) == 500
+        assert all(values[k] == r for k, r in answered)
+        assert await pipe.execute("GET", "s0") == values["s0"]  # still in step
+    finally:
+        await pipe.close()

@@ -1,15 +1,17 @@
-"""What the origin has seen recently: the work a repeat would otherwise redo.
+"""What a half has seen recently: the work a repeat would otherwise redo.
 
 A cache gateway sees the same request bodies and serves the same stored entries
 again and again (that is what a hit is), so parsing, canonicalising and checking
-each one once saves that work on every repeat. Both memos are bounded: cleared
-when full, and refilled by what is hot at once. Keys are the exact bytes, so a
-memo can never answer for different input.
+each one once saves that work on every repeat, at the origin and in each edge
+isolate alike. Both memos are bounded: cleared when full, and refilled by what
+is hot at once. Keys are the exact input, so a memo never answers for another.
 """
 
 from __future__ import annotations
 
-from prism import ChatRequest, Envelope, decode_envelope
+from .envelope import Envelope
+from .envelope import decode as decode_envelope
+from .request import ChatRequest
 
 __all__ = ["RecentBodies", "RecentEntries"]
 
@@ -23,13 +25,13 @@ class RecentBodies:
     MAX_BODY = 16 * 1024
 
     def __init__(self, size: int = 1024) -> None:
-        self._items: dict[tuple[str, bytes], tuple[ChatRequest, str]] = {}
+        self._items: dict[tuple[str, bytes | str], tuple[ChatRequest, str]] = {}
         self._size = size
 
-    def get(self, project: str, raw: bytes) -> tuple[ChatRequest, str] | None:
+    def get(self, project: str, raw: bytes | str) -> tuple[ChatRequest, str] | None:
         return self._items.get((project, raw))
 
-    def put(self, project: str, raw: bytes, chat: ChatRequest, fp: str) -> None:
+    def put(self, project: str, raw: bytes | str, chat: ChatRequest, fp: str) -> None:
         if len(raw) > self.MAX_BODY:
             return
         if len(self._items) >= self._size:
@@ -47,10 +49,10 @@ class RecentEntries:
     MAX_ENTRY = 64 * 1024
 
     def __init__(self, size: int = 256) -> None:
-        self._items: dict[bytes, Envelope] = {}
+        self._items: dict[bytes | str, Envelope] = {}
         self._size = size
 
-    def decode(self, raw: bytes, now: float) -> Envelope | None:
+    def decode(self, raw: bytes | str, now: float) -> Envelope | None:
         """``decode_envelope(raw, now)``, remembered for small entries."""
         envelope = self._items.get(raw)
         if envelope is None:
