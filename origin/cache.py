@@ -9,7 +9,6 @@ and then tries again: Redis coming back needs no restart.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 
@@ -18,7 +17,7 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError
 from prism import REVOKED_KEY, entry_key
 
 from .metrics import Metrics
-from .redis_pipe import RedisPipe
+from .redis_pipe import PreparedCommand, RedisPipe
 
 __all__ = ["Lookup", "RedisCache"]
 
@@ -38,15 +37,14 @@ _LOOKUP = "return {redis.call('SISMEMBER', KEYS[1], ARGV[1]), redis.call('GET', 
 
 
 class RedisCache:
-    def __init__(
-        self, redis: RedisPipe, metrics: Metrics, retry_after: float = 1.0, timeout: float = 0.5
-    ) -> None:
+    """Every operation is bounded by the pipe's timeout (one timer per connection)."""
+
+    def __init__(self, redis: RedisPipe, metrics: Metrics, retry_after: float = 1.0) -> None:
         self.redis = redis
         self._metrics = metrics
         self._retry_after = retry_after
-        self._timeout = timeout
         self._down_until = 0.0
-        self._lookup_sha: str | None = None
+        self._lookup_script: PreparedCommand | None = None  # EVALSHA sha 2 revoked-set
 
     @property
     def available(self) -> bool:
@@ -65,36 +63,33 @@ class RedisCache:
         if not self.available:
             return UNAVAILABLE
         try:
-            async with asyncio.timeout(self._timeout):
-                if fingerprint is None:
-                    member = await self.redis.execute("SISMEMBER", REVOKED_KEY, key_id)
-                    return Lookup(available=True, revoked=bool(member))
-                revoked, entry = await self._lookup(key_id, entry_key(fingerprint))
+            if fingerprint is None:
+                member = await self.redis.execute("SISMEMBER", REVOKED_KEY, key_id)
+                return Lookup(available=True, revoked=bool(member))
+            revoked, entry = await self._lookup(key_id, entry_key(fingerprint))
         except (RedisError, OSError, TimeoutError) as error:
             self._failed("lookup", error)
             return UNAVAILABLE
         return Lookup(available=True, revoked=bool(revoked), entry=entry)
 
     async def _lookup(self, key_id: str, key: str) -> tuple[int, bytes | None]:
-        for _ in range(2):
-            if self._lookup_sha is None:
-                self._lookup_sha = (await self.redis.execute("SCRIPT", "LOAD", _LOOKUP)).decode()
+        script = self._lookup_script
+        if script is not None:
             try:
-                reply = await self.redis.execute(
-                    "EVALSHA", self._lookup_sha, 2, REVOKED_KEY, key, key_id
-                )
-            except NoScriptError:  # Redis restarted or flushed its scripts
-                self._lookup_sha = None
-                continue
-            return int(reply[0]), reply[1] if len(reply) > 1 else None
-        raise RedisError("lookup script could not be loaded")
+                reply = await self.redis.run(script, key, key_id)
+                return int(reply[0]), reply[1] if len(reply) > 1 else None
+            except NoScriptError:  # Redis restarted or flushed its scripts: load it again
+                pass
+        sha = await self.redis.execute("SCRIPT", "LOAD", _LOOKUP)
+        self._lookup_script = script = PreparedCommand("EVALSHA", sha, 2, REVOKED_KEY)
+        reply = await self.redis.run(script, key, key_id)
+        return int(reply[0]), reply[1] if len(reply) > 1 else None
 
     async def store(self, fingerprint: str, data: bytes, ttl: int) -> bool:
         if not self.available:
             return False
         try:
-            async with asyncio.timeout(self._timeout):
-                await self.redis.execute("SET", entry_key(fingerprint), data, "EX", ttl)
+            await self.redis.execute("SET", entry_key(fingerprint), data, "EX", ttl)
         except (RedisError, OSError, TimeoutError) as error:
             self._failed("store", error)
             return False
@@ -103,8 +98,7 @@ class RedisCache:
     async def ping(self) -> bool:
         """A live check for /healthz; also closes the breaker when Redis is back."""
         try:
-            async with asyncio.timeout(self._timeout):
-                await self.redis.execute("PING")
+            await self.redis.execute("PING")
         except (RedisError, OSError, TimeoutError) as error:
             self._failed("ping", error)
             return False

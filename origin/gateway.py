@@ -47,9 +47,7 @@ class Gateway:
         self.settings = settings
         self.metrics = Metrics()
         self.redis = redis or RedisPipe(settings.redis_url, settings.redis_timeout)
-        self.cache = RedisCache(
-            self.redis, self.metrics, settings.redis_retry_after, settings.redis_timeout
-        )
+        self.cache = RedisCache(self.redis, self.metrics, settings.redis_retry_after)
         connectors = connectors or {}
         self.providers: dict[str, ChatProvider] = {
             name: build_provider(spec, connectors.get(name))

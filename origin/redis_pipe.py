@@ -8,10 +8,17 @@ which Redis sends in order, are matched to their callers in order (the way
 ioredis' auto-pipelining and rueidis work). At 32 concurrent requests that is
 one write and one read for all of them instead of 32 of each, and no pool.
 
-A caller that stops waiting (a timeout, a cancelled request) leaves its reply
-to be read and dropped, so the connection never gets out of step. When the
-connection fails, every waiting command fails with ``ConnectionError`` and the
-next command connects again. redis-py parses the URL; hiredis parses replies.
+Time limits are per connection, not per command: one timer checks a few times
+per ``timeout`` whether the oldest unanswered command is overdue, and if so the
+connection is dropped and every command on it fails with ``TimeoutError`` (a
+stalled Redis stalls them all anyway). So a command waits at most about 1.25 x
+``timeout`` and costs no timer of its own. A caller that stops waiting (a
+cancelled request) leaves its reply to be read and dropped, so the connection
+never gets out of step. When the connection fails, every waiting command fails
+and the next command connects again.
+
+Not for blocking commands (BLPOP and the like): they would hold up every
+command behind them. redis-py parses the URL; hiredis parses the replies.
 """
 
 from __future__ import annotations
@@ -19,24 +26,42 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
+import time
 from typing import Any
 
 import hiredis
 from redis.asyncio.connection import SSLConnection, parse_url
 from redis.exceptions import ConnectionError, NoScriptError, ResponseError
 
-__all__ = ["RedisPipe"]
+__all__ = ["PreparedCommand", "RedisPipe"]
 
 Arg = str | bytes | int
 
 
+def _bulk(arg: Arg) -> bytes:
+    data = arg if isinstance(arg, bytes) else str(arg).encode()
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
 def pack(args: tuple[Arg, ...]) -> bytes:
     """A command as a RESP array of bulk strings."""
-    parts = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        data = arg if isinstance(arg, bytes) else str(arg).encode()
-        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(parts)
+    return b"*%d\r\n" % len(args) + b"".join([_bulk(arg) for arg in args])
+
+
+class PreparedCommand:
+    """A command whose leading arguments are packed once (``EVALSHA sha 2 key``):
+    each call packs only the arguments that change."""
+
+    __slots__ = ("_count", "_head")
+
+    def __init__(self, *leading: Arg) -> None:
+        self._count = len(leading)
+        self._head = b"".join([_bulk(arg) for arg in leading])
+
+    def pack(self, args: tuple[Arg, ...]) -> bytes:
+        parts = [b"*%d\r\n" % (self._count + len(args)), self._head]
+        parts += [_bulk(arg) for arg in args]
+        return b"".join(parts)
 
 
 def _error(reply: hiredis.ReplyError) -> ResponseError:
@@ -45,19 +70,31 @@ def _error(reply: hiredis.ReplyError) -> ResponseError:
 
 
 class _Protocol(asyncio.Protocol):
-    def __init__(self) -> None:
+    def __init__(self, timeout: float) -> None:
         self.transport: Any = None  # an asyncio or uvloop transport
-        self.waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
         self.lost = False
+        # Unanswered commands, oldest first: (caller's future, when it was sent).
+        self.waiting: collections.deque[tuple[asyncio.Future[Any], float]] = collections.deque()
         self._reader = hiredis.Reader()
         self._outgoing: list[bytes] = []
+        self._timeout = timeout
+        self._watchdog: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
+        self._watch()
+
+    def _watch(self) -> None:
+        waiting = self.waiting
+        if waiting and time.monotonic() - waiting[0][1] > self._timeout:
+            self._fail(TimeoutError(f"Redis did not answer within {self._timeout} s"))
+            return
+        loop = asyncio.get_running_loop()
+        self._watchdog = loop.call_later(self._timeout / 4, self._watch)
 
     def send(self, command: bytes, loop: asyncio.AbstractEventLoop) -> asyncio.Future[Any]:
         waiter = loop.create_future()
-        self.waiting.append(waiter)
+        self.waiting.append((waiter, time.monotonic()))
         if not self._outgoing:
             loop.call_soon(self._flush)  # after every command of this turn is queued
         self._outgoing.append(command)
@@ -65,7 +102,7 @@ class _Protocol(asyncio.Protocol):
 
     def _flush(self) -> None:
         outgoing, self._outgoing = self._outgoing, []
-        if self.transport is not None and not self.lost:
+        if not self.lost:
             self.transport.write(outgoing[0] if len(outgoing) == 1 else b"".join(outgoing))
 
     def data_received(self, data: bytes) -> None:
@@ -74,7 +111,7 @@ class _Protocol(asyncio.Protocol):
             if not self.waiting:  # a reply nobody asked for: the stream is out of step
                 self._fail(ConnectionError("Redis sent a reply that no command asked for"))
                 return
-            waiter = self.waiting.popleft()
+            waiter = self.waiting.popleft()[0]
             if waiter.done():  # its caller gave up; the reply is dropped, in order
                 continue
             if isinstance(reply, hiredis.ReplyError):
@@ -83,13 +120,14 @@ class _Protocol(asyncio.Protocol):
                 waiter.set_result(reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
         self._fail(ConnectionError(f"Redis connection lost: {exc or 'closed'}"))
 
     def _fail(self, error: Exception) -> None:
         self.lost = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         while self.waiting:
-            waiter = self.waiting.popleft()
+            waiter = self.waiting.popleft()[0]
             if not waiter.done():
                 waiter.set_exception(error)
         if self.transport is not None and not self.transport.is_closing():
@@ -99,7 +137,7 @@ class _Protocol(asyncio.Protocol):
 class RedisPipe:
     """``await pipe.execute("GET", key)``: commands from every request on one connection."""
 
-    def __init__(self, url: str, connect_timeout: float = 1.0) -> None:
+    def __init__(self, url: str, timeout: float = 1.0) -> None:
         options = parse_url(url)
         self._host: str = options.get("host", "127.0.0.1")
         self._port: int = options.get("port", 6379)
@@ -112,7 +150,7 @@ class RedisPipe:
             self._handshake.append(pack(auth))
         if options.get("db"):
             self._handshake.append(pack(("SELECT", options["db"])))
-        self._connect_timeout = connect_timeout
+        self.timeout = timeout  # for connecting, and for any command's answer
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Lock | None = None
 
@@ -122,6 +160,14 @@ class RedisPipe:
             protocol = await self._connect()
         return await protocol.send(pack(args), asyncio.get_running_loop())
 
+    async def run(self, command: PreparedCommand, *args: Arg) -> Any:
+        """``command`` with ``args`` after its leading arguments (the hot path: no
+        coroutine layer of its own beyond this one)."""
+        protocol = self._protocol
+        if protocol is None or protocol.lost:
+            protocol = await self._connect()
+        return await protocol.send(command.pack(args), asyncio.get_running_loop())
+
     async def _connect(self) -> _Protocol:
         if self._connecting is None:
             self._connecting = asyncio.Lock()
@@ -130,13 +176,17 @@ class RedisPipe:
             if current is not None and not current.lost:
                 return current  # another command connected while this one waited
             loop = asyncio.get_running_loop()
-            async with asyncio.timeout(self._connect_timeout):
+
+            def protocol_factory() -> _Protocol:
+                return _Protocol(self.timeout)
+
+            async with asyncio.timeout(self.timeout):
                 if self._path is not None:
-                    _, protocol = await loop.create_unix_connection(_Protocol, self._path)
+                    _, protocol = await loop.create_unix_connection(protocol_factory, self._path)
                 else:
                     tls = ssl.create_default_context() if self._tls else None
                     _, protocol = await loop.create_connection(
-                        _Protocol, self._host, self._port, ssl=tls
+                        protocol_factory, self._host, self._port, ssl=tls
                     )
                 try:
                     for command in self._handshake:
@@ -148,8 +198,8 @@ class RedisPipe:
             return protocol
 
     def reset(self) -> None:
-        """Drop the connection (after a timeout: Redis may be stuck); the next command
-        connects again. Commands still waiting fail at once."""
+        """Drop the connection (Redis failed or stalled); the next command connects again.
+        Commands still waiting fail at once."""
         protocol, self._protocol = self._protocol, None
         if protocol is not None and not protocol.lost:
             protocol.connection_lost(None)

@@ -17,12 +17,14 @@ from redis.exceptions import ConnectionError, NoScriptError, ResponseError
 from deploy.local.redis import RedisServer
 from origin.cache import RedisCache
 from origin.metrics import Metrics
-from origin.redis_pipe import RedisPipe, pack
+from origin.redis_pipe import PreparedCommand, RedisPipe, pack
 from tests.polling import async_wait_for
 
 
 def test_pack_is_resp_array_of_bulk_strings() -> None:
     assert pack(("SET", b"k\r\n", 5)) == b"*3\r\n$3\r\nSET\r\n$3\r\nk\r\n\r\n$1\r\n5\r\n"
+    prepared = PreparedCommand("EVALSHA", "ab" * 20, 2, "set")
+    assert prepared.pack(("key", b"id")) == pack(("EVALSHA", "ab" * 20, 2, "set", "key", b"id"))
 
 
 async def test_concurrent_commands_each_get_their_own_reply(redis_url: str) -> None:
@@ -120,8 +122,8 @@ async def test_a_stalled_redis_trips_the_breaker_and_is_reconnected_after(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     server = RedisServer(workdir=tmp_path_factory.mktemp("stalled-redis")).start()
-    pipe = RedisPipe(server.url)
-    cache = RedisCache(pipe, Metrics(), retry_after=0.2, timeout=0.2)
+    pipe = RedisPipe(server.url, timeout=0.2)
+    cache = RedisCache(pipe, Metrics(), retry_after=0.2)
     process = server._process
     assert process is not None
     try:
