@@ -5,6 +5,8 @@ no server header) and the same Redis client (the origin's auto-pipelined
 ``RedisPipe``), but nothing else: no routing framework, no auth, no parsing, no
 envelope. The origin's Redis-hit throughput is judged against this, so the
 ratio measures what Prism's own work costs, not which Redis client is faster.
+``--client redis-py`` runs the same app on redis-py's pooled asyncio client, for
+context: what a minimal app on the usual client achieves.
 
 Run it: ``python -m deploy.bench.floor_app --port 9200 --redis-url redis://... --key K``.
 """
@@ -15,6 +17,8 @@ import argparse
 import importlib.util
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
+
+from redis.asyncio import Redis
 
 from origin.redis_pipe import RedisPipe
 
@@ -31,10 +35,12 @@ _HEADERS = [(b"content-type", b"application/json")]
 class FloorApp:
     """Answers every HTTP request with the value of one Redis key (404 when missing)."""
 
-    def __init__(self, redis_url: str, key: str) -> None:
+    def __init__(self, redis_url: str, key: str, client: str = "pipe") -> None:
         self._redis_url = redis_url
         self._key = key
-        self._redis: RedisPipe | None = None
+        self._client = client
+        self._get: Callable[[], Awaitable[Any]] | None = None
+        self._close: Callable[[], Awaitable[None]] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -47,21 +53,30 @@ class FloorApp:
         while more:
             message = await receive()
             more = message.get("more_body", False)
-        assert self._redis is not None
-        value = await self._redis.execute("GET", self._key)
+        assert self._get is not None
+        value = await self._get()
         status = 200 if value is not None else 404
         await send({"type": "http.response.start", "status": status, "headers": _HEADERS})
         await send({"type": "http.response.body", "body": value or b""})
+
+    def _connect(self) -> None:
+        key = self._key
+        if self._client == "redis-py":
+            pooled = Redis.from_url(self._redis_url, max_connections=512)
+            self._get, self._close = (lambda: pooled.get(key)), pooled.aclose
+        else:
+            pipe = RedisPipe(self._redis_url)
+            self._get, self._close = (lambda: pipe.execute("GET", key)), pipe.close
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                self._redis = RedisPipe(self._redis_url)
+                self._connect()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
-                if self._redis is not None:
-                    await self._redis.close()
+                if self._close is not None:
+                    await self._close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -74,10 +89,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--redis-url", required=True)
     parser.add_argument("--key", required=True)
+    parser.add_argument("--client", choices=("pipe", "redis-py"), default="pipe")
     args = parser.parse_args(argv)
     # Exactly what `prism origin serve` passes to uvicorn.
     uvicorn.run(
-        FloorApp(args.redis_url, args.key),
+        FloorApp(args.redis_url, args.key, args.client),
         host=args.host,
         port=args.port,
         log_level="warning",

@@ -26,6 +26,7 @@ ROWS: tuple[tuple[str, str, str, bool], ...] = (
     ("edge", "kv_hit", "edge: Prism KV hit", False),
     ("edge", "bad_key", "edge: bad-key rejection (401)", False),
     ("origin", "floor", "origin: floor app, one Redis GET", True),
+    ("origin", "floor_redis_py", "origin: floor app on redis-py's pool (context)", True),
     ("origin", "redis_hit", "origin: Prism Redis hit", False),
     ("origin", "provider_direct", "origin: provider called directly", True),
     ("origin", "miss", "origin: Prism miss (→ provider)", False),

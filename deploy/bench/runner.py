@@ -85,8 +85,8 @@ class _Context:
     """What every phase needs: where things are, who they are, what to send."""
 
     info: StackInfo
-    urls: Mapping[str, str]  # trivial, floor, ceiling, provider
-    pids: Mapping[str, int]  # origin, provider, workers runtime, floor app, ceiling
+    urls: Mapping[str, str]  # trivial, floor, floor_redis_py, ceiling, provider
+    pids: Mapping[str, int]  # origin, provider, workers runtime, floors, ceiling
     auth: Mapping[str, str]
     bad: Mapping[str, str]  # the same headers with a forged key
     hit_body: str
@@ -119,10 +119,11 @@ class BenchRunner:
     @property
     def total_steps(self) -> int:
         """How many times ``on_step`` will be called (for a progress bar)."""
-        pairs = 2 * len(self.config.concurrency)  # (floor, hit) and (provider, miss) per c
+        # floor, redis-py floor, hit, provider, miss: at every concurrency
+        origin_rows = 5 * len(self.config.concurrency)
         profile = 3 + self._ladder_rounds if self.config.profile else 0
         # start, checks, ceiling, 4 edge rows, origin rows, streaming, KV drain, profile
-        return 3 + 4 + 2 * pairs + 1 + 1 + profile
+        return 3 + 4 + origin_rows + 1 + 1 + profile
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -185,20 +186,21 @@ class BenchRunner:
         )
         info = self._stack.start()
         urls.update(self._stack.extra_urls)
-        port = free_port()
-        self._children.append(
-            HelperServer(
-                "floor app",
-                [sys.executable, "-m", "deploy.bench.floor_app", "--port", str(port),
-                 "--redis-url", info.redis_url, "--key", _FLOOR_KEY],
-                logs / "floor.log",
-            )
-        )  # fmt: skip
-        urls["floor"] = f"http://127.0.0.1:{port}"
+        for name, client in (("floor", "pipe"), ("floor_redis_py", "redis-py")):
+            port = free_port()
+            self._children.append(
+                HelperServer(
+                    name,
+                    [sys.executable, "-m", "deploy.bench.floor_app", "--port", str(port),
+                     "--redis-url", info.redis_url, "--key", _FLOOR_KEY, "--client", client],
+                    logs / f"{name}.log",
+                )
+            )  # fmt: skip
+            urls[name] = f"http://127.0.0.1:{port}"
         urls["provider"] = next(c.url for c in info.components if c.name == "provider")
         self._on_step("planting cache entries and checking every path answers as expected")
         for child in self._children:
-            child.wait_ready(urls["floor" if child.name == "floor app" else "ceiling"])
+            child.wait_ready(urls[child.name])
         return info, urls
 
     def _timed(
@@ -312,7 +314,13 @@ class BenchRunner:
         try:
             for c in self.config.concurrency:
                 for name, url, body, servers in (
-                    ("floor", ctx.urls["floor"], ctx.hit_body, [pids["floor app"]]),
+                    ("floor", ctx.urls["floor"], ctx.hit_body, [pids["floor"]]),
+                    (
+                        "floor_redis_py",
+                        ctx.urls["floor_redis_py"],
+                        ctx.hit_body,
+                        [pids["floor_redis_py"]],
+                    ),
                     ("redis_hit", origin_url, ctx.hit_body, [pids["origin"]]),
                     ("provider_direct", ctx.urls["provider"], ctx.miss_body, [pids["provider"]]),
                     ("miss", origin_url, ctx.miss_body, [pids["origin"], pids["provider"]]),
@@ -355,7 +363,7 @@ class BenchRunner:
             bad_key = http.post(info.edge_url + chat, content=hit, headers=ctx.bad)
             others = [
                 http.post(ctx.urls[name] + chat, content=hit, headers=auth)
-                for name in ("trivial", "floor", "provider")
+                for name in ("trivial", "floor", "floor_redis_py", "provider")
             ]
         checks = {
             "edge_hit": edge_hit.headers.get(h.CACHE_LAYER),
@@ -371,7 +379,7 @@ class BenchRunner:
                 ("origin hit", (origin_hit.status_code, checks["origin_hit"]), (200, "redis")),
                 ("origin miss", (origin_miss.status_code, checks["origin_miss"]), (200, "miss")),
                 ("bad key", bad_key.status_code, 401),
-                ("floors", [r.status_code for r in others], [200, 200, 200]),
+                ("floors", [r.status_code for r in others], [200] * 4),
             )
             if got != want
         ]

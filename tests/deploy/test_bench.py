@@ -66,7 +66,7 @@ def test_quick_bench_writes_every_section_with_sane_numbers(tmp_path: Path) -> N
 
     origin = result["origin"]
     assert origin["layers"] == {"redis_hit": "redis", "miss": "miss"}
-    for case in ("floor", "redis_hit", "provider_direct", "miss"):
+    for case in ("floor", "floor_redis_py", "redis_hit", "provider_direct", "miss"):
         assert set(origin[case]) == {"1", "32"}
         for row in origin[case].values():
             assert_load_row(row)
