@@ -10,7 +10,7 @@ and then tries again: Redis coming back needs no restart.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
@@ -22,8 +22,7 @@ from .redis_pipe import PreparedCommand, RedisPipe
 __all__ = ["Lookup", "RedisCache"]
 
 
-@dataclass(frozen=True, slots=True)
-class Lookup:
+class Lookup(NamedTuple):  # a tuple: made on every request, and cheaper than a dataclass
     available: bool  # False: Redis was not asked or failed; nothing is known
     revoked: bool = False
     entry: bytes | None = None
@@ -65,25 +64,21 @@ class RedisCache:
         try:
             if fingerprint is None:
                 member = await self.redis.execute("SISMEMBER", REVOKED_KEY, key_id)
-                return Lookup(available=True, revoked=bool(member))
-            revoked, entry = await self._lookup(key_id, entry_key(fingerprint))
+                return Lookup(True, bool(member))
+            key = entry_key(fingerprint)
+            script = self._lookup_script
+            try:
+                if script is None:
+                    raise NoScriptError("not loaded yet")
+                reply = await self.redis.run(script, key, key_id)
+            except NoScriptError:  # first use, or Redis restarted or flushed its scripts
+                sha = await self.redis.execute("SCRIPT", "LOAD", _LOOKUP)
+                self._lookup_script = script = PreparedCommand("EVALSHA", sha, 2, REVOKED_KEY)
+                reply = await self.redis.run(script, key, key_id)
         except (RedisError, OSError, TimeoutError) as error:
             self._failed("lookup", error)
             return UNAVAILABLE
-        return Lookup(available=True, revoked=bool(revoked), entry=entry)
-
-    async def _lookup(self, key_id: str, key: str) -> tuple[int, bytes | None]:
-        script = self._lookup_script
-        if script is not None:
-            try:
-                reply = await self.redis.run(script, key, key_id)
-                return int(reply[0]), reply[1] if len(reply) > 1 else None
-            except NoScriptError:  # Redis restarted or flushed its scripts: load it again
-                pass
-        sha = await self.redis.execute("SCRIPT", "LOAD", _LOOKUP)
-        self._lookup_script = script = PreparedCommand("EVALSHA", sha, 2, REVOKED_KEY)
-        reply = await self.redis.run(script, key, key_id)
-        return int(reply[0]), reply[1] if len(reply) > 1 else None
+        return Lookup(True, bool(reply[0]), reply[1] if len(reply) > 1 else None)
 
     async def store(self, fingerprint: str, data: bytes, ttl: int) -> bool:
         if not self.available:

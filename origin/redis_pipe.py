@@ -27,6 +27,7 @@ import asyncio
 import collections
 import ssl
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 import hiredis
@@ -160,13 +161,18 @@ class RedisPipe:
             protocol = await self._connect()
         return await protocol.send(pack(args), asyncio.get_running_loop())
 
-    async def run(self, command: PreparedCommand, *args: Arg) -> Any:
-        """``command`` with ``args`` after its leading arguments (the hot path: no
-        coroutine layer of its own beyond this one)."""
+    def run(self, command: PreparedCommand, *args: Arg) -> Awaitable[Any]:
+        """``command`` with ``args`` after its leading arguments. The hot path: when
+        connected this is the reply's future itself, with no coroutine around it."""
         protocol = self._protocol
+        data = command.pack(args)
         if protocol is None or protocol.lost:
-            protocol = await self._connect()
-        return await protocol.send(command.pack(args), asyncio.get_running_loop())
+            return self._connect_and_send(data)
+        return protocol.send(data, asyncio.get_running_loop())
+
+    async def _connect_and_send(self, data: bytes) -> Any:
+        protocol = await self._connect()
+        return await protocol.send(data, asyncio.get_running_loop())
 
     async def _connect(self) -> _Protocol:
         if self._connecting is None:
