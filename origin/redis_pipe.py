@@ -27,7 +27,7 @@ import asyncio
 import collections
 import ssl
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 import hiredis
@@ -135,15 +135,27 @@ class _Protocol(asyncio.Protocol):
             self.transport.abort()
 
 
+def _tls_context(options: Mapping[str, Any]) -> ssl.SSLContext:
+    """For ``rediss://`` (Upstash): verified against the system's CAs, or ``?ssl_ca_certs=``;
+    ``?ssl_cert_reqs=none`` turns verification off (never do that in production)."""
+    context = ssl.create_default_context(cafile=options.get("ssl_ca_certs"))
+    if options.get("ssl_cert_reqs") in ("none", ssl.CERT_NONE):
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
 class RedisPipe:
     """``await pipe.execute("GET", key)``: commands from every request on one connection."""
 
     def __init__(self, url: str, timeout: float = 1.0) -> None:
-        options = parse_url(url)
+        options: Mapping[str, Any] = parse_url(url)
         self._host: str = options.get("host", "127.0.0.1")
         self._port: int = options.get("port", 6379)
         self._path: str | None = options.get("path")
-        self._tls = options.get("connection_class") is SSLConnection
+        self._tls = (
+            _tls_context(options) if options.get("connection_class") is SSLConnection else None
+        )
         self._handshake: list[bytes] = []
         password, username = options.get("password"), options.get("username")
         if password:
@@ -190,9 +202,8 @@ class RedisPipe:
                 if self._path is not None:
                     _, protocol = await loop.create_unix_connection(protocol_factory, self._path)
                 else:
-                    tls = ssl.create_default_context() if self._tls else None
                     _, protocol = await loop.create_connection(
-                        protocol_factory, self._host, self._port, ssl=tls
+                        protocol_factory, self._host, self._port, ssl=self._tls
                     )
                 try:
                     for command in self._handshake:

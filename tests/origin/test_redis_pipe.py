@@ -7,11 +7,13 @@ import asyncio
 import os
 import random
 import signal
+import ssl
 import time
 
 import pytest
 import redis
 import redis.asyncio
+import trustme
 from redis.exceptions import ConnectionError, NoScriptError, ResponseError
 
 from deploy.local.redis import RedisServer
@@ -165,3 +167,40 @@ async def test_under_concurrency_with_cancellations_every_answer_is_its_own(
         assert await pipe.execute("GET", "s0") == values["s0"]  # still in step
     finally:
         await pipe.close()
+
+
+async def test_rediss_urls_speak_tls_and_verify_the_server(
+    redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Upstash is TLS only: the pipe through a real TLS terminator in front of Redis."""
+    ca = trustme.CA()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_context)
+    ca_file = tmp_path_factory.mktemp("tls") / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    redis_host, redis_port = redis_url.removeprefix("redis://").split("/")[0].split(":")
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(redis_host, int(redis_port))
+
+        async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            while data := await src.read(65536):
+                dst.write(data)
+                await dst.drain()
+            dst.close()
+
+        await asyncio.gather(copy(reader, up_writer), copy(up_reader, writer))
+
+    terminator = await asyncio.start_server(relay, "127.0.0.1", 0, ssl=server_context)
+    port = terminator.sockets[0].getsockname()[1]
+    trusted = RedisPipe(f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={ca_file}")
+    untrusted = RedisPipe(f"rediss://127.0.0.1:{port}/0")  # the system CAs do not know ours
+    try:
+        await trusted.execute("SET", "over-tls", b"yes")
+        assert await trusted.execute("GET", "over-tls") == b"yes"
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await untrusted.execute("PING")
+    finally:
+        await trusted.close()
+        await untrusted.close()
+        terminator.close()
