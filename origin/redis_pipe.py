@@ -165,7 +165,7 @@ class RedisPipe:
             self._handshake.append(pack(("SELECT", options["db"])))
         self.timeout = timeout  # for connecting, and for any command's answer
         self._protocol: _Protocol | None = None
-        self._connecting: asyncio.Lock | None = None
+        self._attempt: asyncio.Future[_Protocol] | None = None
 
     async def execute(self, *args: Arg) -> Any:
         protocol = self._protocol
@@ -187,32 +187,40 @@ class RedisPipe:
         return await protocol.send(data, asyncio.get_running_loop())
 
     async def _connect(self) -> _Protocol:
-        if self._connecting is None:
-            self._connecting = asyncio.Lock()
-        async with self._connecting:
-            current = self._protocol
-            if current is not None and not current.lost:
-                return current  # another command connected while this one waited
-            loop = asyncio.get_running_loop()
+        """The connection, opened if needed. Every command that finds none waits on the
+        same attempt, so an unreachable Redis costs one timeout for all of them, not one
+        each in turn."""
+        attempt = self._attempt
+        if attempt is None or (attempt.done() and not self._usable(attempt)):
+            attempt = self._attempt = asyncio.ensure_future(self._open())
+        # Shielded: one caller giving up does not cancel the attempt the others wait on.
+        return await asyncio.shield(attempt)
 
-            def protocol_factory() -> _Protocol:
-                return _Protocol(self.timeout)
+    @staticmethod
+    def _usable(attempt: asyncio.Future[_Protocol]) -> bool:
+        return not attempt.cancelled() and attempt.exception() is None and not attempt.result().lost
 
-            async with asyncio.timeout(self.timeout):
-                if self._path is not None:
-                    _, protocol = await loop.create_unix_connection(protocol_factory, self._path)
-                else:
-                    _, protocol = await loop.create_connection(
-                        protocol_factory, self._host, self._port, ssl=self._tls
-                    )
-                try:
-                    for command in self._handshake:
-                        await protocol.send(command, loop)
-                except BaseException:
-                    protocol.connection_lost(None)
-                    raise
-            self._protocol = protocol
-            return protocol
+    async def _open(self) -> _Protocol:
+        loop = asyncio.get_running_loop()
+
+        def protocol_factory() -> _Protocol:
+            return _Protocol(self.timeout)
+
+        async with asyncio.timeout(self.timeout):
+            if self._path is not None:
+                _, protocol = await loop.create_unix_connection(protocol_factory, self._path)
+            else:
+                _, protocol = await loop.create_connection(
+                    protocol_factory, self._host, self._port, ssl=self._tls
+                )
+            try:
+                for command in self._handshake:
+                    await protocol.send(command, loop)
+            except BaseException:
+                protocol.connection_lost(None)
+                raise
+        self._protocol = protocol
+        return protocol
 
     def reset(self) -> None:
         """Drop the connection (Redis failed or stalled); the next command connects again.
@@ -222,4 +230,7 @@ class RedisPipe:
             protocol.connection_lost(None)
 
     async def close(self) -> None:
+        attempt, self._attempt = self._attempt, None
+        if attempt is not None and not attempt.done():
+            attempt.cancel()
         self.reset()

@@ -204,3 +204,31 @@ async def test_rediss_urls_speak_tls_and_verify_the_server(
         await trusted.close()
         await untrusted.close()
         terminator.close()
+
+
+async def test_an_unresponsive_server_costs_one_timeout_for_all_waiting_commands() -> None:
+    """A server that accepts but never answers (the handshake's SELECT hangs): twenty
+    commands arriving together share one connection attempt and fail together."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+        await reader.read()  # until the client goes away
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pipe = RedisPipe(f"redis://127.0.0.1:{port}/1", timeout=0.3)
+    try:
+        started = time.monotonic()
+        results = await asyncio.gather(
+            *(pipe.execute("GET", f"k{i}") for i in range(20)), return_exceptions=True
+        )
+        elapsed = time.monotonic() - started
+        assert all(isinstance(r, TimeoutError) for r in results), results
+        assert elapsed < 1.0  # one 0.3 s attempt, not twenty in turn
+        assert len(accepted) == 1
+    finally:
+        await pipe.close()
+        server.close()
+        for writer in accepted:
+            writer.close()
