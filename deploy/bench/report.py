@@ -34,6 +34,7 @@ ROWS: tuple[tuple[str, str, str, bool], ...] = (
 _STREAMS = (
     ("provider_direct", "provider directly (floor)"),
     ("origin", "origin → provider"),
+    ("forward_origin", "bare forwarding Worker → origin → provider (floor)"),
     ("edge_origin", "edge → origin → provider"),
 )
 

@@ -45,6 +45,7 @@ from .workload import CHAT_PATH, chat_body, plant_entry
 __all__ = ["BenchConfig", "BenchError", "BenchRunner"]
 
 TRIVIAL_WORKER = Path(__file__).with_name("workers") / "trivial"
+FORWARD_WORKER = Path(__file__).with_name("workers") / "forward"
 # Replies padded to ~1 KB, as DESIGN.md's edge measurement used.
 _PROVIDER_ARGS = ("--reply-words", "150")
 _NODE_CEILING = (
@@ -166,7 +167,12 @@ class BenchRunner:
         urls["ceiling"] = f"http://127.0.0.1:{port}"
         env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV} | self._secrets
         origin_port = free_port()
-        workers = [ExtraWorker("trivial", TRIVIAL_WORKER, kv_binding="PRISM_KV")]
+        workers = [
+            ExtraWorker("trivial", TRIVIAL_WORKER, kv_binding="PRISM_KV"),
+            ExtraWorker(
+                "forward", FORWARD_WORKER, vars={"ORIGIN_URL": f"http://127.0.0.1:{origin_port}"}
+            ),
+        ]
         if self.config.profile:
             edge_secrets = {
                 name: self._secrets[name] for name in ("PRISM_KEY_SECRET", "PRISM_FORWARD_SECRET")
@@ -339,12 +345,13 @@ class BenchRunner:
         return origin, kv, rss.peak
 
     def _streaming(self, ctx: _Context) -> dict[str, Any]:
-        self._on_step("streaming: time to first byte (provider, origin, edge + origin)")
+        self._on_step("streaming: time to first byte (provider, origin, forward, edge + origin)")
         headers = {**ctx.auth, "accept": "text/event-stream"}
         return measure_ttfb(
             [
                 StreamTarget("provider_direct", ctx.urls["provider"] + CHAT_PATH, headers),
                 StreamTarget("origin", ctx.info.origin_url + CHAT_PATH, headers),
+                StreamTarget("forward_origin", ctx.urls["forward"] + CHAT_PATH, headers),
                 StreamTarget("edge_origin", ctx.info.edge_url + CHAT_PATH, headers),
             ],
             chat_body(UNIQUE, stream=True),
@@ -363,7 +370,7 @@ class BenchRunner:
             bad_key = http.post(info.edge_url + chat, content=hit, headers=ctx.bad)
             others = [
                 http.post(ctx.urls[name] + chat, content=hit, headers=auth)
-                for name in ("trivial", "floor", "floor_redis_py", "provider")
+                for name in ("trivial", "forward", "floor", "floor_redis_py", "provider")
             ]
         checks = {
             "edge_hit": edge_hit.headers.get(h.CACHE_LAYER),
@@ -379,7 +386,7 @@ class BenchRunner:
                 ("origin hit", (origin_hit.status_code, checks["origin_hit"]), (200, "redis")),
                 ("origin miss", (origin_miss.status_code, checks["origin_miss"]), (200, "miss")),
                 ("bad key", bad_key.status_code, 401),
-                ("floors", [r.status_code for r in others], [200] * 4),
+                ("floors", [r.status_code for r in others], [200] * 5),
             )
             if got != want
         ]

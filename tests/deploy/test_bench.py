@@ -71,13 +71,14 @@ def test_quick_bench_writes_every_section_with_sane_numbers(tmp_path: Path) -> N
         for row in origin[case].values():
             assert_load_row(row)
 
-    for path in ("provider_direct", "origin", "edge_origin"):
+    for path in ("provider_direct", "origin", "forward_origin", "edge_origin"):
         stream = result["streaming"][path]
         assert stream["requests"] > 0 and stream["errors"] == 0
         assert 0 < stream["ttfb_p50_ms"] <= stream["ttfb_p90_ms"] <= stream["ttfb_p99_ms"]
         assert stream["ttfb_p50_ms"] <= stream["total_p50_ms"]
     assert result["streaming"]["origin"]["layers"] == ["miss"]
     assert result["streaming"]["edge_origin"]["layers"] == ["miss"]
+    assert result["streaming"]["forward_origin"]["layers"] == ["miss"]
 
     kv = result["kv_writer"]
     assert kv["entries_created"] > 0
