@@ -56,7 +56,7 @@ class EdgeHandler:
         self.settings = settings
         self.revoked = RevocationSet(settings.revocation_ttl)
         self._bodies = RecentBodies(size=256)
-        self._entries = RecentEntries(size=128)
+        self._entries = RecentEntries(size=64)
         # Request ids need to be unique, not secret: a random prefix per isolate and a counter.
         self._id_prefix = secrets.token_hex(4)
         self._ids = itertools.count(1)

@@ -35,6 +35,9 @@ UNAVAILABLE = Lookup(available=False)
 _LOOKUP = "return {redis.call('SISMEMBER', KEYS[1], ARGV[1]), redis.call('GET', KEYS[2])}"
 
 
+_FAILED_OVER = ("READONLY", "MASTERDOWN")
+
+
 class RedisCache:
     """Every operation is bounded by the pipe's timeout (one timer per connection)."""
 
@@ -52,9 +55,9 @@ class RedisCache:
     def _failed(self, op: str, error: Exception) -> None:
         self._metrics.redis_errors.labels(op).inc()
         self._down_until = time.monotonic() + self._retry_after
-        if not isinstance(error, ResponseError):
-            # A stalled or broken connection is not waited on again; an error reply
-            # (OOM, a bad command) leaves the connection itself in step.
+        # A broken or stalled connection has already dropped itself. One that reaches a
+        # replica after a failover answers READONLY / MASTERDOWN: reconnect to the primary.
+        if isinstance(error, ResponseError) and str(error).startswith(_FAILED_OVER):
             self.redis.reset()
 
     async def lookup(self, key_id: str, fingerprint: str | None) -> Lookup:

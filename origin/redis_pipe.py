@@ -95,6 +95,9 @@ class _Protocol(asyncio.Protocol):
 
     def send(self, command: bytes, loop: asyncio.AbstractEventLoop) -> asyncio.Future[Any]:
         waiter = loop.create_future()
+        if self.lost:  # closed between being handed out and this command: nobody would answer
+            waiter.set_exception(ConnectionError("Redis connection lost"))
+            return waiter
         self.waiting.append((waiter, time.monotonic()))
         if not self._outgoing:
             loop.call_soon(self._flush)  # after every command of this turn is queued
@@ -137,8 +140,11 @@ class _Protocol(asyncio.Protocol):
 
 def _tls_context(options: Mapping[str, Any]) -> ssl.SSLContext:
     """For ``rediss://`` (Upstash): verified against the system's CAs, or ``?ssl_ca_certs=``;
-    ``?ssl_cert_reqs=none`` turns verification off (never do that in production)."""
+    ``?ssl_check_hostname=false`` skips the name check and ``?ssl_cert_reqs=none`` all
+    verification (never do that in production)."""
     context = ssl.create_default_context(cafile=options.get("ssl_ca_certs"))
+    if options.get("ssl_check_hostname") is False:
+        context.check_hostname = False
     if options.get("ssl_cert_reqs") in ("none", ssl.CERT_NONE):
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
@@ -166,6 +172,7 @@ class RedisPipe:
         self.timeout = timeout  # for connecting, and for any command's answer
         self._protocol: _Protocol | None = None
         self._attempt: asyncio.Future[_Protocol] | None = None
+        self._closed = False
 
     async def execute(self, *args: Arg) -> Any:
         protocol = self._protocol
@@ -190,6 +197,8 @@ class RedisPipe:
         """The connection, opened if needed. Every command that finds none waits on the
         same attempt, so an unreachable Redis costs one timeout for all of them, not one
         each in turn."""
+        if self._closed:
+            raise ConnectionError("the Redis pipe is closed")
         attempt = self._attempt
         if attempt is None or (attempt.done() and not self._usable(attempt)):
             attempt = self._attempt = asyncio.ensure_future(self._open())
@@ -216,6 +225,8 @@ class RedisPipe:
             try:
                 for command in self._handshake:
                     await protocol.send(command, loop)
+                if self._closed:
+                    raise ConnectionError("the Redis pipe is closed")
             except BaseException:
                 protocol.connection_lost(None)
                 raise
@@ -223,14 +234,16 @@ class RedisPipe:
         return protocol
 
     def reset(self) -> None:
-        """Drop the connection (Redis failed or stalled); the next command connects again.
-        Commands still waiting fail at once."""
+        """Drop the connection; the next command connects again. Commands still waiting
+        fail at once. (A failed or stalled connection drops itself: this is for Redis
+        answering that it can no longer serve writes, after a failover.)"""
         protocol, self._protocol = self._protocol, None
         if protocol is not None and not protocol.lost:
             protocol.connection_lost(None)
 
     async def close(self) -> None:
-        attempt, self._attempt = self._attempt, None
-        if attempt is not None and not attempt.done():
-            attempt.cancel()
+        """Drop the connection and refuse new commands. A connection attempt in progress
+        is not cancelled (its waiters would see a cancellation that is not theirs): it
+        fails on its own, as soon as it sees the pipe closed."""
+        self._closed = True
         self.reset()

@@ -16,6 +16,11 @@ from .request import ChatRequest
 __all__ = ["RecentBodies", "RecentEntries"]
 
 
+def _memory_size(raw: bytes | str) -> int:
+    """Bytes held in memory, at most: CPython stores a non-ASCII str at up to 4 per char."""
+    return len(raw) if isinstance(raw, bytes) or raw.isascii() else 4 * len(raw)
+
+
 class RecentBodies:
     """Parsed requests and fingerprints of recently seen bodies, per project."""
 
@@ -32,7 +37,7 @@ class RecentBodies:
         return self._items.get((project, raw))
 
     def put(self, project: str, raw: bytes | str, chat: ChatRequest, fp: str) -> None:
-        if len(raw) > self.MAX_BODY:
+        if _memory_size(raw) > self.MAX_BODY:
             return
         if len(self._items) >= self._size:
             self._items.clear()
@@ -57,7 +62,7 @@ class RecentEntries:
         envelope = self._items.get(raw)
         if envelope is None:
             envelope = decode_envelope(raw, now)
-            if envelope is None or len(raw) > self.MAX_ENTRY:
+            if envelope is None or _memory_size(raw) > self.MAX_ENTRY:
                 return envelope
             if len(self._items) >= self._size:
                 self._items.clear()

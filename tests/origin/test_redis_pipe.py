@@ -14,6 +14,7 @@ import pytest
 import redis
 import redis.asyncio
 import trustme
+import uvloop
 from redis.exceptions import ConnectionError, NoScriptError, ResponseError
 
 from deploy.local.redis import RedisServer
@@ -229,6 +230,56 @@ async def test_an_unresponsive_server_costs_one_timeout_for_all_waiting_commands
         assert len(accepted) == 1
     finally:
         await pipe.close()
+        server.close()
+        for writer in accepted:
+            writer.close()
+
+
+def test_a_server_that_refuses_and_hangs_up_fails_every_command_at_once() -> None:
+    """Redis at maxclients answers an error and closes: no command may wait forever.
+    Run on uvloop, as the origin is: there the hang-up lands before the waiters resume."""
+
+    async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"-ERR max number of clients reached\r\n")
+        await writer.drain()
+        writer.close()
+
+    async def scenario() -> list[object]:
+        server = await asyncio.start_server(refuse, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        pipe = RedisPipe(f"redis://127.0.0.1:{port}/0", timeout=0.3)
+        try:
+            async with asyncio.timeout(2):
+                return await asyncio.gather(
+                    *(pipe.execute("PING") for _ in range(4)), return_exceptions=True
+                )
+        finally:
+            await pipe.close()
+            server.close()
+
+    results = uvloop.run(scenario())
+    assert all(isinstance(r, (ConnectionError, ResponseError)) for r in results), results
+
+
+async def test_close_during_a_connection_attempt_is_no_cancellation_for_the_waiters() -> None:
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+        await reader.read()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pipe = RedisPipe(f"redis://127.0.0.1:{port}/1", timeout=0.3)  # SELECT never answered
+    try:
+        waiting = asyncio.gather(*(pipe.execute("PING") for _ in range(2)), return_exceptions=True)
+        await async_wait_for(lambda: asyncio.sleep(0, bool(accepted)), within=5)
+        await pipe.close()
+        results = await waiting
+        assert all(isinstance(r, (ConnectionError, TimeoutError)) for r in results), results
+        with pytest.raises(ConnectionError, match="closed"):
+            await pipe.execute("PING")
+    finally:
         server.close()
         for writer in accepted:
             writer.close()

@@ -45,3 +45,14 @@ def test_entries_reject_what_decode_rejects() -> None:
     assert recent.decode(b"garbage", now=1001) is None
     assert recent.decode(raw, now=2000) is None  # expired on first sight: not kept
     assert recent.decode(raw, now=1001) is not None
+
+
+def test_size_limits_count_what_a_str_can_take_in_memory() -> None:
+    recent = RecentBodies()
+    chat = parse_chat_request(BODY)
+    wide = "é" + "x" * (RecentBodies.MAX_BODY // 2)  # half the limit in chars, ~2x it in memory
+    recent.put("acme", wide, chat, "fp")
+    assert recent.get("acme", wide) is None
+    narrow = "x" * (RecentBodies.MAX_BODY // 2)
+    recent.put("acme", narrow, chat, "fp")
+    assert recent.get("acme", narrow) == (chat, "fp")
