@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -105,6 +105,23 @@ class UpstreamHTTP:
                 response.release()
             raise_for_upstream(self.spec, response.status, content, response.headers)
         return response
+
+    async def chunks(self, response: aiohttp.ClientResponse) -> AsyncGenerator[bytes, None]:
+        """A streamed body's chunks as the provider flushed them, within the provider's
+        total timeout; a broken or stalled stream raises the client's ``PrismError``.
+        The response goes back to the pool when read to the end, else it is closed."""
+        spec = self.spec
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + spec.total_timeout
+        try:
+            async for chunk in response.content.iter_any():
+                if loop.time() > deadline:
+                    raise UpstreamTimeoutError(f"Provider '{spec.name}' stream took too long.")
+                yield chunk
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise transport_error(spec, error) from None
+        finally:
+            response.release()
 
     async def aclose(self) -> None:
         if self._session is not None:

@@ -17,10 +17,10 @@ from typing import Any
 import aiohttp
 import orjson
 
-from prism import PrismError, UpstreamError, UpstreamTimeoutError
+from prism import PrismError, UpstreamError
 from prism.sse import DONE, SSEDecoder
 
-from ._http import ConnectorFactory, UpstreamHTTP, malformed, parse_body, transport_error
+from ._http import ConnectorFactory, UpstreamHTTP, malformed, parse_body
 from .anthropic_translate import StreamTranslator, to_chat_completion, to_messages_request
 from .base import ProviderSpec, UpstreamCompletion, UpstreamStream
 
@@ -75,15 +75,11 @@ class AnthropicProvider:
     async def _events(
         self, response: aiohttp.ClientResponse, model: str
     ) -> AsyncGenerator[bytes, None]:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.spec.total_timeout
         decoder = SSEDecoder()
         translator = StreamTranslator(model, provider=self.spec.name)
+        body = self._http.chunks(response)
         try:
-            body = response.content.iter_any()
             async for raw in body:
-                if loop.time() > deadline:
-                    raise UpstreamTimeoutError(f"Provider '{self.spec.name}' stream took too long.")
                 for data in decoder.feed(raw):
                     try:
                         event = orjson.loads(data)
@@ -101,12 +97,8 @@ class AnthropicProvider:
                 f"Provider '{self.spec.name}' ended the stream before it was complete.",
                 code="upstream_truncated",
             )
-        except PrismError:
-            raise
-        except (aiohttp.ClientError, TimeoutError) as error:
-            raise transport_error(self.spec, error) from None
         finally:
-            response.release()  # back to the pool when fully read, else closed
+            await body.aclose()  # releases the response (a no-op once it is read)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -119,7 +111,7 @@ async def _finish_body(body: AsyncIterator[bytes]) -> None:
     the connection goes back to the pool and the next stream skips a TCP+TLS setup.
     The answer is complete already, so a failure here costs only that connection.
     """
-    with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+    with contextlib.suppress(PrismError, TimeoutError):
         async with asyncio.timeout(_FINISH_SECONDS):
             async for _ in body:
                 pass

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 import orjson
 
-from prism import PrismError, UpstreamTimeoutError
-
-from ._http import ConnectorFactory, UpstreamHTTP, malformed, parse_body, transport_error
+from ._http import ConnectorFactory, UpstreamHTTP, malformed, parse_body
 from .base import ProviderSpec, UpstreamCompletion, UpstreamStream
 
 __all__ = ["OpenAICompatibleProvider"]
@@ -48,22 +43,8 @@ class OpenAICompatibleProvider:
         async def close() -> None:
             response.close()
 
-        return UpstreamStream(events=self._events(response), close=close)
-
-    async def _events(self, response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-        deadline = asyncio.get_running_loop().time() + self.spec.total_timeout
-        try:
-            # As the provider flushed them: passed on chunk by chunk, no re-chunking.
-            async for chunk in response.content.iter_any():
-                if asyncio.get_running_loop().time() > deadline:
-                    raise UpstreamTimeoutError(f"Provider '{self.spec.name}' stream took too long.")
-                yield chunk
-        except PrismError:
-            raise
-        except (aiohttp.ClientError, TimeoutError) as error:
-            raise transport_error(self.spec, error) from None
-        finally:
-            response.release()  # back to the pool when fully read, else closed
+        # Passed on chunk by chunk as the provider flushed them: no re-chunking.
+        return UpstreamStream(events=self._http.chunks(response), close=close)
 
     async def aclose(self) -> None:
         await self._http.aclose()
