@@ -54,21 +54,8 @@ async def read_body(receive: Receive, limit: int, declared: str | None) -> bytes
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-# Header names are few and fixed (ours, and the providers' error headers): encoded once.
-_NAMES: dict[str, bytes] = {}
-
-
-def _name(name: str) -> bytes:
-    encoded = _NAMES.get(name)
-    if encoded is None:
-        encoded = name.encode("latin-1")
-        if len(_NAMES) < 256:
-            _NAMES[name] = encoded
-    return encoded
-
-
 def _raw_headers(headers: Mapping[str, str], length: int | None) -> list[tuple[bytes, bytes]]:
-    raw = [(_name(name), value.encode("latin-1")) for name, value in headers.items()]
+    raw = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
     if length is not None:
         raw.append((b"content-length", str(length).encode()))
     return raw

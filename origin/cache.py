@@ -9,6 +9,7 @@ and then tries again: Redis coming back needs no restart.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import NamedTuple
 
@@ -69,15 +70,14 @@ class RedisCache:
                 member = await self.redis.execute("SISMEMBER", REVOKED_KEY, key_id)
                 return Lookup(True, bool(member))
             key = entry_key(fingerprint)
-            script = self._lookup_script
-            try:
-                if script is None:
-                    raise NoScriptError("not loaded yet")
-                reply = await self.redis.run(script, key, key_id)
-            except NoScriptError:  # first use, or Redis restarted or flushed its scripts
+            reply = None
+            if self._lookup_script is not None:
+                with contextlib.suppress(NoScriptError):  # Redis restarted or was flushed
+                    reply = await self.redis.run(self._lookup_script, key, key_id)
+            if reply is None:  # first use, or the script is gone: load it
                 sha = await self.redis.execute("SCRIPT", "LOAD", _LOOKUP)
-                self._lookup_script = script = PreparedCommand("EVALSHA", sha, 2, REVOKED_KEY)
-                reply = await self.redis.run(script, key, key_id)
+                self._lookup_script = PreparedCommand("EVALSHA", sha, 2, REVOKED_KEY)
+                reply = await self.redis.run(self._lookup_script, key, key_id)
         except (RedisError, OSError, TimeoutError) as error:
             self._failed("lookup", error)
             return UNAVAILABLE

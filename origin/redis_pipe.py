@@ -174,17 +174,18 @@ class RedisPipe:
         self._attempt: asyncio.Future[_Protocol] | None = None
         self._closed = False
 
-    async def execute(self, *args: Arg) -> Any:
-        protocol = self._protocol
-        if protocol is None or protocol.lost:
-            protocol = await self._connect()
-        return await protocol.send(pack(args), asyncio.get_running_loop())
+    def execute(self, *args: Arg) -> Awaitable[Any]:
+        """``await pipe.execute("GET", key)``: the reply, or the error Redis answered."""
+        return self._send(pack(args))
 
     def run(self, command: PreparedCommand, *args: Arg) -> Awaitable[Any]:
-        """``command`` with ``args`` after its leading arguments. The hot path: when
-        connected this is the reply's future itself, with no coroutine around it."""
+        """``command`` with ``args`` after its leading arguments."""
+        return self._send(command.pack(args))
+
+    def _send(self, data: bytes) -> Awaitable[Any]:
+        # The hot path: when connected this is the reply's future itself, with no
+        # coroutine around it.
         protocol = self._protocol
-        data = command.pack(args)
         if protocol is None or protocol.lost:
             return self._connect_and_send(data)
         return protocol.send(data, asyncio.get_running_loop())
