@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -26,12 +27,15 @@ def wait_for(predicate: Callable[[], T], timeout: float = 15.0, interval: float 
 
 
 async def async_wait_for(
-    predicate: Callable[[], Awaitable[T]], within: float = 15.0, interval: float = 0.02
+    predicate: Callable[[], Awaitable[T] | T], within: float = 15.0, interval: float = 0.02
 ) -> T:
-    """``wait_for`` inside an event loop: the loop keeps running between polls."""
+    """``wait_for`` inside an event loop (the loop runs between polls); ``predicate`` may
+    be a plain function or a coroutine function."""
     deadline = time.monotonic() + within
     while True:
-        result = await predicate()
+        result = predicate()
+        if inspect.isawaitable(result):
+            result = await result
         if result:
             return result
         if time.monotonic() > deadline:

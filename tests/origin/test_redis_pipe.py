@@ -127,15 +127,15 @@ async def test_a_stalled_redis_trips_the_breaker_and_is_reconnected_after(
     server = RedisServer(workdir=tmp_path_factory.mktemp("stalled-redis")).start()
     pipe = RedisPipe(server.url, timeout=0.2)
     cache = RedisCache(pipe, Metrics(), retry_after=0.2)
-    process = server._process
-    assert process is not None
+    pid = server.pid
+    assert pid is not None
     try:
         assert (await cache.lookup("key1", "f" * 64)).available
-        os.kill(process.pid, signal.SIGSTOP)  # accepts bytes, answers nothing
+        os.kill(pid, signal.SIGSTOP)  # accepts bytes, answers nothing
         started = time.monotonic()
         assert not (await cache.lookup("key1", "f" * 64)).available
         assert time.monotonic() - started < 1.0
-        os.kill(process.pid, signal.SIGCONT)
+        os.kill(pid, signal.SIGCONT)
 
         async def answered() -> bool:
             return (await cache.lookup("key1", "f" * 64)).available
@@ -143,7 +143,7 @@ async def test_a_stalled_redis_trips_the_breaker_and_is_reconnected_after(
         await async_wait_for(answered, within=5)
         assert await cache.store("f" * 64, b"entry", 60)
     finally:
-        os.kill(process.pid, signal.SIGCONT)
+        os.kill(pid, signal.SIGCONT)
         await pipe.close()
         server.stop()
 
@@ -273,7 +273,7 @@ async def test_close_during_a_connection_attempt_is_no_cancellation_for_the_wait
     pipe = RedisPipe(f"redis://127.0.0.1:{port}/1", timeout=0.3)  # SELECT never answered
     try:
         waiting = asyncio.gather(*(pipe.execute("PING") for _ in range(2)), return_exceptions=True)
-        await async_wait_for(lambda: asyncio.sleep(0, bool(accepted)), within=5)
+        await async_wait_for(lambda: accepted, within=5)
         await pipe.close()
         results = await waiting
         assert all(isinstance(r, (ConnectionError, TimeoutError)) for r in results), results
