@@ -143,8 +143,10 @@ class ChatCompletions:
         on_complete = None
         if cacheable and decision.write:
 
-            def on_complete(result: UpstreamCompletion) -> None:
-                gw.store(fp, result, chat.model, decision.ttl)
+            def on_complete(result: UpstreamCompletion, fallback: bool) -> None:
+                # A fallback's answer is kept briefly: the primary's takes over once it is back.
+                ttl = min(decision.ttl, gw.settings.fallback_ttl) if fallback else decision.ttl
+                gw.store(fp, result, chat.model, ttl)
 
         # Join only requests that would accept a cached answer anyway.
         join_key = fp if cacheable and decision.read and gw.settings.coalesce else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -23,7 +24,10 @@ from .router import Router
 
 __all__ = ["Flight", "FlightTable"]
 
-OnComplete = Callable[[UpstreamCompletion], None]
+log = logging.getLogger("prism.origin")
+
+# Called with a complete answer and whether a fallback target gave it.
+OnComplete = Callable[[UpstreamCompletion, bool], None]
 
 
 class Flight:
@@ -32,7 +36,8 @@ class Flight:
         self.usage_only: list[bool] = []  # the trailing usage chunk, for clients that did not ask
         self.result: UpstreamCompletion | None = None
         self.error: PrismError | None = None
-        self.provider = ""
+        self.provider = ""  # what x-prism-provider says
+        self.fallback = False
         self.done = False
         self.subscribers = 0
         self._changed = asyncio.Event()
@@ -149,18 +154,25 @@ class FlightTable:
         except asyncio.CancelledError:
             flight.finish(None, UpstreamError("The request was cancelled.", code="cancelled"))
             raise
+        except Exception:
+            # A bug must still end every waiter, or they would wait for ever.
+            log.exception("provider call failed unexpectedly")
+            flight.finish(None, PrismError("The gateway failed unexpectedly."))
         finally:
             if key is not None and self._flights.get(key) is flight:
                 del self._flights[key]
         if flight.result is not None and on_complete is not None:
-            on_complete(flight.result)
+            on_complete(flight.result, flight.fallback)
 
     async def _complete(self, flight: Flight, body: dict[str, Any], model: str) -> None:
-        result, flight.provider = await self._router.complete(body, model)
-        flight.finish(result)
+        routed = await self._router.complete(body, model)
+        flight.provider, flight.fallback = routed.label, routed.fallback
+        flight.finish(routed.value)
 
     async def _stream(self, flight: Flight, body: dict[str, Any], model: str) -> None:
-        upstream, flight.provider = await self._router.stream(body, model)
+        routed = await self._router.stream(body, model)
+        upstream = routed.value
+        flight.provider, flight.fallback = routed.label, routed.fallback
         decoder, assembler = SSEDecoder(), StreamAssembler()
         try:
             async for raw in upstream.events:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from prism import NotFoundError, PrismError, RateLimitError, UpstreamError
 
@@ -18,9 +19,20 @@ from .metrics import Metrics
 from .providers.base import ChatProvider, UpstreamCompletion, UpstreamStream
 from .providers.config import ProviderConfig
 
-__all__ = ["Router"]
+__all__ = ["Routed", "Router"]
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Routed(Generic[T]):
+    """What a target answered, and which target it was."""
+
+    value: T
+    provider: str  # the provider's name in the configuration
+    label: str  # what ``x-prism-provider`` says
+    fallback: bool = False  # not the route's first target: stored only briefly
+
 
 # Failures that another provider may not share; a 400 or 404 would only repeat.
 _RETRYABLE = (UpstreamError, RateLimitError)
@@ -56,10 +68,10 @@ class Router:
 
     async def _first(
         self, model: str, call: Callable[[ChatProvider, str], Awaitable[T]]
-    ) -> tuple[T, str]:
+    ) -> Routed[T]:
         """The first target that answers, and who it was; the last error if none does."""
         last: PrismError | None = None
-        for provider, upstream_model in self._targets(model):
+        for index, (provider, upstream_model) in enumerate(self._targets(model)):
             started = time.perf_counter()
             try:
                 result = await call(provider, upstream_model)
@@ -68,14 +80,20 @@ class Router:
                 last = error
                 continue
             self._observe(provider, started)
-            return result, provider.spec.label or provider.spec.name
+            spec = provider.spec
+            return Routed(result, spec.name, spec.label or spec.name, fallback=index > 0)
         assert last is not None
         raise last
 
-    async def complete(self, body: dict[str, Any], model: str) -> tuple[UpstreamCompletion, str]:
+    async def complete(self, body: dict[str, Any], model: str) -> Routed[UpstreamCompletion]:
         """A complete answer from the model's first working target."""
         return await self._first(model, lambda provider, up: provider.complete(body, up))
 
-    async def stream(self, body: dict[str, Any], model: str) -> tuple[UpstreamStream, str]:
+    async def stream(self, body: dict[str, Any], model: str) -> Routed[UpstreamStream]:
         """A started stream; failover happens only before its first byte."""
         return await self._first(model, lambda provider, up: provider.stream(body, up))
+
+    def stream_failed(self, routed: Routed[UpstreamStream], error: PrismError) -> None:
+        """A stream that broke after it started (cut, malformed, unfinished) counts against
+        its provider like a failed call."""
+        self.health[routed.provider].record(False, 0.0, f"{error.status} {error.code}")

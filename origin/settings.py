@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prism import KeyRing, Limits, parse_key_secrets
+from prism import MIN_TTL, KeyRing, Limits, parse_key_secrets
 
 from .providers.config import ProviderConfig, load_provider_config
 
@@ -51,6 +51,7 @@ class Settings:
     kv: KVSettings | None = None
     limits: Limits = field(default_factory=Limits)
     default_ttl: int = 86_400
+    fallback_ttl: int = 300  # an answer from a route's fallback target is kept this long
     redis_timeout: float = 0.5
     redis_retry_after: float = 1.0  # how long Redis is skipped after it failed
     coalesce: bool = True
@@ -96,6 +97,7 @@ class Settings:
             redis_url=env.get("REDIS_URL") or env.get("PRISM_REDIS_URL") or DEFAULT_REDIS_URL,
             kv=kv,
             default_ttl=int(_number(env, "PRISM_CACHE_TTL", 86_400)),
+            fallback_ttl=max(MIN_TTL, int(_number(env, "PRISM_FALLBACK_TTL", 300))),
             limits=Limits(
                 max_body_bytes=int(_number(env, "PRISM_MAX_BODY_BYTES", Limits().max_body_bytes))
             ),

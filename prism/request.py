@@ -65,6 +65,66 @@ def _parse_float(text: str) -> int | float:
     return value
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+class _Unencodable(ValueError):
+    """A value JSON can carry but no provider API can: caught in ``parse_chat_request``."""
+
+
+def _parse_int(text: str) -> int:
+    value = int(text)
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise _Unencodable
+    return value
+
+
+def _is_unencodable(value: Any) -> bool:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return not _INT64_MIN <= value <= _INT64_MAX
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:  # a lone surrogate, e.g. "\ud800"
+            return True
+    return False
+
+
+def _find_unencodable(value: Any, path: str = "") -> str | None:
+    """Where in the body the first integer beyond 64 bits or lone surrogate is (error path
+    only: iterative, so no recursion on hostile input)."""
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, dict):
+            for key, child in node.items():
+                if _is_unencodable(key):
+                    return where  # the object holding it: the key itself cannot be echoed
+                stack.append((child, f"{where}.{key}" if where else key))
+        elif isinstance(node, list):
+            stack.extend((child, f"{where}[{i}]") for i, child in enumerate(node))
+        elif _is_unencodable(node):
+            return where
+    return None
+
+
+def _locate_unencodable(text: str) -> str | None:
+    try:
+        return _find_unencodable(_PLAIN_DECODER.decode(text))
+    except (ValueError, RecursionError):
+        return None
+
+
+def _unencodable_error(param: str | None) -> InvalidRequestError:
+    where = f"'{param}'" if param else "The request body"
+    return InvalidRequestError(
+        f"{where} holds an integer beyond 64 bits or an unpaired surrogate escape "
+        "(e.g. \\ud800); providers cannot accept either.",
+        param=param or None,
+        code="invalid_value",
+    )
+
+
 def _check_shape(value: Any, limits: Limits) -> None:
     """Depth and string-size limits, iteratively (no recursion on hostile input)."""
     stack: list[tuple[Any, int]] = [(value, 1)]
@@ -194,7 +254,10 @@ def _check_messages(messages: Any, limits: Limits) -> None:
 
 
 # Built once: json.loads(..., parse_float=...) would build a new decoder per call.
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_parse_float)
+_DECODER = json.JSONDecoder(
+    parse_constant=_reject_constant, parse_float=_parse_float, parse_int=_parse_int
+)
+_PLAIN_DECODER = json.JSONDecoder()  # to find what ``_DECODER`` refused (error path only)
 
 
 def parse_chat_request(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> ChatRequest:
@@ -204,9 +267,12 @@ def parse_chat_request(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> Cha
             f"Request body is {len(raw)} bytes; the limit is {limits.max_body_bytes}."
         )
     try:
-        body = _DECODER.decode(raw.decode() if isinstance(raw, bytes) else raw)
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        body = _DECODER.decode(text)
     except InvalidRequestError:
         raise
+    except _Unencodable:
+        raise _unencodable_error(_locate_unencodable(text)) from None
     except RecursionError:
         raise InvalidRequestError(
             f"Request body is nested deeper than {limits.max_depth} levels.", code="too_deep"
@@ -226,6 +292,15 @@ def parse_chat_request(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> Cha
         opens = raw.count("[") + raw.count("{")
     if opens > limits.max_depth or len(raw) > limits.max_string_chars:
         _check_shape(body, limits)
+    # A lone surrogate can only arrive as a \uD8xx-\uDFxx escape: look only then.
+    if isinstance(raw, bytes):
+        escaped = b"\\ud" in raw or b"\\uD" in raw
+    else:
+        escaped = "\\ud" in raw or "\\uD" in raw
+    if escaped:
+        where = _find_unencodable(body)
+        if where is not None:
+            raise _unencodable_error(where)
 
     model = body.get("model")
     if not isinstance(model, str) or not 0 < len(model) <= 256:

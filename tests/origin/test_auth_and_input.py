@@ -132,6 +132,37 @@ def test_bad_bodies_get_openai_errors(
     assert client.get("/healthz").status_code == 200  # still serving
 
 
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("fragment", "param"),
+    [
+        (b'"seed":123456789012345678901234567890', "seed"),
+        (b'"metadata":{"n":-99999999999999999999}', "metadata.n"),
+        (b'"user":"\\ud800"', "user"),
+    ],
+)
+def test_values_no_provider_accepts_get_a_400_not_a_hang(
+    client: httpx.Client, provider: ProviderServer, fragment: bytes, param: str, stream: bool
+) -> None:
+    flag = b"true" if stream else b"false"
+    content = (
+        b'{"model":"demo","messages":[{"role":"user","content":"x"}],"stream":'
+        + flag
+        + b","
+        + fragment
+        + b"}"
+    )
+    response = client.post(
+        "/v1/chat/completions",
+        content=content,
+        headers={"content-type": "application/json"},
+        timeout=10,
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == param
+    assert provider.control.stats()["chat_requests"] == 0
+
+
 def test_chunked_upload_over_the_limit_is_413(origin_factory, api_key: str) -> None:  # type: ignore[no-untyped-def]
     origin = origin_factory(PRISM_MAX_BODY_BYTES="1000")
 

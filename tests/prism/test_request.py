@@ -141,3 +141,34 @@ def test_arbitrary_json_only_ever_raises_prism_errors(body: dict[str, Any]) -> N
         parse_chat_request(json.dumps(body).encode())
     except PrismError as error:
         assert error.status in (400, 413)
+
+
+@pytest.mark.parametrize(
+    ("raw", "param"),
+    [
+        (with_(seed=2**63), "seed"),
+        (with_(seed=-(2**63) - 1), "seed"),
+        (with_(max_tokens=2**64 + 1), "max_tokens"),
+        (with_(extra={"deep": [1, 2, 10**30]}), "extra.deep[2]"),
+        (b'{"model":"m","messages":[{"role":"user","content":"\\ud800"}]}', "messages[0].content"),
+        (
+            b'{"model":"m","messages":[{"role":"user","content":"a\\uDFFFb"}]}',
+            "messages[0].content",
+        ),
+        (b'{"model":"m","messages":[{"role":"user","content":"x"}],"t":{"\\ud800":1}}', "t"),
+    ],
+)
+def test_values_no_provider_can_take_are_refused_by_name(raw: bytes, param: str) -> None:
+    # Integers beyond 64 bits and lone surrogates parse as JSON but cannot be re-encoded
+    # for a provider: they must be a 400 here, not a failure inside the provider call.
+    with pytest.raises(InvalidRequestError) as caught:
+        parse_chat_request(raw)
+    assert caught.value.param == param and caught.value.code == "invalid_value"
+    assert caught.value.status == 400
+
+
+def test_paired_surrogates_and_64_bit_extremes_are_fine() -> None:
+    raw = b'{"model":"m","messages":[{"role":"user","content":"\\ud83d\\ude00"}],"seed":'
+    request = parse_chat_request(raw + str(-(2**63)).encode() + b"}")
+    assert request.body["messages"][0]["content"] == "\U0001f600"
+    assert request.body["seed"] == -(2**63)
