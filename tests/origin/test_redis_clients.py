@@ -21,12 +21,14 @@ from origin.metrics import Metrics
 from origin.redis_client import (
     NoScriptError,
     RedisConnectionError,
+    RedisPyClient,
     RedisReplyError,
     RedisTimeoutError,
 )
-from origin.settings import RedisClientKind
+from origin.redis_pipe import RedisPipe
+from origin.settings import RedisClientKind, Settings, SettingsError
 from prism import REVOKED_KEY, KeyRing
-from tests.fixtures.origin import OriginFactory, make_redis_client
+from tests.fixtures.origin import OriginFactory, make_redis_client, origin_env
 from tests.polling import async_wait_for, wait_for
 
 BODY = {"model": "demo", "messages": [{"role": "user", "content": "either client"}]}
@@ -151,7 +153,35 @@ def test_the_origin_serves_redis_hits_on_each_client(
         assert second.headers["x-prism-edge-cache-layer"] == "redis"
         assert second.json() == first.json()
         assert http.get("/healthz").json()["redis"]["ok"] is True
-    assert origin.gateway.settings.redis_client == redis_client_kind
+    expected = RedisPyClient if redis_client_kind == "redis-py" else RedisPipe
+    assert isinstance(origin.gateway.redis, expected)
+
+
+def test_the_client_is_chosen_once_from_the_environment() -> None:
+    env = origin_env("redis://127.0.0.1:1/0", "http://127.0.0.1:1")
+    assert Settings.from_env(env).redis_client == "pipe"
+    assert Settings.from_env({**env, "PRISM_REDIS_CLIENT": "redis-py"}).redis_client == "redis-py"
+    with pytest.raises(SettingsError, match="PRISM_REDIS_CLIENT must be pipe or redis-py"):
+        Settings.from_env({**env, "PRISM_REDIS_CLIENT": "hiredis"})
+
+
+async def test_after_a_reset_the_next_command_reconnects(
+    redis_client_kind: RedisClientKind, redis_url: str
+) -> None:
+    client = make_redis_client(redis_client_kind, redis_url)
+    admin = redis.Redis.from_url(redis_url)
+    try:
+        await client.execute("CLIENT", "SETNAME", "before-reset")
+        client.reset()
+
+        def names() -> list[str]:
+            return [c["name"] for c in admin.client_list()]
+
+        await async_wait_for(lambda: "before-reset" not in names(), within=5)  # it is gone
+        assert await client.execute("PING") == b"PONG"
+    finally:
+        admin.close()
+        await client.close()
 
 
 def test_revoked_keys_stay_refused_while_redis_is_down(
