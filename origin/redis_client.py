@@ -37,6 +37,7 @@ __all__ = [
     "RedisReplyError",
     "RedisTimeoutError",
     "pack",
+    "reply_error",
 ]
 
 Arg = str | bytes | int
@@ -63,6 +64,7 @@ class RedisTimeoutError(RedisConnectionError):
 
 
 def reply_error(message: str) -> RedisReplyError:
+    """Redis's error reply as our exception."""
     return NoScriptError(message) if message.startswith("NOSCRIPT") else RedisReplyError(message)
 
 
