@@ -62,7 +62,8 @@ def create_app(
 
     async def models(request: Request) -> Response:
         try:
-            authenticate(request.headers, settings.key_ring, settings.forward_secret)
+            caller = authenticate(request.headers, settings.key_ring, settings.forward_secret)
+            await gateway.cache.refuse_if_revoked(caller.key_id)
         except PrismError as error:
             gateway.metrics.requests.labels("models", str(error.status), "bypass").inc()
             return error_response(error, request.headers.get(h.REQUEST_ID))

@@ -2,34 +2,42 @@
 
 One command per request: the revocation check and the entry read run as one
 server-side script (EVALSHA), and every request's command shares one auto-pipelined
-connection (``RedisPipe``). When Redis fails or stalls, the cache steps aside for
-``retry_after`` seconds (requests are answered as ``bypass``), drops the connection,
-and then tries again: Redis coming back needs no restart.
+connection (``RedisPipe``, or redis-py's pool: any ``RedisClient``). When Redis fails or
+stalls, the cache steps aside for ``retry_after`` seconds (requests are answered as
+``bypass``), drops the connection, and then tries again: Redis coming back needs no
+restart.
+
+Revocation does not fail open with Redis: the revoked set is also kept in memory
+(reloaded every ``revoked_refresh`` seconds off the request path, and added to by every
+lookup that finds a key revoked) and consulted only while Redis is unavailable.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import time
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from redis.exceptions import NoScriptError, RedisError, ResponseError
-
-from prism import REVOKED_KEY, entry_key
+from prism import REVOKED_KEY, AuthenticationError, entry_key
 
 from .metrics import Metrics
-from .redis_pipe import PreparedCommand, RedisPipe
+from .redis_client import NoScriptError, PreparedCommand, RedisClient, RedisClientError
 
 __all__ = ["Lookup", "RedisCache"]
 
+log = logging.getLogger("prism.origin")
+
 
 class Lookup(NamedTuple):  # a tuple: made on every request, and cheaper than a dataclass
-    available: bool  # False: Redis was not asked or failed; nothing is known
+    available: bool  # False: Redis was not asked or failed; only `revoked` is known
     revoked: bool = False
     entry: bytes | None = None
 
 
 UNAVAILABLE = Lookup(available=False)
+REVOKED_WHILE_UNAVAILABLE = Lookup(available=False, revoked=True)
 
 # KEYS[1] = the revoked set, KEYS[2] = the entry; ARGV[1] = the key id. A missing entry
 # comes back as false (nil), which keeps its place in the reply.
@@ -40,55 +48,79 @@ _FAILED_OVER = ("READONLY", "MASTERDOWN")
 
 
 class RedisCache:
-    """Every operation is bounded by the pipe's timeout (one timer per connection)."""
+    """Every operation is bounded by the client's timeout."""
 
-    def __init__(self, redis: RedisPipe, metrics: Metrics, retry_after: float = 1.0) -> None:
+    def __init__(
+        self,
+        redis: RedisClient,
+        metrics: Metrics,
+        retry_after: float = 1.0,
+        revoked_refresh: float = 10.0,
+    ) -> None:
         self.redis = redis
         self._metrics = metrics
         self._retry_after = retry_after
         self._down_until = 0.0
         self._lookup_script: PreparedCommand | None = None  # EVALSHA sha 2 revoked-set
+        # The revoked key ids last read from Redis, for when Redis cannot be asked.
+        self._revoked: set[str] = set()
+        self._revoked_refresh = revoked_refresh
+        self.revoked_loaded_at: float | None = None  # monotonic time of the last reload
+        self._refresher: asyncio.Task[None] | None = None
 
     @property
     def available(self) -> bool:
         return time.monotonic() >= self._down_until
 
-    def _failed(self, op: str, error: Exception) -> None:
+    def _failed(self, op: str, error: RedisClientError) -> None:
         self._metrics.redis_errors.labels(op).inc()
         self._down_until = time.monotonic() + self._retry_after
         # A broken or stalled connection has already dropped itself. One that reaches a
         # replica after a failover answers READONLY / MASTERDOWN: reconnect to the primary.
-        if isinstance(error, ResponseError) and str(error).startswith(_FAILED_OVER):
+        if str(error).startswith(_FAILED_OVER):
             self.redis.reset()
+
+    def _unavailable(self, key_id: str) -> Lookup:
+        return REVOKED_WHILE_UNAVAILABLE if key_id in self._revoked else UNAVAILABLE
 
     async def lookup(self, key_id: str, fingerprint: str | None) -> Lookup:
         """Is ``key_id`` revoked, and the entry for ``fingerprint`` (when given)."""
         if not self.available:
-            return UNAVAILABLE
+            return self._unavailable(key_id)
         try:
             if fingerprint is None:
-                member = await self.redis.execute("SISMEMBER", REVOKED_KEY, key_id)
-                return Lookup(True, bool(member))
-            key = entry_key(fingerprint)
-            reply = None
-            if self._lookup_script is not None:
-                with contextlib.suppress(NoScriptError):  # Redis restarted or was flushed
+                reply: Any = (await self.redis.execute("SISMEMBER", REVOKED_KEY, key_id),)
+            else:
+                key = entry_key(fingerprint)
+                reply = None
+                if self._lookup_script is not None:
+                    with contextlib.suppress(NoScriptError):  # Redis restarted or was flushed
+                        reply = await self.redis.run(self._lookup_script, key, key_id)
+                if reply is None:  # first use, or the script is gone: load it
+                    sha = await self.redis.execute("SCRIPT", "LOAD", _LOOKUP)
+                    self._lookup_script = PreparedCommand("EVALSHA", sha, 2, REVOKED_KEY)
                     reply = await self.redis.run(self._lookup_script, key, key_id)
-            if reply is None:  # first use, or the script is gone: load it
-                sha = await self.redis.execute("SCRIPT", "LOAD", _LOOKUP)
-                self._lookup_script = PreparedCommand("EVALSHA", sha, 2, REVOKED_KEY)
-                reply = await self.redis.run(self._lookup_script, key, key_id)
-        except (RedisError, OSError, TimeoutError) as error:
+        except RedisClientError as error:
             self._failed("lookup", error)
-            return UNAVAILABLE
-        return Lookup(True, bool(reply[0]), reply[1] if len(reply) > 1 else None)
+            return self._unavailable(key_id)
+        if reply[0]:
+            self._revoked.add(key_id)
+            return Lookup(True, True)
+        return Lookup(True, False, reply[1] if len(reply) > 1 else None)
+
+    async def refuse_if_revoked(self, key_id: str) -> None:
+        """Raise ``key_revoked`` when ``key_id`` is revoked (Redis's answer, or while Redis
+        is unavailable, the revoked set last read from it)."""
+        if (await self.lookup(key_id, None)).revoked:
+            raise AuthenticationError("This API key has been revoked.", code="key_revoked")
 
     async def store(self, fingerprint: str, data: bytes, ttl: int) -> bool:
         if not self.available:
             return False
         try:
+            await self.redis.drain()  # behind requests' lookups when the socket is full
             await self.redis.execute("SET", entry_key(fingerprint), data, "EX", ttl)
-        except (RedisError, OSError, TimeoutError) as error:
+        except RedisClientError as error:
             self._failed("store", error)
             return False
         return True
@@ -97,8 +129,43 @@ class RedisCache:
         """A live check for /healthz; also closes the breaker when Redis is back."""
         try:
             await self.redis.execute("PING")
-        except (RedisError, OSError, TimeoutError) as error:
+        except RedisClientError as error:
             self._failed("ping", error)
             return False
         self._down_until = 0.0
         return True
+
+    async def reload_revoked(self) -> bool:
+        """Read the revoked set from Redis into memory; False when Redis is unavailable."""
+        if not self.available:
+            return False
+        try:
+            members = await self.redis.execute("SMEMBERS", REVOKED_KEY)
+        except RedisClientError as error:
+            self._failed("revoked", error)
+            return False
+        self._revoked = {member.decode() for member in members}
+        self.revoked_loaded_at = time.monotonic()
+        return True
+
+    async def _reload_revoked_forever(self) -> None:
+        while True:
+            try:
+                loaded = await self.reload_revoked()
+            except Exception:  # a bug here must not end the reloads
+                log.exception("reloading the revoked key set failed")
+                loaded = False
+            await asyncio.sleep(self._revoked_refresh if loaded else self._retry_after)
+
+    def start(self) -> None:
+        """Load the revoked set now and every ``revoked_refresh`` seconds (sooner again
+        after a failure), in the background."""
+        if self._refresher is None:
+            self._refresher = asyncio.create_task(self._reload_revoked_forever())
+
+    async def close(self) -> None:
+        refresher, self._refresher = self._refresher, None
+        if refresher is not None:
+            refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await refresher

@@ -20,6 +20,7 @@ from .providers._http import ConnectorFactory
 from .providers.anthropic import AnthropicProvider
 from .providers.base import ChatProvider, ProviderSpec, UpstreamCompletion
 from .providers.openai import OpenAICompatibleProvider
+from .redis_client import RedisClient, RedisPyClient
 from .redis_pipe import RedisPipe
 from .router import Router
 from .settings import Settings
@@ -40,13 +41,19 @@ class Gateway:
         self,
         settings: Settings,
         *,
-        redis: RedisPipe | None = None,
+        redis: RedisClient | None = None,
         connectors: Mapping[str, ConnectorFactory] | None = None,
         kv_transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = Metrics()
-        self.redis = redis or RedisPipe(settings.redis_url, settings.redis_timeout)
+        if redis is None:
+            redis = (
+                RedisPyClient(settings.redis_url, settings.redis_timeout)
+                if settings.redis_client == "redis-py"
+                else RedisPipe(settings.redis_url, settings.redis_timeout)
+            )
+        self.redis = redis
         self.cache = RedisCache(self.redis, self.metrics, settings.redis_retry_after)
         connectors = connectors or {}
         self.providers: dict[str, ChatProvider] = {
@@ -84,6 +91,7 @@ class Gateway:
             self.kv_writer.submit(entry_key(fingerprint), data, ttl)
 
     async def start(self) -> None:
+        self.cache.start()
         if self.kv_writer is not None:
             self.kv_writer.start()
 
@@ -98,4 +106,5 @@ class Gateway:
             await self._kv_client.aclose()
         for provider in self.providers.values():
             await provider.aclose()
+        await self.cache.close()
         await self.redis.close()

@@ -10,12 +10,17 @@ one write and one read for all of them instead of 32 of each, and no pool.
 
 Time limits are per connection, not per command: one timer checks a few times
 per ``timeout`` whether the oldest unanswered command is overdue, and if so the
-connection is dropped and every command on it fails with ``TimeoutError`` (a
+connection is dropped and every command on it fails with ``RedisTimeoutError`` (a
 stalled Redis stalls them all anyway). So a command waits at most about 1.25 x
 ``timeout`` and costs no timer of its own. A caller that stops waiting (a
 cancelled request) leaves its reply to be read and dropped, so the connection
 never gets out of step. When the connection fails, every waiting command fails
 and the next command connects again.
+
+When the socket cannot take more (the transport calls ``pause_writing``), commands
+keep their place in the queue and leave together, in order, when it resumes; a
+bulky writer can ``await pipe.drain()`` first. Every failure is a
+``RedisClientError`` (``origin/redis_client.py``).
 
 Not for blocking commands (BLPOP and the like): they would hold up every
 command behind them. redis-py parses the URL; hiredis parses the replies.
@@ -32,42 +37,39 @@ from typing import Any
 
 import hiredis
 from redis.asyncio.connection import SSLConnection, parse_url
-from redis.exceptions import ConnectionError, NoScriptError, ResponseError
 
-__all__ = ["PreparedCommand", "RedisPipe"]
+from .redis_client import (
+    Arg,
+    PreparedCommand,
+    RedisConnectionError,
+    RedisTimeoutError,
+    pack,
+    reply_error,
+)
 
-Arg = str | bytes | int
-
-
-def _bulk(arg: Arg) -> bytes:
-    data = arg if isinstance(arg, bytes) else str(arg).encode()
-    return b"$%d\r\n%s\r\n" % (len(data), data)
-
-
-def pack(args: tuple[Arg, ...]) -> bytes:
-    """A command as a RESP array of bulk strings."""
-    return b"*%d\r\n" % len(args) + b"".join([_bulk(arg) for arg in args])
+__all__ = ["RedisPipe"]
 
 
-class PreparedCommand:
-    """A command whose leading arguments are packed once (``EVALSHA sha 2 key``):
-    each call packs only the arguments that change."""
+class _FlowControl:
+    """The transport's write pause, as an event a writer can wait on (as uvicorn's)."""
 
-    __slots__ = ("_count", "_head")
+    __slots__ = ("_writable", "write_paused")
 
-    def __init__(self, *leading: Arg) -> None:
-        self._count = len(leading)
-        self._head = b"".join([_bulk(arg) for arg in leading])
+    def __init__(self) -> None:
+        self.write_paused = False
+        self._writable = asyncio.Event()
+        self._writable.set()
 
-    def pack(self, args: tuple[Arg, ...]) -> bytes:
-        parts = [b"*%d\r\n" % (self._count + len(args)), self._head]
-        parts += [_bulk(arg) for arg in args]
-        return b"".join(parts)
+    async def drain(self) -> None:
+        await self._writable.wait()
 
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        self._writable.clear()
 
-def _error(reply: hiredis.ReplyError) -> ResponseError:
-    message = str(reply)
-    return NoScriptError(message) if message.startswith("NOSCRIPT") else ResponseError(message)
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self._writable.set()
 
 
 class _Protocol(asyncio.Protocol):
@@ -77,7 +79,9 @@ class _Protocol(asyncio.Protocol):
         # Unanswered commands, oldest first: (caller's future, when it was sent).
         self.waiting: collections.deque[tuple[asyncio.Future[Any], float]] = collections.deque()
         self._reader = hiredis.Reader()
+        # Commands not yet written, in the order they were sent.
         self._outgoing: list[bytes] = []
+        self.flow = _FlowControl()
         self._timeout = timeout
         self._watchdog: asyncio.TimerHandle | None = None
 
@@ -88,7 +92,7 @@ class _Protocol(asyncio.Protocol):
     def _watch(self) -> None:
         waiting = self.waiting
         if waiting and time.monotonic() - waiting[0][1] > self._timeout:
-            self._fail(TimeoutError(f"Redis did not answer within {self._timeout} s"))
+            self._fail(RedisTimeoutError(f"Redis did not answer within {self._timeout} s"))
             return
         loop = asyncio.get_running_loop()
         self._watchdog = loop.call_later(self._timeout / 4, self._watch)
@@ -96,7 +100,7 @@ class _Protocol(asyncio.Protocol):
     def send(self, command: bytes, loop: asyncio.AbstractEventLoop) -> asyncio.Future[Any]:
         waiter = loop.create_future()
         if self.lost:  # closed between being handed out and this command: nobody would answer
-            waiter.set_exception(ConnectionError("Redis connection lost"))
+            waiter.set_exception(RedisConnectionError("Redis connection lost"))
             return waiter
         self.waiting.append((waiter, time.monotonic()))
         if not self._outgoing:
@@ -105,29 +109,43 @@ class _Protocol(asyncio.Protocol):
         return waiter
 
     def _flush(self) -> None:
-        outgoing, self._outgoing = self._outgoing, []
+        # While the transport is paused the commands stay queued, in order, and
+        # resume_writing writes them. (A flush scheduled before a resume finds none.)
+        outgoing = self._outgoing
+        if self.flow.write_paused or not outgoing:
+            return
+        self._outgoing = []
         if not self.lost:
             self.transport.write(outgoing[0] if len(outgoing) == 1 else b"".join(outgoing))
+
+    def pause_writing(self) -> None:
+        self.flow.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.flow.resume_writing()
+        self._flush()
 
     def data_received(self, data: bytes) -> None:
         self._reader.feed(data)
         while (reply := self._reader.gets()) is not False:
             if not self.waiting:  # a reply nobody asked for: the stream is out of step
-                self._fail(ConnectionError("Redis sent a reply that no command asked for"))
+                self._fail(RedisConnectionError("Redis sent a reply that no command asked for"))
                 return
             waiter = self.waiting.popleft()[0]
             if waiter.done():  # its caller gave up; the reply is dropped, in order
                 continue
             if isinstance(reply, hiredis.ReplyError):
-                waiter.set_exception(_error(reply))
+                waiter.set_exception(reply_error(str(reply)))
             else:
                 waiter.set_result(reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._fail(ConnectionError(f"Redis connection lost: {exc or 'closed'}"))
+        self._fail(RedisConnectionError(f"Redis connection lost: {exc or 'closed'}"))
 
     def _fail(self, error: Exception) -> None:
         self.lost = True
+        self._outgoing = []
+        self.flow.resume_writing()  # nothing more to wait for here: drainers go on and fail
         if self._watchdog is not None:
             self._watchdog.cancel()
         while self.waiting:
@@ -199,7 +217,7 @@ class RedisPipe:
         same attempt, so an unreachable Redis costs one timeout for all of them, not one
         each in turn."""
         if self._closed:
-            raise ConnectionError("the Redis pipe is closed")
+            raise RedisConnectionError("the Redis pipe is closed")
         attempt = self._attempt
         if attempt is None or (attempt.done() and not self._usable(attempt)):
             attempt = self._attempt = asyncio.ensure_future(self._open())
@@ -211,6 +229,16 @@ class RedisPipe:
         return not attempt.cancelled() and attempt.exception() is None and not attempt.result().lost
 
     async def _open(self) -> _Protocol:
+        try:
+            return await self._open_connection()
+        except TimeoutError:  # asyncio.timeout's own: connecting or the handshake took too long
+            raise RedisTimeoutError(
+                f"Redis did not accept a connection within {self.timeout} s"
+            ) from None
+        except OSError as error:  # refused, unreachable, TLS verification
+            raise RedisConnectionError(f"cannot connect to Redis: {error}") from error
+
+    async def _open_connection(self) -> _Protocol:
         loop = asyncio.get_running_loop()
 
         def protocol_factory() -> _Protocol:
@@ -227,12 +255,24 @@ class RedisPipe:
                 for command in self._handshake:
                     await protocol.send(command, loop)
                 if self._closed:
-                    raise ConnectionError("the Redis pipe is closed")
+                    raise RedisConnectionError("the Redis pipe is closed")
             except BaseException:
                 protocol.connection_lost(None)
                 raise
         self._protocol = protocol
         return protocol
+
+    @property
+    def write_paused(self) -> bool:
+        """Whether the socket has asked for a pause in writing (commands wait, queued)."""
+        protocol = self._protocol
+        return protocol is not None and protocol.flow.write_paused
+
+    async def drain(self) -> None:
+        """Until the connection can take more bytes (at once when it can, or has none)."""
+        protocol = self._protocol
+        if protocol is not None and protocol.flow.write_paused:
+            await protocol.flow.drain()
 
     def reset(self) -> None:
         """Drop the connection; the next command connects again. Commands still waiting

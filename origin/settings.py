@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from prism import MIN_TTL, KeyRing, Limits, parse_key_secrets
 
@@ -15,6 +16,9 @@ __all__ = ["KVSettings", "Settings", "SettingsError"]
 
 DEFAULT_KV_API = "https://api.cloudflare.com/client/v4"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+RedisClientKind = Literal["pipe", "redis-py"]
+REDIS_CLIENTS: tuple[RedisClientKind, ...] = ("pipe", "redis-py")
 
 
 class SettingsError(ValueError):
@@ -54,6 +58,7 @@ class Settings:
     fallback_ttl: int = 300  # an answer from a route's fallback target is kept this long
     redis_timeout: float = 0.5
     redis_retry_after: float = 1.0  # how long Redis is skipped after it failed
+    redis_client: RedisClientKind = "pipe"  # RedisPipe, or redis-py's pool (the way out)
     coalesce: bool = True
 
     @classmethod
@@ -90,11 +95,17 @@ class Settings:
                 max_queue=int(_number(env, "PRISM_KV_MAX_QUEUE", 50_000)),
                 max_attempts=int(_number(env, "PRISM_KV_MAX_ATTEMPTS", 6)),
             )
+        redis_client = env.get("PRISM_REDIS_CLIENT") or "pipe"
+        if redis_client not in REDIS_CLIENTS:
+            raise SettingsError(
+                f"PRISM_REDIS_CLIENT must be {' or '.join(REDIS_CLIENTS)}, got {redis_client!r}."
+            )
         return cls(
             key_ring=ring,
             forward_secret=forward.encode(),
             providers=providers,
             redis_url=env.get("REDIS_URL") or env.get("PRISM_REDIS_URL") or DEFAULT_REDIS_URL,
+            redis_client=redis_client,
             kv=kv,
             default_ttl=int(_number(env, "PRISM_CACHE_TTL", 86_400)),
             fallback_ttl=max(MIN_TTL, int(_number(env, "PRISM_FALLBACK_TTL", 300))),

@@ -1,5 +1,6 @@
-"""RedisPipe against a real Redis: replies reach their callers, in order, through
-timeouts, errors, a lost connection and a restarted server."""
+"""RedisPipe: against a real Redis, replies reach their callers, in order, through
+timeouts, errors, a lost connection, a restarted server and a full socket; and, with a
+fake transport, write back-pressure (pause/resume) loses and reorders nothing."""
 
 from __future__ import annotations
 
@@ -15,12 +16,18 @@ import redis
 import redis.asyncio
 import trustme
 import uvloop
-from redis.exceptions import ConnectionError, NoScriptError, ResponseError
 
 from deploy.local.redis import RedisServer
-from origin.cache import RedisCache
-from origin.metrics import Metrics
-from origin.redis_pipe import PreparedCommand, RedisPipe, pack
+from origin.redis_client import (
+    NoScriptError,
+    PreparedCommand,
+    RedisClientError,
+    RedisConnectionError,
+    RedisReplyError,
+    RedisTimeoutError,
+    pack,
+)
+from origin.redis_pipe import RedisPipe, _Protocol
 from tests.polling import async_wait_for
 
 
@@ -61,7 +68,7 @@ async def test_error_replies_raise_and_the_connection_goes_on(redis_url: str) ->
     try:
         with pytest.raises(NoScriptError):
             await pipe.execute("EVALSHA", "0" * 40, 0)
-        with pytest.raises(ResponseError, match="wrong number of arguments"):
+        with pytest.raises(RedisReplyError, match="wrong number of arguments"):
             await pipe.execute("GET")
         assert await pipe.execute("PING") == b"PONG"
     finally:
@@ -79,7 +86,7 @@ async def test_url_credentials_and_database_are_used(redis_url: str) -> None:
         assert redis.Redis.from_url(f"redis://{host_port}/3").get("in-db-3") == b"yes"
         assert admin.get("in-db-3") is None
         refused = RedisPipe(f"redis://piper:wrong@{host_port}/0")
-        with pytest.raises(ResponseError):
+        with pytest.raises(RedisReplyError, match="WRONGPASS"):
             await refused.execute("PING")
     finally:
         await pipe.close()
@@ -110,40 +117,13 @@ async def test_lost_connection_fails_waiters_then_reconnects(
         waiting = asyncio.ensure_future(pipe.execute("BLPOP", "never", "0"))
         await _until_blocked(server.url)
         server.stop()
-        with pytest.raises(ConnectionError):
+        with pytest.raises(RedisConnectionError):
             await asyncio.wait_for(waiting, 5)
-        with pytest.raises((ConnectionError, OSError)):
+        with pytest.raises(RedisConnectionError):
             await pipe.execute("PING")
         server.start()
         assert await pipe.execute("PING") == b"PONG"
     finally:
-        await pipe.close()
-        server.stop()
-
-
-async def test_a_stalled_redis_trips_the_breaker_and_is_reconnected_after(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> None:
-    server = RedisServer(workdir=tmp_path_factory.mktemp("stalled-redis")).start()
-    pipe = RedisPipe(server.url, timeout=0.2)
-    cache = RedisCache(pipe, Metrics(), retry_after=0.2)
-    pid = server.pid
-    assert pid is not None
-    try:
-        assert (await cache.lookup("key1", "f" * 64)).available
-        os.kill(pid, signal.SIGSTOP)  # accepts bytes, answers nothing
-        started = time.monotonic()
-        assert not (await cache.lookup("key1", "f" * 64)).available
-        assert time.monotonic() - started < 1.0
-        os.kill(pid, signal.SIGCONT)
-
-        async def answered() -> bool:
-            return (await cache.lookup("key1", "f" * 64)).available
-
-        await async_wait_for(answered, within=5)
-        assert await cache.store("f" * 64, b"entry", 60)
-    finally:
-        os.kill(pid, signal.SIGCONT)
         await pipe.close()
         server.stop()
 
@@ -199,8 +179,9 @@ async def test_rediss_urls_speak_tls_and_verify_the_server(
     try:
         await trusted.execute("SET", "over-tls", b"yes")
         assert await trusted.execute("GET", "over-tls") == b"yes"
-        with pytest.raises(ssl.SSLCertVerificationError):
+        with pytest.raises(RedisConnectionError) as refused:
             await untrusted.execute("PING")
+        assert isinstance(refused.value.__cause__, ssl.SSLCertVerificationError)
     finally:
         await trusted.close()
         await untrusted.close()
@@ -225,7 +206,7 @@ async def test_an_unresponsive_server_costs_one_timeout_for_all_waiting_commands
             *(pipe.execute("GET", f"k{i}") for i in range(20)), return_exceptions=True
         )
         elapsed = time.monotonic() - started
-        assert all(isinstance(r, TimeoutError) for r in results), results
+        assert all(isinstance(r, RedisTimeoutError) for r in results), results
         assert elapsed < 1.0  # one 0.3 s attempt, not twenty in turn
         assert len(accepted) == 1
     finally:
@@ -258,7 +239,7 @@ def test_a_server_that_refuses_and_hangs_up_fails_every_command_at_once() -> Non
             server.close()
 
     results = uvloop.run(scenario())
-    assert all(isinstance(r, (ConnectionError, ResponseError)) for r in results), results
+    assert all(isinstance(r, RedisClientError) for r in results), results
 
 
 async def test_close_during_a_connection_attempt_is_no_cancellation_for_the_waiters() -> None:
@@ -276,10 +257,150 @@ async def test_close_during_a_connection_attempt_is_no_cancellation_for_the_wait
         await async_wait_for(lambda: accepted, within=5)
         await pipe.close()
         results = await waiting
-        assert all(isinstance(r, (ConnectionError, TimeoutError)) for r in results), results
-        with pytest.raises(ConnectionError, match="closed"):
+        assert all(isinstance(r, RedisConnectionError) for r in results), results
+        with pytest.raises(RedisConnectionError, match="closed"):
             await pipe.execute("PING")
     finally:
         server.close()
         for writer in accepted:
             writer.close()
+
+
+class FakeTransport:
+    """Records writes; the test plays the socket's part (pause/resume, replies)."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def abort(self) -> None:
+        self.closing = True
+
+
+def _connected(timeout: float = 30.0) -> tuple[_Protocol, FakeTransport]:
+    protocol, transport = _Protocol(timeout), FakeTransport()
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    return protocol, transport
+
+
+async def _next_turns() -> None:
+    """Let the loop run the flushes scheduled so far (call_soon callbacks)."""
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+async def test_commands_sent_while_writing_is_paused_wait_and_leave_in_order() -> None:
+    protocol, transport = _connected()
+    loop = asyncio.get_running_loop()
+    try:
+        first = protocol.send(pack(("GET", "a")), loop)
+        await _next_turns()
+        assert transport.writes == [pack(("GET", "a"))]
+        protocol.pause_writing()  # the socket's buffer is over its high-water mark
+        queued = [protocol.send(pack(("GET", key)), loop) for key in "bcd"]
+        await _next_turns()
+        assert transport.writes == [pack(("GET", "a"))]  # nothing more written while paused
+        queued.append(protocol.send(pack(("GET", "e")), loop))
+        protocol.resume_writing()
+        # Everything queued leaves at once, in the order it was sent.
+        assert transport.writes[1:] == [b"".join(pack(("GET", key)) for key in "bcde")]
+        await _next_turns()  # the flush scheduled before the pause finds nothing left
+        assert len(transport.writes) == 2
+        protocol.data_received(b"$1\r\nA\r\n$1\r\nB\r\n$-1\r\n-ERR no\r\n$1\r\nE\r\n")
+        assert await first == b"A"
+        results = await asyncio.gather(*queued, return_exceptions=True)
+        assert results[:2] == [b"B", None] and results[3] == b"E"
+        assert isinstance(results[2], RedisReplyError) and str(results[2]) == "ERR no"
+    finally:
+        protocol.connection_lost(None)
+
+
+async def test_a_pause_during_a_flush_keeps_later_commands_queued() -> None:
+    """The transport pauses from inside write() (as asyncio's do): what follows waits."""
+    protocol, transport = _connected()
+    loop = asyncio.get_running_loop()
+    real_write = transport.write
+
+    def write_then_pause(data: bytes) -> None:
+        real_write(data)
+        protocol.pause_writing()
+
+    transport.write = write_then_pause  # type: ignore[method-assign]
+    try:
+        protocol.send(pack(("SET", "big", b"x" * 100)), loop)
+        await _next_turns()
+        assert len(transport.writes) == 1 and protocol.flow.write_paused
+        later = protocol.send(pack(("PING",)), loop)
+        await _next_turns()
+        assert len(transport.writes) == 1
+        transport.write = real_write  # type: ignore[method-assign]
+        protocol.resume_writing()
+        assert transport.writes[1] == pack(("PING",))
+        protocol.data_received(b"+OK\r\n+PONG\r\n")
+        assert await later == b"PONG"
+    finally:
+        protocol.connection_lost(None)
+
+
+async def test_drain_waits_for_resume_and_a_lost_connection_releases_it() -> None:
+    protocol, _ = _connected()
+    loop = asyncio.get_running_loop()
+    await asyncio.wait_for(protocol.flow.drain(), 1)  # writable: at once
+    protocol.pause_writing()
+    draining = asyncio.ensure_future(protocol.flow.drain())
+    await _next_turns()
+    assert not draining.done()
+    protocol.resume_writing()
+    await asyncio.wait_for(draining, 1)
+
+    protocol.pause_writing()
+    draining = asyncio.ensure_future(protocol.flow.drain())
+    queued = protocol.send(pack(("GET", "k")), loop)
+    protocol.connection_lost(ConnectionResetError("reset by peer"))
+    await asyncio.wait_for(draining, 1)  # nobody waits on a dead connection
+    with pytest.raises(RedisConnectionError, match="reset by peer"):
+        await queued
+
+
+async def test_a_full_socket_pauses_the_pipe_and_nothing_is_lost_or_reordered(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A stopped Redis reads nothing: big writes fill the socket until the transport asks
+    for a pause. Commands sent meanwhile wait; when Redis runs again every reply reaches
+    its own caller."""
+    server = RedisServer(workdir=tmp_path_factory.mktemp("paused-redis")).start()
+    pipe = RedisPipe(server.url, timeout=30)
+    pid = server.pid
+    assert pid is not None
+    try:
+        assert await pipe.execute("PING") == b"PONG"
+        os.kill(pid, signal.SIGSTOP)
+        values = {f"big{i}": os.urandom(1 << 20) for i in range(64)}
+        sets = []
+        for key, value in values.items():
+            sets.append(asyncio.ensure_future(pipe.execute("SET", key, value)))
+            await asyncio.sleep(0)  # one write per command: the socket fills up
+            if pipe.write_paused:
+                break
+        assert pipe.write_paused, "64 MiB did not fill the socket"
+        drained = asyncio.ensure_future(pipe.drain())
+        gets = [asyncio.ensure_future(pipe.execute("GET", key)) for key in list(values)[:3]]
+        await _next_turns()
+        assert not drained.done() and not any(get.done() for get in gets)
+        os.kill(pid, signal.SIGCONT)
+        assert await asyncio.wait_for(asyncio.gather(*sets), 20) == [b"OK"] * len(sets)
+        await asyncio.wait_for(drained, 1)
+        assert await asyncio.wait_for(asyncio.gather(*gets), 20) == [
+            values[key] if i < len(sets) else None for i, key in enumerate(list(values)[:3])
+        ]
+        assert not pipe.write_paused
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        await pipe.close()
+        server.stop()
