@@ -332,7 +332,11 @@ def closed_port(host: str = "127.0.0.1") -> int:
 
 
 class ProviderServer:
-    """The provider on a free loopback port, served by uvicorn in a background thread."""
+    """The provider on a free loopback port, served by uvicorn in a background thread.
+
+    ``stop()`` then ``start()`` serves the same app (faults, counters) on the same port
+    again: between the two, connections are refused, as in a provider's outage.
+    """
 
     def __init__(
         self,

@@ -626,6 +626,35 @@ def test_tokens_per_second_paces_the_stream(provider_factory: ProviderFactory) -
     assert elapsed >= 0.1 + words / 100 * 0.9, f"{words} words streamed in {elapsed:.3f}s"
 
 
+def test_restart_serves_the_same_state_on_the_same_port(
+    provider_factory: ProviderFactory,
+) -> None:
+    server = provider_factory(ProviderSettings())
+    url = server.url
+    server.control.set_fault("status", count=-1, status=503)
+    with httpx.Client(base_url=url, trust_env=False) as client:
+        assert chat(client).status_code == 503
+    server.stop()
+    with pytest.raises(httpx.ConnectError), httpx.Client(base_url=url, trust_env=False) as client:
+        chat(client)
+    server.start()
+    assert server.url == url
+    with httpx.Client(base_url=url, trust_env=False) as client:
+        assert chat(client).status_code == 503, "the queued fault survived the restart"
+    server.control.clear()
+    assert server.control.stats()["chat_requests"] == 2
+
+
+def test_secondary_provider_is_a_separate_server(
+    provider: ProviderServer, secondary_provider: ProviderServer
+) -> None:
+    assert secondary_provider.url != provider.url
+    provider.control.set_fault("status", count=-1, status=500)
+    with httpx.Client(base_url=secondary_provider.url, trust_env=False) as client:
+        assert chat(client).status_code == 200
+    assert provider.control.stats()["chat_requests"] == 0
+
+
 def test_closed_port_refuses_connections(closed_provider_url: str) -> None:
     with pytest.raises(httpx.ConnectError):
         httpx.get(closed_provider_url + "/v1/models", trust_env=False)
