@@ -18,7 +18,7 @@ import orjson
 
 from .fault_metrics import RequestRecord
 
-__all__ = ["BENCH_MODEL", "LoadPlan", "chat_body", "open_client", "run_requests"]
+__all__ = ["BENCH_MODEL", "LoadPlan", "chat_body", "incomplete", "open_client", "run_requests"]
 
 BENCH_MODEL = "bench-model"
 CHAT_PATH = "/v1/chat/completions"
@@ -48,7 +48,7 @@ def chat_body(label: str, index: int) -> tuple[bytes, bool]:
     return orjson.dumps(body), stream
 
 
-def _complete(body: bytes, stream: bool) -> str | None:
+def incomplete(body: bytes, *, stream: bool) -> str | None:
     """Why a 200 body is not a complete answer, or None when it is."""
     if stream:
         return None if body.rstrip().endswith(b"data: [DONE]") else "stream without [DONE]"
@@ -86,7 +86,7 @@ async def _one(
         error = type(exc).__name__
     end = time.monotonic()
     if error is None:
-        error = f"status {status}" if status != 200 else _complete(b"".join(chunks), stream)
+        error = f"status {status}" if status != 200 else incomplete(b"".join(chunks), stream=stream)
     return RequestRecord(
         start=start - began,
         ttfb=None if first is None else first - start,

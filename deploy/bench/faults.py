@@ -20,6 +20,7 @@ import shutil
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +38,7 @@ from .fault_scenarios import DEFAULT_SCENARIOS, SCENARIOS, FaultScenario
 from .machine import load_average, machine_info, versions
 from .servers import BenchError, HelperServer
 
-__all__ = ["FaultBenchConfig", "FaultBenchRunner", "ProgressHook"]
+__all__ = ["FaultBenchConfig", "FaultBenchRunner", "ProgressHook", "providers_toml"]
 
 PRIMARY, SECONDARY = "primary", "secondary"
 # (scenario, requests done, requests in the scenario)
@@ -63,6 +64,8 @@ class FaultBenchConfig:
     warmup_requests: int = 32  # unrecorded, before each scenario (connection pools)
     seed: int = 1  # for the stand-ins' probabilistic faults
     origin_env: Mapping[str, str] = field(default_factory=dict)  # e.g. router settings
+    # Extra keys for both [providers.*] tables: name -> TOML value ("0.25", '"fast"').
+    provider_settings: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         unknown = [name for name in self.scenarios if name not in SCENARIOS]
@@ -72,6 +75,11 @@ class FaultBenchConfig:
             )
         if self.requests < 1 or self.concurrency < 1:
             raise BenchError("--requests and --concurrency must be at least 1")
+        for name, value in self.provider_settings.items():
+            try:
+                tomllib.loads(f"{name} = {value}")
+            except tomllib.TOMLDecodeError:
+                raise BenchError(f"provider setting {name} = {value} is not TOML") from None
         # The baseline first, always: the time-to-first-byte targets are relative to it.
         ordered = ("healthy", *(s for s in dict.fromkeys(self.scenarios) if s != "healthy"))
         object.__setattr__(self, "scenarios", ordered)
@@ -96,6 +104,17 @@ class _ScenarioRun:
     arrivals: dict[str, list[float]]
     outage: tuple[float, float] | None
     wall_seconds: float
+
+
+def providers_toml(urls: Mapping[str, str], settings: Mapping[str, str]) -> str:
+    """The origin's providers file: ``bench-model`` → primary, then secondary."""
+    extra = "".join(f"{name} = {value}\n" for name, value in settings.items())
+    tables = "".join(
+        f'[providers.{name}]\nkind = "openai"\nbase_url = "{url}/v1"\n'
+        f'api_key = "bench-{name}"\n{extra}\n'
+        for name, url in urls.items()
+    )
+    return tables + f'[models]\n"{BENCH_MODEL}" = ["{PRIMARY}", "{SECONDARY}"]\n'
 
 
 class FaultBenchRunner:
@@ -167,14 +186,7 @@ class FaultBenchRunner:
             self._controls[name] = ProviderControl(url)
             self._urls[name] = url
         providers_file = self._state / "providers.toml"
-        tables = "".join(
-            f'[providers.{name}]\nkind = "openai"\nbase_url = "{server_url}/v1"\n'
-            f'api_key = "bench-{name}"\n\n'
-            for name, server_url in self._urls.items()
-        )
-        providers_file.write_text(
-            tables + f'[models]\n"{BENCH_MODEL}" = ["{PRIMARY}", "{SECONDARY}"]\n'
-        )
+        providers_file.write_text(providers_toml(self._urls, self.config.provider_settings))
         self._env = env | {
             "PRISM_KEY_SECRET": self._key_secret,
             "PRISM_FORWARD_SECRET": secrets.token_urlsafe(32),

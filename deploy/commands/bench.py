@@ -128,16 +128,14 @@ def bench_command(
     )
 
 
-def _origin_env(values: list[str]) -> dict[str, str]:
-    env: dict[str, str] = {}
+def _pairs(values: list[str], option: str) -> dict[str, str]:
+    pairs: dict[str, str] = {}
     for item in values:
         name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise typer.BadParameter(
-                f"expected NAME=VALUE, got {item!r}", param_hint="--origin-env"
-            )
-        env[name] = value
-    return env
+        if not sep or not name.strip():
+            raise typer.BadParameter(f"expected NAME=VALUE, got {item!r}", param_hint=option)
+        pairs[name.strip()] = value
+    return pairs
 
 
 @app.command("faults")
@@ -170,6 +168,13 @@ def faults_command(
             help="NAME=VALUE for the origin's environment (repeatable), e.g. router settings."
         ),
     ] = None,
+    provider_setting: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=VALUE added to both providers' tables in the providers file "
+            "(repeatable; VALUE is TOML, e.g. first_byte_timeout=5)."
+        ),
+    ] = None,
     out: Annotated[Path, typer.Option(help="Where the JSON and PNG go.")] = Path("bench-results"),
     as_json: JsonOption = False,
 ) -> None:
@@ -194,7 +199,8 @@ def faults_command(
             outage_lead=outage_lead,
             outage_seconds=outage_seconds,
             recovery_seconds=recovery_seconds,
-            origin_env=_origin_env(origin_env or []),
+            origin_env=_pairs(origin_env or [], "--origin-env"),
+            provider_settings=_pairs(provider_setting or [], "--provider-setting"),
         )
     except BenchError as error:
         console.print(f"[red]Error:[/red] {error}", soft_wrap=True)

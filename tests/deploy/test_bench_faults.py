@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from deploy.bench.fault_load import chat_body
+from deploy.bench.fault_load import BENCH_MODEL, chat_body, incomplete
 from deploy.bench.fault_metrics import (
     RECORD_FIELDS,
     RequestRecord,
@@ -25,6 +25,9 @@ from deploy.bench.fault_metrics import (
     return_seconds,
     summarize,
 )
+from deploy.bench.faults import FaultBenchConfig, providers_toml
+from deploy.bench.servers import BenchError
+from origin.providers.config import load_provider_config
 
 PRISM = [sys.executable, "-m", "deploy.cli"]
 
@@ -94,11 +97,37 @@ def test_unknown_scenario_is_one_line_and_exit_2() -> None:
     assert run.stderr.strip().count("\n") == 0
 
 
+def test_the_origin_reads_the_providers_file_with_the_extra_settings(tmp_path: Path) -> None:
+    urls = {"primary": "http://127.0.0.1:1001", "secondary": "http://127.0.0.1:1002"}
+    path = tmp_path / "providers.toml"
+    path.write_text(providers_toml(urls, {"first_byte_timeout": "2.5", "label": '"sick"'}))
+    config = load_provider_config(path, {})
+    targets = config.targets(BENCH_MODEL)
+    assert [(spec.name, spec.base_url) for spec, _ in targets] == [
+        ("primary", "http://127.0.0.1:1001/v1"),
+        ("secondary", "http://127.0.0.1:1002/v1"),
+    ]
+    assert all(spec.first_byte_timeout == 2.5 and spec.label == "sick" for spec, _ in targets)
+    with pytest.raises(BenchError, match="not TOML"):
+        FaultBenchConfig(provider_settings={"first_byte_timeout": "[unclosed"})
+
+
 def test_every_request_is_unique_and_half_stream() -> None:
     bodies = [chat_body("run", i) for i in range(10)]
     assert len({body for body, _ in bodies}) == 10
     assert [stream for _, stream in bodies] == [False, True] * 5
     assert all(json.loads(body)["stream"] == stream for body, stream in bodies)
+
+
+def test_only_complete_answers_count_as_successes() -> None:
+    done = b'data: {"choices": []}\n\ndata: [DONE]\n\n'
+    assert incomplete(done, stream=True) is None
+    assert incomplete(done[: -len(b"data: [DONE]\n\n")], stream=True) == "stream without [DONE]"
+    finished = json.dumps({"choices": [{"finish_reason": "stop"}]}).encode()
+    assert incomplete(finished, stream=False) is None
+    assert incomplete(finished[:20], stream=False) == "unparsable body"
+    unfinished = json.dumps({"choices": [{"finish_reason": None}]}).encode()
+    assert incomplete(unfinished, stream=False) == "unfinished choice"
 
 
 # ---------------------------------------------------------------- metrics on synthetic runs
