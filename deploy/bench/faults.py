@@ -41,6 +41,7 @@ from .servers import BenchError, HelperServer
 __all__ = ["FaultBenchConfig", "FaultBenchRunner", "ProgressHook", "providers_toml"]
 
 PRIMARY, SECONDARY = "primary", "secondary"
+MAX_REQUESTS = 20_000
 # (scenario, requests done, requests in the scenario)
 ProgressHook = Callable[[str, int, int], None]
 
@@ -75,6 +76,9 @@ class FaultBenchConfig:
             )
         if self.requests < 1 or self.concurrency < 1:
             raise BenchError("--requests and --concurrency must be at least 1")
+        if self.requests > MAX_REQUESTS:
+            # Each stand-in logs a bounded number of requests, failovers included.
+            raise BenchError(f"--requests is at most {MAX_REQUESTS:,} per scenario")
         for name, value in self.provider_settings.items():
             try:
                 tomllib.loads(f"{name} = {value}")
@@ -301,6 +305,12 @@ class FaultBenchRunner:
             snapshot.pop("pending_faults", None)
             stats[name] = snapshot
             log = await asyncio.to_thread(control.log)
+            if len(log) < snapshot["chat_requests"]:
+                # The stand-in keeps a bounded log: a timeline with holes would mislead.
+                raise BenchError(
+                    f"{name} logged {len(log)} of {snapshot['chat_requests']} requests; "
+                    "use fewer --requests per scenario"
+                )
             arrivals[name] = [entry["t"] - wall_began for entry in log]
         outage = (window[0], window[1]) if len(window) == 2 else None
         return _ScenarioRun(records, stats, arrivals, outage, wall)

@@ -63,8 +63,8 @@ FAULT_MODES = frozenset(
 )
 
 _RECENT_REQUESTS = 64
-# Per-request records kept for ``GET /_control/log`` (a benchmark run's worth).
-_LOG_REQUESTS = 200_000
+# Per-request records kept for ``GET /_control/log``: a benchmark scenario's worth, a few MB.
+_LOG_REQUESTS = 50_000
 
 
 @dataclass(frozen=True, slots=True)
