@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from .commands import build, deploy, keys, origin
-from .commands.bench import bench_command
+from .commands import bench, build, deploy, keys, origin
 from .commands.dev import dev_command
 from .commands.fingerprint import fingerprint_command
 from .commands.smoke import smoke_command
@@ -25,7 +24,7 @@ app.add_typer(deploy.app)
 app.add_typer(build.app)
 app.command("fingerprint")(fingerprint_command)
 app.command("dev")(dev_command)
-app.command("bench")(bench_command)
+app.add_typer(bench.app)
 app.command("smoke")(smoke_command)
 app.command("status")(status_command)
 

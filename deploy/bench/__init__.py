@@ -6,6 +6,10 @@
 - ``workers/trivial``: the trivial Python Worker (the edge's floor in the same runtime).
 - ``probes``: time to first byte of streams; ``profiler``: py-spy on the origin.
 - ``report``: the table, the JSON and the PNG chart; ``targets``: the issue's targets.
+
+`prism bench faults` (failover with a sick provider): ``faults`` runs it,
+``fault_scenarios`` says how the primary fails, ``fault_load`` is the client,
+``fault_metrics`` the numbers and targets (pure), ``fault_report`` the output.
 """
 
 from .loadgen import LoadResult, LoadSpec, run_load

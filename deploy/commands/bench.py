@@ -1,4 +1,5 @@
-"""`prism bench`: the whole stack on loopback, every layer against its floor."""
+"""`prism bench`: the whole stack on loopback, every layer against its floor;
+`prism bench faults`: the origin's failover with a sick provider, scenario by scenario."""
 
 from __future__ import annotations
 
@@ -15,13 +16,19 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from deploy.bench import BenchConfig, BenchError, BenchRunner, render_table, write_results
+from deploy.bench.fault_report import render_fault_table, write_fault_results
+from deploy.bench.fault_scenarios import DEFAULT_SCENARIOS, SCENARIOS
+from deploy.bench.faults import FaultBenchConfig, FaultBenchRunner
 from deploy.bench.loadgen import wrk_path
 from deploy.local.stack import StackError
 from deploy.local.workers import RuntimeStartError, ToolchainNotFoundError
 
 from ._options import JsonOption
 
-__all__ = ["bench_command"]
+__all__ = ["app", "bench_command", "faults_command"]
+
+# The callback's docstring is the group's help: `prism bench` itself is the layer benchmark.
+app = typer.Typer(name="bench")
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -29,7 +36,9 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+@app.callback(invoke_without_command=True)
 def bench_command(
+    ctx: typer.Context,
     quick: Annotated[
         bool, typer.Option("--quick", help="Tiny run (1 s per case, no warm-up): a smoke check.")
     ] = False,
@@ -54,8 +63,11 @@ def bench_command(
     the KV writer, and the origin's memory. Prints a table, writes JSON and a PNG chart.
 
     Uses wrk when installed (apt-get install wrk), else a slower Python load generator,
-    clearly labelled. Example: prism bench --duration 5
+    clearly labelled. `prism bench faults` measures failover instead (see its --help).
+    Example: prism bench --duration 5
     """
+    if ctx.invoked_subcommand is not None:
+        return
     console = Console(stderr=True)
     config = BenchConfig.smoke() if quick else BenchConfig()
     config = replace(config, profile=profile, profile_dir=out / "profile")
@@ -111,6 +123,133 @@ def bench_command(
         if not stdout.is_terminal:
             stdout = Console(width=150)
         stdout.print(render_table(result))
+    console.print(
+        "results: " + ", ".join(str(p) for p in paths.values()), highlight=False, soft_wrap=True
+    )
+
+
+def _pairs(values: list[str], option: str) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for item in values:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise typer.BadParameter(f"expected NAME=VALUE, got {item!r}", param_hint=option)
+        pairs[name.strip()] = value
+    return pairs
+
+
+@app.command("faults")
+def faults_command(
+    requests: Annotated[int, typer.Option(help="Requests per scenario.")] = 2000,
+    concurrency: Annotated[int, typer.Option(help="Requests in flight at once.")] = 16,
+    scenario: Annotated[
+        list[str] | None,
+        typer.Option(
+            help=f"Run only these (repeatable; the healthy baseline always runs first): "
+            f"{', '.join(SCENARIOS)}. Default: {', '.join(DEFAULT_SCENARIOS)}.",
+        ),
+    ] = None,
+    hedge_delay: Annotated[
+        float,
+        typer.Option(help="The router's hedge delay (s) the time-to-first-byte target allows."),
+    ] = 0.25,
+    outage_lead: Annotated[
+        float, typer.Option(help="Healthy seconds before the primary's outage starts.")
+    ] = 3.0,
+    outage_seconds: Annotated[
+        float, typer.Option(help="How long the primary's outage lasts (s).")
+    ] = 10.0,
+    recovery_seconds: Annotated[
+        float, typer.Option(help="How long the return to the primary is watched (s).")
+    ] = 30.0,
+    origin_env: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=VALUE for the origin's environment (repeatable), e.g. router settings."
+        ),
+    ] = None,
+    provider_setting: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=VALUE added to both providers' tables in the providers file "
+            "(repeatable; VALUE is TOML, e.g. first_byte_timeout=5)."
+        ),
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Where the JSON and PNG go.")] = Path("bench-results"),
+    as_json: JsonOption = False,
+) -> None:
+    """Benchmark failover while one provider is sick, scenario by scenario.
+
+    Two local providers (primary, secondary) behind a real origin and Redis; per
+    scenario the primary fails one way (30 % 5xx, stalls before the first
+    byte, an outage that recovers, 429 with Retry-After, streams cut mid-way) while the
+    secondary stays healthy. Reports success rate, time to first byte against the healthy
+    baseline, extra upstream calls, and for the outage how fast the primary is demoted and
+    taken back; each target met or missed. Writes JSON and a PNG timeline.
+
+    Example: prism bench faults --requests 500 --scenario outage
+    """
+    console = Console(stderr=True)
+    try:
+        config = FaultBenchConfig(
+            requests=requests,
+            concurrency=concurrency,
+            scenarios=tuple(scenario) if scenario else DEFAULT_SCENARIOS,
+            hedge_delay=hedge_delay,
+            outage_lead=outage_lead,
+            outage_seconds=outage_seconds,
+            recovery_seconds=recovery_seconds,
+            origin_env=_pairs(origin_env or [], "--origin-env"),
+            provider_settings=_pairs(provider_setting or [], "--provider-setting"),
+        )
+    except BenchError as error:
+        console.print(f"[red]Error:[/red] {error}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    show_bar = console.is_terminal and not as_json
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not show_bar,
+    ) as progress:
+        tasks = {
+            name: progress.add_task(name, total=requests, start=False) for name in config.scenarios
+        }
+        logged: set[str] = set()
+        began = time.monotonic()
+
+        def on_progress(name: str, done: int, total: int) -> None:
+            if name not in logged:
+                logged.add(name)
+                progress.start_task(tasks[name])
+                if not show_bar and not as_json:
+                    elapsed = time.monotonic() - began
+                    console.print(f"[dim]{elapsed:5.1f}s scenario {name}[/dim]", highlight=False)
+            progress.update(tasks[name], completed=done)
+
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            result = FaultBenchRunner(config, on_progress).run()
+        except BenchError as error:
+            console.print(f"[red]Error:[/red] {str(error).splitlines()[0]}", soft_wrap=True)
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            console.print("Benchmark interrupted; everything it started was stopped.")
+            raise typer.Exit(130) from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    paths = write_fault_results(result, out)
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        stdout = Console()
+        if not stdout.is_terminal:
+            stdout = Console(width=150)
+        stdout.print(render_fault_table(result))
     console.print(
         "results: " + ", ".join(str(p) for p in paths.values()), highlight=False, soft_wrap=True
     )

@@ -29,6 +29,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from deploy.local.asgi_thread import ThreadedServer
 from deploy.local.ports import free_port
@@ -54,6 +55,7 @@ from deploy.local.provider_formats import (
     openai_completion,
     openai_reply,
     openai_stream,
+    without_done,
 )
 
 __all__ = [
@@ -159,8 +161,7 @@ class _Provider:
         except ValueError as exc:
             return error_response(api, 400, str(exc))
         stream = body.get("stream") is True
-        if fault is not None:
-            state.stats.faults_applied += 1
+        state.record(fault, stream)
         delay = settings.latency_ms / 1000 + _fault_delay(fault, stream)
         if delay > 0:
             await asyncio.sleep(delay)
@@ -174,15 +175,26 @@ class _Provider:
         """The reply as JSON or as an event stream, spoiled as the fault says."""
         settings = self.settings
         created = int(time.time())
+        mode = fault.mode if fault is not None else None
         if not stream:
             data = (
                 openai_completion(reply, created) if api == "openai" else anthropic_message(reply)
             )
             payload = orjson.dumps(data)
-            if fault is not None and fault.mode == "malformed_json":
+            if mode == "malformed_json":
                 payload = MALFORMED_JSON
-            elif fault is not None and fault.mode == "truncated_stream":
+            elif mode == "truncated_stream":
+                assert fault is not None
+                if fault.abort:
+                    # Promise the whole body, send half, hang up.
+                    half = _once(payload[: len(payload) // 2])
+                    return _CutResponse(half, "application/json", content_length=len(payload))
                 payload = payload[: len(payload) // 2]
+            elif mode == "stall_after_headers":
+                assert fault is not None
+                return StreamingResponse(
+                    _after(fault.seconds, payload), media_type="application/json"
+                )
             return Response(payload, media_type="application/json")
         if api == "openai":
             options = body.get("stream_options")
@@ -190,9 +202,13 @@ class _Provider:
             plan = openai_stream(settings, reply, created, include_usage)
         else:
             plan = anthropic_stream(settings, reply)
-        if fault is not None and fault.mode == "malformed_json":
+        if mode == "malformed_json":
             plan = malformed_stream(api, plan)
+        elif mode == "no_done":
+            plan = without_done(plan)
         events = self._emit(plan, fault)
+        if mode == "truncated_stream" and fault is not None and fault.abort:
+            return _CutResponse(events, "text/event-stream")
         return StreamingResponse(events, media_type="text/event-stream", headers=_SSE_HEADERS)
 
     async def _emit(self, plan: StreamPlan, fault: Fault | None) -> AsyncIterator[bytes]:
@@ -202,6 +218,8 @@ class _Provider:
             stop_at = min(fault.after_chunks, plan.terminal)
         elif fault is not None and fault.mode == "stall_mid_stream":
             stall_at = min(fault.after_chunks, len(plan.events) - 1)
+        elif fault is not None and fault.mode == "stall_after_headers":
+            stall_at = 0  # the headers are already out: silence before the first event
         rate = self.settings.tokens_per_second
         # Bound once: a reset while this stream is open must not skew the new counters.
         stats = self.state.stats
@@ -233,6 +251,39 @@ class _Provider:
 
 
 _SSE_HEADERS = {"cache-control": "no-cache"}
+
+
+class _CutResponse(Response):
+    """Headers and part of a body, then the connection drops (the body never ends).
+
+    Returning without the final ``more_body=False`` message makes the server close the
+    connection, which is what a provider crashing mid-answer looks like on the wire.
+    """
+
+    def __init__(
+        self, parts: AsyncIterator[bytes], media_type: str, *, content_length: int | None = None
+    ) -> None:
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = [(b"content-type", media_type.encode())]
+        if content_length is not None:
+            self.raw_headers.append((b"content-length", str(content_length).encode()))
+        self._parts = parts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        async for part in self._parts:
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+
+
+async def _once(payload: bytes) -> AsyncIterator[bytes]:
+    yield payload
+
+
+async def _after(seconds: float, payload: bytes) -> AsyncIterator[bytes]:
+    """``payload`` after ``seconds`` of silence (the headers have gone out already)."""
+    await asyncio.sleep(seconds)
+    yield payload
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -281,7 +332,11 @@ def closed_port(host: str = "127.0.0.1") -> int:
 
 
 class ProviderServer:
-    """The provider on a free loopback port, served by uvicorn in a background thread."""
+    """The provider on a free loopback port, served by uvicorn in a background thread.
+
+    ``stop()`` then ``start()`` serves the same app (faults, counters) on the same port
+    again: between the two, connections are refused, as in a provider's outage.
+    """
 
     def __init__(
         self,

@@ -5,11 +5,21 @@ test does not forward arbitrary client headers) or set per request with
 ``x-fault-*`` headers when a test calls the provider directly. All state is
 per app instance and only touched from the server's event loop, so the
 check-and-decrement in ``FaultQueue.take`` cannot race.
+
+Modes: ``status`` (an error status), ``rate_limit`` (429 with ``Retry-After``),
+``stall_before_first_byte`` (silence, then the answer), ``stall_after_headers``
+(headers, silence, then the answer), ``stall_mid_stream``, ``truncated_stream``
+(part of the answer and no end; ``abort=1`` also drops the connection),
+``no_done`` (a stream whose choices all finish, ending cleanly without ``[DONE]``),
+``malformed_json`` and ``latency``. A queued fault with ``probability`` hits that
+share of requests, drawn from a generator seeded with ``seed``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import random
+import time
 from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -47,10 +57,14 @@ FAULT_MODES = frozenset(
         "malformed_json",
         "truncated_stream",
         "latency",
+        "stall_after_headers",
+        "no_done",
     }
 )
 
 _RECENT_REQUESTS = 64
+# Per-request records kept for ``GET /_control/log``: a benchmark scenario's worth, a few MB.
+_LOG_REQUESTS = 50_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +79,13 @@ class Fault:
     # Events sent before a mid-stream stall or a truncation (role chunk included).
     after_chunks: int = 2
     message: str = "Injected fault from the local provider"
+    # Queued faults: the share of requests that get it, drawn from a generator seeded with
+    # ``seed``, so a run is reproducible; ``count`` then counts the requests that got it.
+    probability: float = 1.0
+    seed: int = 0
+    # truncated_stream: 1 = drop the connection after the partial body instead of ending the
+    # HTTP response cleanly (no chunked terminator, or fewer bytes than Content-Length).
+    abort: int = 0
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> Fault:
@@ -86,6 +107,8 @@ class Fault:
         fault = cls(mode=str(mode), **values)
         if fault.mode == "status" and not 400 <= fault.status <= 599:
             raise ValueError("status must be an HTTP error status (400-599)")
+        if not 0.0 < fault.probability <= 1.0:
+            raise ValueError("probability must be in (0, 1]")
         return fault
 
     def as_dict(self) -> dict[str, Any]:
@@ -99,6 +122,9 @@ _PARAM_TYPES: dict[str, type[int] | type[float] | type[str]] = {
     "ms": float,
     "after_chunks": int,
     "message": str,
+    "probability": float,
+    "seed": int,
+    "abort": int,
 }
 
 
@@ -118,6 +144,7 @@ def header_fault(headers: Mapping[str, str]) -> Fault | None:
 class _Pending:
     fault: Fault
     remaining: int  # -1 = until cleared
+    draws: random.Random  # decides which requests a probabilistic fault hits
 
 
 class FaultQueue:
@@ -129,13 +156,19 @@ class FaultQueue:
     def push(self, fault: Fault, count: int = 1) -> None:
         if count == 0 or count < -1:
             raise ValueError("count must be a positive integer or -1 (until cleared)")
-        self._pending.append(_Pending(fault, count))
+        self._pending.append(_Pending(fault, count, random.Random(fault.seed)))
 
     def take(self) -> Fault | None:
-        """The fault for this request, if any; no await inside, so atomic under asyncio."""
+        """The fault for this request, if any; no await inside, so atomic under asyncio.
+
+        Only the head of the queue is considered: a request that a probabilistic head
+        spares gets no fault at all, and the head stays.
+        """
         if not self._pending:
             return None
         head = self._pending[0]
+        if head.fault.probability < 1.0 and head.draws.random() >= head.fault.probability:
+            return None
         if head.remaining > 0:
             head.remaining -= 1
             if head.remaining == 0:
@@ -160,9 +193,12 @@ class ProviderStats:
     # Streams the client went away from before the last event was sent.
     streams_aborted: int = 0
     faults_applied: int = 0
+    # Chat requests by what they got: "ok" or the fault's mode.
+    outcomes: Counter[str] = field(default_factory=Counter)
 
     def snapshot(self) -> dict[str, Any]:
         return {
+            "outcomes": dict(self.outcomes),
             "chat_requests": self.chat_requests,
             "paths": dict(self.paths),
             "open_streams": self.open_streams,
@@ -180,11 +216,22 @@ class ProviderState:
     stats: ProviderStats = field(default_factory=ProviderStats)
     # Recent requests (path, headers, body) so tests can see what a gateway forwarded.
     recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=_RECENT_REQUESTS))
+    # One record per chat request, for timelines: [unix time, outcome, streamed].
+    log: deque[tuple[float, str, bool]] = field(default_factory=lambda: deque(maxlen=_LOG_REQUESTS))
+
+    def record(self, fault: Fault | None, stream: bool) -> None:
+        """Account for one chat request that got past validation."""
+        outcome = "ok" if fault is None else fault.mode
+        self.stats.outcomes[outcome] += 1
+        if fault is not None:
+            self.stats.faults_applied += 1
+        self.log.append((time.time(), outcome, stream))
 
     def reset(self) -> None:
         self.faults.clear()
         self.stats = ProviderStats()
         self.recent.clear()
+        self.log.clear()
 
 
 def json_response(
@@ -264,12 +311,18 @@ def control_routes(state: ProviderState) -> list[Route]:
     async def recent(request: Request) -> Response:
         return json_response(list(state.recent))
 
+    async def log(request: Request) -> Response:
+        return json_response(
+            [{"t": t, "outcome": outcome, "stream": stream} for t, outcome, stream in state.log]
+        )
+
     return [
         Route("/_control/faults", set_fault, methods=["POST"]),
         Route("/_control/faults", clear_faults, methods=["DELETE"]),
         Route("/_control/stats", stats, methods=["GET"]),
         Route("/_control/reset", reset, methods=["POST"]),
         Route("/_control/requests", recent, methods=["GET"]),
+        Route("/_control/log", log, methods=["GET"]),
     ]
 
 
@@ -281,7 +334,10 @@ class ProviderControl:
         self._client = httpx.Client(base_url=base_url, timeout=timeout, trust_env=False)
 
     def set_fault(self, mode: str, count: int = 1, **params: Any) -> dict[str, Any]:
-        """Queue ``mode`` for the next ``count`` chat requests (-1 = until cleared)."""
+        """Queue ``mode`` for the next ``count`` chat requests (-1 = until cleared).
+
+        With ``probability=p`` (and ``seed``), each request gets it with chance p.
+        """
         queued: dict[str, Any] = self._call(
             "POST", "/_control/faults", {"mode": mode, "count": count, **params}
         )
@@ -301,6 +357,11 @@ class ProviderControl:
         """The most recent chat requests received (method, path, headers, body)."""
         recent: list[dict[str, Any]] = self._call("GET", "/_control/requests")
         return recent
+
+    def log(self) -> list[dict[str, Any]]:
+        """Every chat request since the last reset: unix time, outcome, streamed or not."""
+        records: list[dict[str, Any]] = self._call("GET", "/_control/log")
+        return records
 
     def close(self) -> None:
         self._client.close()

@@ -27,6 +27,7 @@ __all__ = [
     "openai_completion",
     "openai_reply",
     "openai_stream",
+    "without_done",
 ]
 
 # ---------------------------------------------------------------- replies
@@ -371,3 +372,8 @@ def malformed_stream(api: Api, plan: StreamPlan) -> StreamPlan:
         return StreamPlan([plan.events[0], (bad, 0)], 2)
     bad = b'data: {"id": "malformed", "choices": [<<not json>>\n\n'
     return StreamPlan([plan.events[0], (bad, 0), (b"data: [DONE]\n\n", 0)], 2)
+
+
+def without_done(plan: StreamPlan) -> StreamPlan:
+    """Every choice finished, then a clean end but no end marker (``[DONE]``, ``message_stop``)."""
+    return StreamPlan(plan.events[:-1], plan.terminal)

@@ -417,6 +417,113 @@ def test_truncated_stream_ends_without_finish_or_done(
         orjson.loads(response.content)
 
 
+def test_truncated_stream_with_abort_drops_the_connection(
+    provider: ProviderServer, http: httpx.Client
+) -> None:
+    provider.control.set_fault("truncated_stream", after_chunks=3, abort=1)
+    body = {"model": "gpt-4o-mini", "messages": MESSAGES, "stream": True}
+    received: list[str] = []
+    with (
+        pytest.raises(httpx.RemoteProtocolError),
+        http.stream("POST", "/v1/chat/completions", json=body) as response,
+    ):
+        assert response.status_code == 200
+        received.extend(response.iter_lines())
+    data = [line[len("data: ") :] for line in received if line.startswith("data: ")]
+    assert len(data) == 3 and "[DONE]" not in data
+    assert all(orjson.loads(d)["choices"][0]["finish_reason"] is None for d in data)
+
+    provider.control.set_fault("truncated_stream", abort=1)
+    with pytest.raises(httpx.RemoteProtocolError):
+        chat(http)
+    assert chat(http).status_code == 200, "the server still answers after a cut"
+
+
+def test_no_done_finishes_every_choice_and_ends_cleanly(
+    provider: ProviderServer, http: httpx.Client
+) -> None:
+    provider.control.set_fault("no_done")
+    data = sse_data(chat(http, stream=True, n=2).text)
+    assert "[DONE]" not in data
+    finishes = {c["index"]: c["finish_reason"] for d in data for c in orjson.loads(d)["choices"]}
+    assert finishes == {0: "stop", 1: "stop"}
+    assert chat(http, stream=True).text.endswith("data: [DONE]\n\n"), "one request only"
+
+    provider.control.set_fault("no_done")
+    body = {"model": "claude-3-5-haiku-latest", "max_tokens": 8, "messages": MESSAGES}
+    response = http.post("/v1/messages", json={**body, "stream": True}, headers=ANTHROPIC_HEADERS)
+    names = [name for name, _ in sse_events(response.text)]
+    assert names[-2:] == ["content_block_stop", "message_delta"]
+    assert "message_stop" not in names
+
+
+def test_stall_after_headers_sends_headers_then_nothing(
+    provider: ProviderServer, http: httpx.Client
+) -> None:
+    # The stall outlasts the read timeout: the headers arrive, the first byte does not.
+    provider.control.set_fault("stall_after_headers", count=2, seconds=5)
+    body = {"model": "gpt-4o-mini", "messages": MESSAGES}
+    for stream, media in ((True, "text/event-stream"), (False, "application/json")):
+        with (
+            pytest.raises(httpx.ReadTimeout),
+            http.stream(
+                "POST",
+                "/v1/chat/completions",
+                json={**body, "stream": stream},
+                timeout=httpx.Timeout(5, read=1.5),
+            ) as response,
+        ):
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith(media)
+            response.read()
+
+    # A short stall: then the whole answer.
+    provider.control.set_fault("stall_after_headers", seconds=0.3)
+    started = time.monotonic()
+    response = chat(http, stream=True)
+    assert time.monotonic() - started >= 0.3
+    assert response.text.startswith("data: ") and response.text.endswith("data: [DONE]\n\n")
+
+
+def test_probability_hits_a_seeded_share_of_requests(
+    provider: ProviderServer, http: httpx.Client
+) -> None:
+    def run() -> list[int]:
+        provider.control.reset()
+        provider.control.set_fault("status", count=-1, status=503, probability=0.3, seed=7)
+        return [chat(http).status_code for _ in range(200)]
+
+    first = run()
+    assert first == run(), "the same seed hits the same requests"
+    failed = first.count(503)
+    assert 40 <= failed <= 80, failed  # 30 % of 200, well inside the binomial spread
+    assert set(first) == {200, 503}
+    stats = provider.control.stats()
+    assert stats["outcomes"] == {"ok": 200 - failed, "status": failed}
+    assert stats["faults_applied"] == failed
+
+    provider.control.reset()
+    provider.control.set_fault("status", count=3, status=500, probability=0.5)
+    codes = [chat(http).status_code for _ in range(40)]
+    assert codes.count(500) == 3, "count counts the requests that got the fault"
+    assert http.post("/_control/faults", json={"mode": "status", "probability": 0}).is_error
+    assert http.post("/_control/faults", json={"mode": "status", "probability": 1.5}).is_error
+
+
+def test_log_records_each_chat_request_in_order(
+    provider: ProviderServer, http: httpx.Client
+) -> None:
+    before = time.time()
+    provider.control.set_fault("rate_limit")
+    chat(http)
+    chat(http, stream=True)
+    log = provider.control.log()
+    assert [(r["outcome"], r["stream"]) for r in log] == [("rate_limit", False), ("ok", True)]
+    assert before <= log[0]["t"] <= log[1]["t"] <= time.time()
+    provider.control.reset()
+    assert provider.control.log() == []
+
+
 def test_latency_fault_delays_the_answer(provider: ProviderServer, http: httpx.Client) -> None:
     provider.control.set_fault("latency", ms=150)
     started = time.monotonic()
@@ -517,6 +624,35 @@ def test_tokens_per_second_paces_the_stream(provider_factory: ProviderFactory) -
     )
     words = len(content.split())
     assert elapsed >= 0.1 + words / 100 * 0.9, f"{words} words streamed in {elapsed:.3f}s"
+
+
+def test_restart_serves_the_same_state_on_the_same_port(
+    provider_factory: ProviderFactory,
+) -> None:
+    server = provider_factory(ProviderSettings())
+    url = server.url
+    server.control.set_fault("status", count=-1, status=503)
+    with httpx.Client(base_url=url, trust_env=False) as client:
+        assert chat(client).status_code == 503
+    server.stop()
+    with pytest.raises(httpx.ConnectError), httpx.Client(base_url=url, trust_env=False) as client:
+        chat(client)
+    server.start()
+    assert server.url == url
+    with httpx.Client(base_url=url, trust_env=False) as client:
+        assert chat(client).status_code == 503, "the queued fault survived the restart"
+    server.control.clear()
+    assert server.control.stats()["chat_requests"] == 2
+
+
+def test_secondary_provider_is_a_separate_server(
+    provider: ProviderServer, secondary_provider: ProviderServer
+) -> None:
+    assert secondary_provider.url != provider.url
+    provider.control.set_fault("status", count=-1, status=500)
+    with httpx.Client(base_url=secondary_provider.url, trust_env=False) as client:
+        assert chat(client).status_code == 200
+    assert provider.control.stats()["chat_requests"] == 0
 
 
 def test_closed_port_refuses_connections(closed_provider_url: str) -> None:

@@ -1,0 +1,150 @@
+"""The fault benchmark's client: unique chat requests at a fixed concurrency, each recorded.
+
+Half the requests stream. Each body carries a counter, so every request is a cache
+miss that reaches a provider. Requests run closed-loop (a worker starts the next one
+when its last finishes), optionally paced to a rate so a timed scenario (an outage and
+its recovery) is spread over its whole length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+import httpx
+import orjson
+
+from .fault_metrics import RequestRecord
+
+__all__ = ["BENCH_MODEL", "LoadPlan", "chat_body", "incomplete", "open_client", "run_requests"]
+
+BENCH_MODEL = "bench-model"
+CHAT_PATH = "/v1/chat/completions"
+
+Progress = Callable[[int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadPlan:
+    url: str  # the origin's base URL
+    headers: Mapping[str, str]
+    requests: int
+    concurrency: int
+    label: str  # part of every message, so no two runs share a request
+    rate: float | None = None  # requests started per second at most (None: as fast as possible)
+    timeout: float = 30.0  # per request, end to end
+
+
+def chat_body(label: str, index: int) -> tuple[bytes, bool]:
+    """The ``index``-th request of a run: unique content; every other one streamed."""
+    stream = index % 2 == 1
+    body = {
+        "model": BENCH_MODEL,
+        "messages": [{"role": "user", "content": f"fault bench {label} request {index}"}],
+        "stream": stream,
+    }
+    return orjson.dumps(body), stream
+
+
+def incomplete(body: bytes, *, stream: bool) -> str | None:
+    """Why a 200 body is not a complete answer, or None when it is."""
+    if stream:
+        return None if body.rstrip().endswith(b"data: [DONE]") else "stream without [DONE]"
+    try:
+        data = orjson.loads(body)
+        if data["choices"][0]["finish_reason"]:
+            return None
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        return "unparsable body"
+    return "unfinished choice"
+
+
+async def _one(
+    client: httpx.AsyncClient, plan: LoadPlan, index: int, began: float
+) -> RequestRecord:
+    payload, stream = chat_body(plan.label, index)
+    start = time.monotonic()
+    first: float | None = None
+    status, provider, error = 0, None, None
+    chunks: list[bytes] = []
+    try:
+        async with asyncio.timeout(plan.timeout):
+            async with client.stream("POST", CHAT_PATH, content=payload) as response:
+                status = response.status_code
+                provider = response.headers.get("x-prism-provider")
+                async for chunk in response.aiter_raw():
+                    if first is None:
+                        first = time.monotonic()
+                    chunks.append(chunk)
+    except TimeoutError:
+        error = "timeout"
+    except httpx.RemoteProtocolError:
+        error = "connection cut"
+    except httpx.HTTPError as exc:
+        error = type(exc).__name__
+    end = time.monotonic()
+    if error is None:
+        error = f"status {status}" if status != 200 else incomplete(b"".join(chunks), stream=stream)
+    return RequestRecord(
+        start=start - began,
+        ttfb=None if first is None else first - start,
+        total=end - start,
+        status=status,
+        provider=provider,
+        stream=stream,
+        ok=error is None,
+        error=error,
+    )
+
+
+async def run_requests(
+    plan: LoadPlan,
+    *,
+    began: float | None = None,
+    on_done: Progress | None = None,
+    client: httpx.AsyncClient | None = None,
+) -> list[RequestRecord]:
+    """Send every request of ``plan``; records in request order. ``began``: time zero."""
+    began = time.monotonic() if began is None else began
+    records: list[RequestRecord | None] = [None] * plan.requests
+    next_index = 0
+    done = 0
+
+    async def worker(http: httpx.AsyncClient) -> None:
+        nonlocal next_index, done
+        while next_index < plan.requests:
+            index, next_index = next_index, next_index + 1
+            if plan.rate:
+                wait = began + index / plan.rate - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+            records[index] = await _one(http, plan, index, began)
+            done += 1
+            if on_done is not None:
+                on_done(done)
+
+    async def with_client(http: httpx.AsyncClient) -> None:
+        workers: list[Awaitable[None]] = [worker(http) for _ in range(plan.concurrency)]
+        await asyncio.gather(*workers)
+
+    if client is not None:
+        await with_client(client)
+    else:
+        async with open_client(plan) as http:
+            await with_client(http)
+    return [r for r in records if r is not None]
+
+
+def open_client(plan: LoadPlan) -> httpx.AsyncClient:
+    """One pooled client for a run: a connection per worker, no proxy, no retries."""
+    size = plan.concurrency
+    limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
+    return httpx.AsyncClient(
+        base_url=plan.url,
+        headers={"content-type": "application/json", **plan.headers},
+        timeout=httpx.Timeout(plan.timeout),
+        limits=limits,
+        trust_env=False,
+    )

@@ -1,0 +1,64 @@
+"""The fault benchmark's scenarios: how the primary provider misbehaves in each.
+
+The secondary is always healthy. Probabilistic faults are drawn from a seeded
+generator in the provider stand-in, so the same run hits the same share of requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["DEFAULT_SCENARIOS", "SCENARIOS", "FaultScenario"]
+
+
+@dataclass(frozen=True, slots=True)
+class FaultScenario:
+    name: str
+    description: str
+    # Queued on the primary for the whole scenario (count -1); None: no standing fault.
+    fault: dict[str, Any] | None = None
+    # An outage: 503 on every request for a window, then recovery (timed, paced requests).
+    outage: bool = False
+
+
+SCENARIOS: dict[str, FaultScenario] = {
+    s.name: s
+    for s in (
+        FaultScenario("healthy", "both providers healthy (the baseline)"),
+        FaultScenario(
+            "errors_5xx",
+            "primary: 30 % of requests get a 500",
+            {"mode": "status", "status": 500, "probability": 0.3},
+        ),
+        FaultScenario(
+            "stall",
+            "primary: 5 % of requests stall 3 s before the first byte",
+            {"mode": "stall_before_first_byte", "seconds": 3.0, "probability": 0.05},
+        ),
+        FaultScenario(
+            "outage",
+            "primary: 503 on everything for a window, then healthy again",
+            outage=True,
+        ),
+        FaultScenario(
+            "rate_limit",
+            "primary: 30 % of requests get a 429 with Retry-After: 1",
+            {"mode": "rate_limit", "retry_after": 1.0, "probability": 0.3},
+        ),
+        FaultScenario(
+            "stream_cut",
+            "primary: 30 % of answers cut mid-way (connection dropped after 3 events, "
+            "or half a JSON body)",
+            {"mode": "truncated_stream", "after_chunks": 3, "abort": 1, "probability": 0.3},
+        ),
+        # Not in the default set: headers at once, then no first token.
+        FaultScenario(
+            "stall_after_headers",
+            "primary: 5 % of requests send headers, then stall 3 s before the first token",
+            {"mode": "stall_after_headers", "seconds": 3.0, "probability": 0.05},
+        ),
+    )
+}
+
+DEFAULT_SCENARIOS = ("healthy", "errors_5xx", "stall", "outage", "rate_limit", "stream_cut")
