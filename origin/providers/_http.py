@@ -162,6 +162,16 @@ _CONTEXT_LENGTH = re.compile(
     re.IGNORECASE,
 )
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+# The error types Anthropic shares with OpenAI (its other types are not passed on).
+_OPENAI_TYPES = frozenset(
+    {
+        "invalid_request_error",
+        "authentication_error",
+        "permission_error",
+        "not_found_error",
+        "rate_limit_error",
+    }
+)
 
 
 def _text(value: Any, limit: int = 100) -> str | None:
@@ -186,7 +196,11 @@ def _provider_error(spec: ProviderSpec, body: bytes) -> _ProviderError:
     code = _text(error.get("code"))
     if code is None and _CONTEXT_LENGTH.search(message):
         code = CONTEXT_LENGTH_EXCEEDED
-    return _ProviderError(message, _text(error.get("type")), code, _text(error.get("param")))
+    kind = _text(error.get("type"))
+    if data.get("type") == "error" and kind not in _OPENAI_TYPES:
+        # Anthropic's own types (request_too_large, api_error…): ours say it in OpenAI's terms.
+        kind = None
+    return _ProviderError(message, kind, code, _text(error.get("param")))
 
 
 def _callers_error(error: PrismError, detail: _ProviderError) -> PrismError:
