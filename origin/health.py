@@ -30,7 +30,9 @@ class State(Enum):
     DEMOTED = "demoted"
 
 
-class Admission(Enum):
+class Admission:
+    """What the gate says for one request: plain ints, so the stricter is ``max``."""
+
     OPEN = 0  # healthy: route to it in its place
     PROBE = 1  # demoted, and a probe is due: this request may be the probe
     SKIP = 2  # demoted: only when nothing healthy is left
@@ -53,22 +55,25 @@ OnChange = Callable[["Health", State, State], None]
 
 
 class _Latencies:
-    """The last N first-byte times, with percentiles recomputed only after new samples."""
+    """The last N first-byte times; percentiles re-sorted only every few new samples
+    (the hedge delay reads one per request)."""
 
-    __slots__ = ("_samples", "_sorted", "_stale")
+    __slots__ = ("_samples", "_since_sort", "_sorted")
+
+    _RESORT_AFTER = 8
 
     def __init__(self, size: int) -> None:
         self._samples: deque[float] = deque(maxlen=size)
         self._sorted: list[float] = []
-        self._stale = False
+        self._since_sort = 0
 
     def add(self, seconds: float) -> None:
         self._samples.append(seconds)
-        self._stale = True
+        self._since_sort += 1
 
     def quantile(self, q: float) -> float | None:
-        if self._stale:
-            self._sorted, self._stale = sorted(self._samples), False
+        if self._since_sort >= self._RESORT_AFTER or (self._since_sort and not self._sorted):
+            self._sorted, self._since_sort = sorted(self._samples), 0
         ordered = self._sorted
         if not ordered:
             return None
@@ -98,6 +103,7 @@ class Health:
         self._errors = [0] * policy.buckets
         self._latency = (_Latencies(policy.latency_samples), _Latencies(policy.latency_samples))
         self.state = State.HEALTHY
+        self.healthy = True  # the state, as the hot path reads it
         self.reason: str | None = None
         self.consecutive_failures = 0
         self._probe_successes = 0
@@ -107,8 +113,8 @@ class Health:
 
     # -- the gate ------------------------------------------------------------------------
 
-    def admission(self, now: float) -> Admission:
-        if self.state is State.HEALTHY:
+    def admission(self, now: float) -> int:
+        if self.healthy:
             return Admission.OPEN
         return Admission.PROBE if now >= self._next_probe_at else Admission.SKIP
 
@@ -138,7 +144,7 @@ class Health:
             self.consecutive_failures = 0
             if first_byte is not None:
                 self._latency[stream].add(first_byte)
-            if self.state is not State.HEALTHY:
+            if not self.healthy:
                 self._probe_succeeded(now)
             return
         self._errors[index] += 1
@@ -179,6 +185,7 @@ class Health:
 
     def _set(self, state: State, reason: str | None) -> None:
         old, self.state, self.reason = self.state, state, reason
+        self.healthy = state is State.HEALTHY
         if old is not state and self._on_change is not None:
             self._on_change(self, old, state)
 

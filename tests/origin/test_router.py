@@ -26,6 +26,7 @@ from prism import (
     UpstreamTimeoutError,
     UpstreamUnavailableError,
 )
+from tests.polling import async_wait_for
 
 BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -404,6 +405,32 @@ async def test_a_slow_target_is_hedged_and_the_loser_is_cancelled() -> None:
     assert (
         f.metrics.registry.get_sample_value("prism_provider_hedges_total", {"provider": "b"}) == 1
     )
+
+
+async def test_no_task_is_made_for_a_hedge_before_its_delay_passes() -> None:
+    f = make("a", "b")  # hedging possible: b is healthy and the budget is full
+    seen: list[int] = []
+
+    async def count_tasks() -> None:
+        seen.append(len(asyncio.all_tasks()))
+
+    f.providers["a"].script.append(count_tasks)
+    routed = await f.router.complete(BODY, "m")
+    assert (routed.provider, routed.hedged) == ("a", False)
+    assert seen == [1] and f.providers["b"].calls == 0
+
+
+async def test_a_client_that_leaves_mid_race_cancels_both_calls() -> None:
+    f = make("a", "b", specs={"a": {"hedge_delay": 0.01}})
+    a, b = f.providers["a"], f.providers["b"]
+    a.script.append(forever())
+    b.script.append(forever())
+    request = asyncio.ensure_future(f.router.complete(BODY, "m"))
+    await async_wait_for(lambda: b.calls == 1)
+    request.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await request
+    await async_wait_for(lambda: a.cancelled == 1 and b.cancelled == 1)
 
 
 async def test_the_primary_still_wins_when_it_answers_first() -> None:
