@@ -127,12 +127,26 @@ def _spec(name: str, table: Mapping[str, Any], env: Mapping[str, str]) -> Provid
         total_timeout=float(table.get("total_timeout", 600.0)),
         first_token_timeout=_optional_seconds(name, table, "first_token_timeout"),
         retries=_count(name, table, "retries", 1),
-        retry_backoff=float(table.get("retry_backoff", 0.1)),
-        max_retry_after=float(table.get("max_retry_after", 5.0)),
-        hedge=bool(table.get("hedge", True)),
+        retry_backoff=_seconds(name, table, "retry_backoff", 0.1),
+        max_retry_after=_seconds(name, table, "max_retry_after", 5.0),
+        hedge=_flag(name, table, "hedge"),
         hedge_delay=_optional_seconds(name, table, "hedge_delay"),
         hedge_percentile=_percentile(name, table),
     )
+
+
+def _seconds(where: str, table: Mapping[str, Any], key: str, default: float) -> float:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ValueError(f"'{where}': {key} must be a number of seconds >= 0")
+    return float(value)
+
+
+def _flag(where: str, table: Mapping[str, Any], key: str) -> bool:
+    value = table.get(key, True)
+    if not isinstance(value, bool):
+        raise ValueError(f"'{where}': {key} must be true or false")
+    return value
 
 
 def _optional_seconds(where: str, table: Mapping[str, Any], key: str) -> float | None:
@@ -190,7 +204,7 @@ def _route(model: str, entries: Any, providers: Mapping[str, ProviderSpec]) -> R
     return Route(
         targets=tuple(_target(model, entry, providers) for entry in entries),
         context_fallback=None if fallback is None else _target(model, fallback, providers),
-        hedge=bool(options.get("hedge", True)),
+        hedge=_flag(model, options, "hedge"),
         hedge_delay=_optional_seconds(model, options, "hedge_delay"),
         max_attempts=max_attempts,
     )

@@ -7,6 +7,7 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from origin.health import Health, HealthPolicy, State
 from origin.hedge import HEDGE_CEILING, HEDGE_FLOOR, HedgeBudget, hedge_delay
 from origin.metrics import Metrics
 from origin.providers.base import ProviderSpec, UpstreamCompletion, UpstreamStream
-from origin.providers.config import ModelTarget, ProviderConfig, Route
+from origin.providers.config import ModelTarget, ProviderConfig, Route, load_provider_config
 from origin.router import Routed, Router
 from prism import (
     InvalidRequestError,
@@ -539,3 +540,72 @@ def test_spec_defaults_are_the_documented_policy() -> None:
     assert (default.retries, default.retry_backoff, default.max_retry_after) == (1, 0.1, 5.0)
     assert default.first_token_limit == default.first_byte_timeout
     assert replace(default, first_token_timeout=2.0).first_token_limit == 2.0
+
+
+# ---------------------------------------------------------------- the providers TOML
+
+
+def test_routing_policy_and_route_tables_come_from_the_providers_toml(tmp_path: Path) -> None:
+    path = tmp_path / "providers.toml"
+    path.write_text(
+        """
+[providers.a]
+base_url = "http://a/v1"
+retries = 2
+retry_backoff = 0.2
+max_retry_after = 3
+first_token_timeout = 4
+hedge_delay = 0.5
+hedge_percentile = 90
+[providers.b]
+base_url = "http://b/v1"
+hedge = false
+[models]
+"plain" = ["a", "b:big"]
+[models."rich"]
+targets = ["a:small"]
+context_fallback = "b:large"
+hedge_delay = 1.5
+max_attempts = 2
+"""
+    )
+    config = load_provider_config(path, {})
+    a, b = config.providers["a"], config.providers["b"]
+    assert (a.retries, a.retry_backoff, a.max_retry_after) == (2, 0.2, 3.0)
+    assert (a.first_token_limit, a.hedge_delay, a.hedge_percentile) == (4.0, 0.5, 90.0)
+    assert (b.hedge, b.retries, b.hedge_delay) == (False, 1, None)
+    assert config.route("plain") == Route((ModelTarget("a", None), ModelTarget("b", "big")))
+    assert config.route("rich") == Route(
+        (ModelTarget("a", "small"),),
+        context_fallback=ModelTarget("b", "large"),
+        hedge_delay=1.5,
+        max_attempts=2,
+    )
+    assert config.targets("rich") == ((a, "small"),)
+
+
+@pytest.mark.parametrize(
+    ("table", "complaint"),
+    [
+        ('[providers.a]\nbase_url = "http://a"\nretries = -1', "retries"),
+        ('[providers.a]\nbase_url = "http://a"\nhedge = "no"', "hedge must be true or false"),
+        ('[providers.a]\nbase_url = "http://a"\nhedge_delay = 0', "hedge_delay"),
+        ('[providers.a]\nbase_url = "http://a"\nhedge_percentile = 120', "hedge_percentile"),
+        ('[providers.a]\nbase_url = "http://a"\n[models.m]\ntargets = ["a"]\nhedges = 1', "hedges"),
+        (
+            '[providers.a]\nbase_url = "http://a"\n[models.m]\ntargets = ["a"]\nmax_attempts = 0',
+            "max_attempts",
+        ),
+        (
+            '[providers.a]\nbase_url = "http://a"\n[models.m]\ntargets = ["a"]\ncontext_fallback = "z"',
+            "unknown provider 'z'",
+        ),
+    ],
+)
+def test_bad_routing_settings_are_refused_at_start_up(
+    tmp_path: Path, table: str, complaint: str
+) -> None:
+    path = tmp_path / "providers.toml"
+    path.write_text(table)
+    with pytest.raises(ValueError, match=complaint):
+        load_provider_config(path, {})
