@@ -42,6 +42,8 @@ _PLANS = 1024  # resolved public model names remembered
 
 
 class Router:
+    """The flight's one way to the providers: ``complete``, ``stream``, ``stream_failed``."""
+
     def __init__(
         self,
         config: ProviderConfig,
@@ -231,12 +233,16 @@ class Router:
             closing.add_done_callback(self._losers.discard)
 
     def _state_changed(self, health: Health, old: State, new: State) -> None:
+        """Gauge every change; log a demotion and a recovery once each."""
+        what = "provider"
         if isinstance(health, ProviderHealth):
             self._metrics.provider_state.labels(health.name).set(_STATE_GAUGE[new])
+        else:
+            what = "target"
         if new is State.DEMOTED and old is State.HEALTHY:
-            log.warning("provider target %s demoted: %s", health.name, health.reason)
+            log.warning("%s %s demoted: %s", what, health.name, health.reason)
         elif new is State.HEALTHY:
-            log.warning("provider target %s recovered", health.name)
+            log.warning("%s %s recovered", what, health.name)
 
 
 def _detail(error: PrismError) -> str:

@@ -17,6 +17,7 @@ from origin.hedge import HEDGE_CEILING, HEDGE_FLOOR, HedgeBudget, hedge_delay
 from origin.metrics import Metrics
 from origin.providers.base import ProviderSpec, UpstreamCompletion, UpstreamStream
 from origin.providers.config import ModelTarget, ProviderConfig, Route, load_provider_config
+from origin.retry import classify
 from origin.router import Routed, Router
 from prism import (
     InvalidRequestError,
@@ -310,8 +311,10 @@ async def test_a_failing_target_is_demoted_skipped_probed_and_restored(
     assert f.router.snapshot()["a"]["state"] == "healthy"
     assert f.metrics.registry.get_sample_value("prism_provider_state", {"provider": "a"}) == 0
     messages = [r.getMessage() for r in caplog.records]
-    assert sum("provider target a demoted" in m for m in messages) == 1
-    assert sum("provider target a recovered" in m for m in messages) == 1
+    assert sum(m.startswith("provider a demoted: 3 failures") for m in messages) == 1
+    assert sum(m.startswith("target a:m demoted") for m in messages) == 1
+    assert sum(m == "provider a recovered" for m in messages) == 1
+    assert sum(m == "target a:m recovered" for m in messages) == 1
     assert b.calls == 4
 
 
@@ -609,3 +612,23 @@ def test_bad_routing_settings_are_refused_at_start_up(
     path.write_text(table)
     with pytest.raises(ValueError, match=complaint):
         load_provider_config(path, {})
+
+
+@pytest.mark.parametrize(
+    ("error", "outcome"),
+    [
+        (InvalidRequestError("x", code="context_length_exceeded"), "client_error"),
+        (NotFoundError("x"), "client_error"),
+        (RateLimitError("x"), "rate_limited"),
+        (UpstreamError("HTTP 500"), "server_error"),
+        (UpstreamError("reset", code="bad_gateway"), "server_error"),
+        (UpstreamUnavailableError("503"), "server_error"),
+        (UpstreamTimeoutError("slow"), "timeout"),
+        (UpstreamError("refused", code="upstream_unreachable"), "unreachable"),
+        (UpstreamError("bad json", code="upstream_malformed"), "malformed"),
+        (UpstreamError("key", code="upstream_auth_failed"), "auth"),
+        (PrismError("bug"), "adapter_error"),
+    ],
+)
+def test_each_failure_is_classified_for_retry_and_metrics(error: PrismError, outcome: str) -> None:
+    assert classify(error) == outcome
