@@ -75,9 +75,7 @@ class _Latencies:
         if self._since_sort >= self._RESORT_AFTER or (self._since_sort and not self._sorted):
             self._sorted, self._since_sort = sorted(self._samples), 0
         ordered = self._sorted
-        if not ordered:
-            return None
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else None
 
     def __len__(self) -> int:
         return len(self._samples)

@@ -110,7 +110,9 @@ class RouteRequest:
         following, delay = self.pending[0]
         if delay > 0 or following is target:
             return False
-        if following.admission(self.router.clock()) == Admission.SKIP:
+        if not (following.provider_health.healthy and following.health.healthy) and (
+            following.admission(self.router.clock()) == Admission.SKIP
+        ):
             return False
         return probe or target.hedges.available  # a probe may always be hedged
 
