@@ -447,6 +447,16 @@ async def test_the_primary_still_wins_when_it_answers_first() -> None:
     assert f.providers["b"].cancelled == 1
 
 
+async def test_a_bug_in_a_hedge_task_is_mapped_and_counted_not_raised() -> None:
+    f = make("a", "b", specs={"a": {"hedge_delay": 0.001}})
+    f.providers["a"].script.append(after(0.05))
+    f.providers["b"].script.append(RuntimeError("adapter bug in the hedge"))
+    routed = await f.router.complete(BODY, "m")
+    assert (routed.provider, routed.hedged) == ("a", True)
+    assert f.attempts("b", "adapter_error") == 1
+    assert f.router.health["b"].last_error == "502 upstream_adapter_error"
+
+
 async def test_hedges_are_rationed_by_the_budget() -> None:
     f = make("a", "b", specs={"a": {"hedge_delay": 0.001}})
     a, b = f.providers["a"], f.providers["b"]
