@@ -1,47 +1,241 @@
-"""Each provider's recent record: the window a health gate will demote and re-probe on."""
+"""A provider's (or one provider:model target's) recent record, and the gate it keeps.
+
+Errors are judged over a sliding **time** window (30 s in 10 buckets): at low traffic
+old failures age out instead of condemning a provider that has recovered, and at high
+traffic the window is still a few seconds of evidence. First-byte times are the last
+64 successful calls of each kind (streamed, complete): percentiles need samples, not
+seconds, and stay meaningful at any rate. Recording is O(1) (a bucket and a deque).
+
+States: ``healthy`` → ``demoted`` when, over the window, at least ``min_calls`` calls
+failed ``error_rate`` of the time, or ``consecutive`` calls in a row failed. A demoted
+target is skipped while a healthy one remains (else tried last); once a
+``probe_interval`` it lets one live request through (``probing``); ``probes_to_restore``
+successes in a row restore it. Time is always passed in, so tests need no sleeps.
+"""
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
 
-__all__ = ["ProviderHealth"]
+__all__ = ["Admission", "Health", "HealthPolicy", "ProviderHealth", "State"]
 
 
-@dataclass(slots=True)
-class ProviderHealth:
-    """Outcomes and latencies of the last ``window`` calls to one provider."""
+class State(Enum):
+    HEALTHY = "healthy"
+    PROBING = "probing"
+    DEMOTED = "demoted"
 
-    window: int = 100
-    _outcomes: deque[tuple[bool, float]] = field(init=False)
-    last_error: str | None = None
-    last_error_at: float | None = None
 
-    def __post_init__(self) -> None:
-        self._outcomes = deque(maxlen=self.window)
+class Admission:
+    """What the gate says for one request: plain ints, so the stricter is ``max``."""
 
-    def record(self, ok: bool, seconds: float, error: str | None = None) -> None:
-        self._outcomes.append((ok, seconds))
-        if not ok:
-            self.last_error, self.last_error_at = error, time.time()
+    OPEN = 0  # healthy: route to it in its place
+    PROBE = 1  # demoted, and a probe is due: this request may be the probe
+    SKIP = 2  # demoted: only when nothing healthy is left
 
-    @property
-    def error_rate(self) -> float:
-        if not self._outcomes:
-            return 0.0
-        return sum(1 for ok, _ in self._outcomes if not ok) / len(self._outcomes)
 
-    def latency_p50(self) -> float | None:
-        latencies = sorted(seconds for ok, seconds in self._outcomes if ok)
-        return latencies[len(latencies) // 2] if latencies else None
+@dataclass(frozen=True, slots=True)
+class HealthPolicy:
+    window_seconds: float = 30.0
+    buckets: int = 10
+    min_calls: int = 5
+    error_rate: float = 0.5
+    consecutive: int = 3
+    probe_interval: float = 1.0
+    probes_to_restore: int = 2
+    latency_samples: int = 64
+
+
+# Called as (health, old state, new state) on every change of state.
+OnChange = Callable[["Health", State, State], None]
+
+
+class _Latencies:
+    """The last N first-byte times; percentiles re-sorted only every few new samples
+    (the hedge delay reads one per request)."""
+
+    __slots__ = ("_samples", "_since_sort", "_sorted")
+
+    _RESORT_AFTER = 8
+
+    def __init__(self, size: int) -> None:
+        self._samples: deque[float] = deque(maxlen=size)
+        self._sorted: list[float] = []
+        self._since_sort = 0
+
+    def add(self, seconds: float) -> None:
+        self._samples.append(seconds)
+        self._since_sort += 1
+
+    def quantile(self, q: float) -> float | None:
+        if self._since_sort >= self._RESORT_AFTER or (self._since_sort and not self._sorted):
+            self._sorted, self._since_sort = sorted(self._samples), 0
+        ordered = self._sorted
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else None
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+
+class Health:
+    """One provider's or target's rolling record and its state."""
+
+    def __init__(
+        self,
+        name: str,
+        policy: HealthPolicy | None = None,
+        on_change: OnChange | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = name
+        self.clock = clock
+        self.policy = policy = policy or HealthPolicy()
+        self._on_change = on_change
+        self._bucket_seconds = policy.window_seconds / policy.buckets
+        self._epochs = [-1] * policy.buckets
+        self._calls = [0] * policy.buckets
+        self._errors = [0] * policy.buckets
+        self._latency = (_Latencies(policy.latency_samples), _Latencies(policy.latency_samples))
+        self.state = State.HEALTHY
+        self.healthy = True  # the state, as the hot path reads it
+        self.reason: str | None = None
+        self.consecutive_failures = 0
+        self._probe_successes = 0
+        self._next_probe_at = 0.0
+        self.last_error: str | None = None
+        self.last_error_at: float | None = None  # wall-clock, for people reading /healthz
+
+    # -- the gate ------------------------------------------------------------------------
+
+    def admission(self, now: float) -> int:
+        if self.healthy:
+            return Admission.OPEN
+        return Admission.PROBE if now >= self._next_probe_at else Admission.SKIP
+
+    def start_probe(self, now: float) -> None:
+        """This request is the probe: the next one waits ``probe_interval`` (a probe that
+        hangs does not keep the target out of rotation for ever)."""
+        self._next_probe_at = now + self.policy.probe_interval
+        self._set(State.PROBING, self.reason)
+
+    # -- the record ----------------------------------------------------------------------
+
+    def record(
+        self,
+        now: float,
+        ok: bool,
+        first_byte: float | None = None,
+        stream: bool = False,
+        error: str | None = None,
+    ) -> None:
+        """One call's outcome; ``first_byte`` only for a success (its time to first byte)."""
+        epoch = int(now / self._bucket_seconds)
+        index = epoch % len(self._epochs)
+        if self._epochs[index] != epoch:
+            self._epochs[index], self._calls[index], self._errors[index] = epoch, 0, 0
+        self._calls[index] += 1
+        if ok:
+            self.consecutive_failures = 0
+            if first_byte is not None:
+                self._latency[stream].add(first_byte)
+            if not self.healthy:
+                self._probe_succeeded(now)
+            return
+        self._errors[index] += 1
+        self.consecutive_failures += 1
+        self.last_error, self.last_error_at = error, time.time()
+        if self.state is State.HEALTHY:
+            reason = self._verdict(now)
+            if reason is not None:
+                self._next_probe_at = now + self.policy.probe_interval
+                self._set(State.DEMOTED, reason)
+        else:
+            self._probe_successes = 0
+            self._next_probe_at = max(self._next_probe_at, now + self.policy.probe_interval)
+            self._set(State.DEMOTED, self.reason)
+
+    def _verdict(self, now: float) -> str | None:
+        policy = self.policy
+        if self.consecutive_failures >= policy.consecutive:
+            return f"{self.consecutive_failures} failures in a row (last: {self.last_error})"
+        calls, errors = self.counts(now)
+        if calls >= policy.min_calls and errors >= policy.error_rate * calls:
+            return (
+                f"{errors} of {calls} calls failed in {policy.window_seconds:g} s"
+                f" (last: {self.last_error})"
+            )
+        return None
+
+    def _probe_succeeded(self, now: float) -> None:
+        self._probe_successes += 1
+        if self._probe_successes >= self.policy.probes_to_restore:
+            # A clean slate: the failures that demoted it must not demote it again.
+            self._epochs = [-1] * len(self._epochs)
+            self._probe_successes = 0
+            self._set(State.HEALTHY, None)
+        else:
+            self._next_probe_at = now  # the next request may confirm it at once
+            self._set(State.DEMOTED, self.reason)
+
+    def _set(self, state: State, reason: str | None) -> None:
+        old, self.state, self.reason = self.state, state, reason
+        self.healthy = state is State.HEALTHY
+        if old is not state and self._on_change is not None:
+            self._on_change(self, old, state)
+
+    # -- reading it ----------------------------------------------------------------------
+
+    def counts(self, now: float) -> tuple[int, int]:
+        """(calls, errors) within the window."""
+        oldest = int(now / self._bucket_seconds) - len(self._epochs)
+        calls = errors = 0
+        for epoch, c, e in zip(self._epochs, self._calls, self._errors, strict=True):
+            if epoch > oldest:
+                calls += c
+                errors += e
+        return calls, errors
+
+    def first_byte(self, stream: bool, q: float) -> float | None:
+        """The ``q`` quantile (0..1) of recent successful first-byte times, if any."""
+        return self._latency[stream].quantile(q)
 
     def snapshot(self) -> dict[str, object]:
-        p50 = self.latency_p50()
+        calls, errors = self.counts(self.clock())
+
+        def ms(value: float | None) -> float | None:
+            return None if value is None else round(value * 1000, 1)
+
         return {
-            "recent_calls": len(self._outcomes),
-            "error_rate": round(self.error_rate, 3),
-            "latency_p50_ms": round(p50 * 1000, 1) if p50 is not None else None,
+            "state": self.state.value,
+            "reason": self.reason,
+            "recent_calls": calls,
+            "error_rate": round(errors / calls, 3) if calls else 0.0,
+            "ttfb_p50_ms": ms(self.first_byte(True, 0.5)),
+            "ttfb_p95_ms": ms(self.first_byte(True, 0.95)),
+            "latency_p50_ms": ms(self.first_byte(False, 0.5)),
+            "latency_p95_ms": ms(self.first_byte(False, 0.95)),
             "last_error": self.last_error,
             "last_error_at": self.last_error_at,
         }
+
+
+class ProviderHealth(Health):
+    """A provider's own record, and its targets' (one per upstream model it serves)."""
+
+    def __init__(
+        self,
+        name: str,
+        policy: HealthPolicy | None = None,
+        on_change: OnChange | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(name, policy, on_change, clock)
+        self.targets: dict[str, Health] = {}  # by upstream model
+
+    def snapshot(self) -> dict[str, object]:
+        targets = {model: health.snapshot() for model, health in self.targets.items()}
+        return {**super().snapshot(), "targets": targets}

@@ -67,6 +67,32 @@ class Metrics:
             registry=registry,
         )
 
+        self.provider_attempts = Counter(
+            "prism_provider_attempts",
+            "Upstream calls, by provider and outcome (ok, client_error, rate_limited,"
+            " server_error, timeout, unreachable, malformed, auth, adapter_error, cancelled).",
+            ("provider", "outcome"),
+            registry=registry,
+        )
+        self.provider_hedges = Counter(
+            "prism_provider_hedges",
+            "Hedged calls started, by the provider hedged to.",
+            ("provider",),
+            registry=registry,
+        )
+        self.provider_stream_failures = Counter(
+            "prism_provider_stream_failures",
+            "Streams that broke after their first bytes reached the client, by provider.",
+            ("provider",),
+            registry=registry,
+        )
+        self.provider_state = Gauge(
+            "prism_provider_state",
+            "Provider health gate: 0 healthy, 1 probing, 2 demoted.",
+            ("provider",),
+            registry=registry,
+        )
+
     def count_request(self, route: str, status: int, layer: str) -> None:
         """``requests.labels(...).inc()`` with the labelled child remembered (no lock, no
         label validation per request)."""

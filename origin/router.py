@@ -1,99 +1,249 @@
-"""Chooses the provider for a model and fails over, before the first byte, to the next one.
+"""Chooses the target for a model, retries, hedges and fails over until the first byte.
 
-The seam for what comes next (health gates, hedged requests): every call goes
-through ``Router``, which knows the ordered targets for a model and records
-each provider's outcome and latency.
+For each request the route's targets are ordered by health (``origin.health``): healthy
+ones in the route's order, demoted ones last (one request a second probes a demoted
+target in its own place). The first is called; what a failure means for the next call
+is ``origin.retry``'s; a target slow to its first byte gets a hedge (``origin.hedge``).
+A stream counts as answered at its first body bytes (``origin.first_byte``). Every
+path is bounded: at most ``max_attempts`` upstream calls, each within its provider's
+timeouts, and waits only for a short backoff or ``Retry-After``.
+
+The hot path with no faults calls one target in the caller's own task: a hedge is a
+timer until its delay passes (``origin.race``), and health recording is O(1).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
-from prism import NotFoundError, PrismError, RateLimitError, UpstreamError
+from prism import NotFoundError, PrismError, UpstreamError
 
-from .health import ProviderHealth
+from .first_byte import StartedEvents, first_token_timeout, open_started
+from .health import Health, HealthPolicy, ProviderHealth, State
 from .metrics import Metrics
 from .providers.base import ChatProvider, UpstreamCompletion, UpstreamStream
 from .providers.config import ProviderConfig
+from .race import RouteRequest
+from .retry import CLIENT_ERROR, classify
+from .targets import Plan, Routed, Target
 
 __all__ = ["Routed", "Router"]
 
-T = TypeVar("T")
+log = logging.getLogger("prism.origin")
 
-
-@dataclass(frozen=True, slots=True)
-class Routed(Generic[T]):
-    """What a target answered, and which target it was."""
-
-    value: T
-    provider: str  # the provider's name in the configuration
-    label: str  # what ``x-prism-provider`` says
-    fallback: bool = False  # not the route's first target: stored only briefly
-
-
-# Failures that another provider may not share; a 400 or 404 would only repeat.
-_RETRYABLE = (UpstreamError, RateLimitError)
+_STATE_GAUGE = {State.HEALTHY: 0, State.PROBING: 1, State.DEMOTED: 2}
+_TARGETS_PER_PROVIDER = 256  # upstream models tracked per provider ("*" routes pass names on)
+_PLANS = 1024  # resolved public model names remembered
 
 
 class Router:
+    """The flight's one way to the providers: ``complete``, ``stream``, ``stream_failed``."""
+
     def __init__(
-        self, config: ProviderConfig, providers: Mapping[str, ChatProvider], metrics: Metrics
+        self,
+        config: ProviderConfig,
+        providers: Mapping[str, ChatProvider],
+        metrics: Metrics,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        jitter: Callable[[], float] = random.random,
+        policy: HealthPolicy | None = None,
     ) -> None:
         self._config = config
         self._providers = providers
         self._metrics = metrics
-        self.health = {name: ProviderHealth() for name in providers}
+        self.clock = clock
+        self.jitter = jitter
+        self._policy = policy or HealthPolicy()
+        self.health: dict[str, ProviderHealth] = {
+            name: ProviderHealth(name, self._policy, self._state_changed, clock)
+            for name in providers
+        }
+        for name in providers:
+            metrics.provider_state.labels(name).set(0)
+        self._targets: dict[tuple[str, str], Target] = {}
+        self._plans: dict[str, Plan] = {}
+        self._seconds: dict[tuple[str, bool], Any] = {}
+        self._losers: set[asyncio.Task[Any]] = set()
 
-    def _targets(self, model: str) -> list[tuple[ChatProvider, str]]:
-        targets = [(self._providers[spec.name], up) for spec, up in self._config.targets(model)]
-        if not targets:
+    # -- the public interface (the flight's) ---------------------------------------------
+
+    async def complete(self, body: dict[str, Any], model: str) -> Routed[UpstreamCompletion]:
+        """A complete answer from the model's first working target."""
+        request = RouteRequest(self, self._plan(model), body, False)
+        return cast(Routed[UpstreamCompletion], await request.run())
+
+    async def stream(self, body: dict[str, Any], model: str) -> Routed[UpstreamStream]:
+        """A stream whose first bytes have arrived; failover happens only before them."""
+        request = RouteRequest(self, self._plan(model), body, True)
+        return cast(Routed[UpstreamStream], await request.run())
+
+    def stream_failed(self, routed: Routed[UpstreamStream], error: PrismError) -> None:
+        """A stream that broke after it started (cut, malformed, unfinished) counts against
+        its target like a failed call (once, however many times it is reported)."""
+        events = routed.value.events
+        if isinstance(events, StartedEvents):
+            events.report(error)
+        else:
+            self.health[routed.provider].record(self.clock(), False, error=_detail(error))
+
+    def snapshot(self) -> dict[str, dict[str, object]]:
+        """Per provider: state, reason, error rate, first-byte percentiles, and its targets."""
+        return {name: health.snapshot() for name, health in self.health.items()}
+
+    # -- routes and targets --------------------------------------------------------------
+
+    def _plan(self, model: str) -> Plan:
+        plan = self._plans.get(model)
+        if plan is not None:
+            return plan
+        route = self._config.route(model)
+        if route is None or not route.targets:
             raise NotFoundError(
                 f"The model '{model}' is not served by this gateway.",
                 param="model",
                 code="model_not_found",
             )
-        return targets
+        context = route.context_fallback
+        targets = tuple(self._target(t.provider, t.model or model) for t in route.targets)
+        plan = Plan(
+            targets=targets,
+            first_tries=tuple((target, 0.0) for target in targets),
+            context_fallback=None
+            if context is None
+            else self._target(context.provider, context.model or model),
+            hedge=route.hedge,
+            hedge_delay=route.hedge_delay,
+            max_attempts=route.max_attempts,
+        )
+        if len(self._plans) >= _PLANS:
+            self._plans.clear()
+        self._plans[model] = plan
+        return plan
 
-    def _observe(
-        self, provider: ChatProvider, started: float, error: PrismError | None = None
+    def _target(self, provider: str, model: str) -> Target:
+        target = self._targets.get((provider, model))
+        if target is None:
+            owner = self.health[provider]
+            if len(owner.targets) >= _TARGETS_PER_PROVIDER:
+                oldest = next(iter(owner.targets))
+                del owner.targets[oldest]
+                self._targets.pop((provider, oldest), None)
+            health = Health(f"{provider}:{model}", self._policy, self._state_changed, self.clock)
+            owner.targets[model] = health
+            target = self._targets[(provider, model)] = Target(
+                self._providers[provider], model, health, owner
+            )
+        return target
+
+    # -- one attempt ---------------------------------------------------------------------
+
+    async def attempt(self, target: Target, body: dict[str, Any], stream: bool) -> Any:
+        """One upstream call, recorded; every failure leaves as a ``PrismError``."""
+        started = self.clock()
+        try:
+            if stream:
+                async with asyncio.timeout(target.spec.first_token_limit):
+                    value: Any = await open_started(
+                        target.provider, body, target.model, lambda e: self._broken(target, e)
+                    )
+            else:
+                value = await target.provider.complete(body, target.model)
+        except PrismError as error:
+            self._record(target, started, stream, error)
+            raise
+        except TimeoutError:  # the first-token limit (providers map their own timeouts)
+            timed_out = first_token_timeout(target.provider)
+            self._record(target, started, stream, timed_out)
+            raise timed_out from None
+        except asyncio.CancelledError:
+            self._count(target, "cancelled")  # a hedge that lost, or the client left
+            raise
+        except Exception:
+            # A bug in an adapter must not escape as-is (least of all from a hedge task).
+            log.exception("provider '%s' failed unexpectedly", target.name)
+            failed = UpstreamError(
+                f"Provider '{target.name}' failed unexpectedly.", code="upstream_adapter_error"
+            )
+            self._record(target, started, stream, failed)
+            raise failed from None
+        self._record(target, started, stream, None)
+        return value
+
+    def _record(
+        self, target: Target, started: float, stream: bool, error: PrismError | None
     ) -> None:
-        seconds = time.perf_counter() - started
-        outcome = "ok" if error is None else "error"
-        self._metrics.provider_seconds.labels(provider.spec.name, outcome).observe(seconds)
-        detail = None if error is None else f"{error.status} {error.code}"
-        self.health[provider.spec.name].record(error is None, seconds, detail)
+        now = self.clock()
+        seconds = now - started
+        if error is None:
+            outcome, ok, detail = "ok", True, None
+        else:
+            outcome = classify(error)
+            ok = outcome == CLIENT_ERROR  # the provider answered; the request was wrong
+            detail = None if ok else _detail(error)
+        first_byte = seconds if error is None else None
+        target.health.record(now, ok, first_byte, stream, detail)
+        target.provider_health.record(now, ok, first_byte, stream, detail)
+        key = (target.name, ok)
+        histogram = self._seconds.get(key)
+        if histogram is None:
+            histogram = self._seconds[key] = self._metrics.provider_seconds.labels(
+                target.name, "ok" if ok else "error"
+            )
+        histogram.observe(seconds)
+        self._count(target, outcome)
 
-    async def _first(
-        self, model: str, call: Callable[[ChatProvider, str], Awaitable[T]]
-    ) -> Routed[T]:
-        """The first target that answers, and who it was; the last error if none does."""
-        last: PrismError | None = None
-        for index, (provider, upstream_model) in enumerate(self._targets(model)):
-            started = time.perf_counter()
-            try:
-                result = await call(provider, upstream_model)
-            except _RETRYABLE as error:
-                self._observe(provider, started, error)
-                last = error
-                continue
-            self._observe(provider, started)
-            spec = provider.spec
-            return Routed(result, spec.name, spec.label or spec.name, fallback=index > 0)
-        assert last is not None
-        raise last
+    def _count(self, target: Target, outcome: str) -> None:
+        counter = target.counters.get(outcome)
+        if counter is None:
+            counter = target.counters[outcome] = self._metrics.provider_attempts.labels(
+                target.name, outcome
+            )
+        counter.inc()
 
-    async def complete(self, body: dict[str, Any], model: str) -> Routed[UpstreamCompletion]:
-        """A complete answer from the model's first working target."""
-        return await self._first(model, lambda provider, up: provider.complete(body, up))
+    def count_hedge(self, target: Target) -> None:
+        self._metrics.provider_hedges.labels(target.name).inc()
 
-    async def stream(self, body: dict[str, Any], model: str) -> Routed[UpstreamStream]:
-        """A started stream; failover happens only before its first byte."""
-        return await self._first(model, lambda provider, up: provider.stream(body, up))
+    def _broken(self, target: Target, error: PrismError) -> None:
+        """A stream that failed after its first bytes: no retry (the client has bytes)."""
+        now, detail = self.clock(), _detail(error)
+        target.health.record(now, False, error=detail)
+        target.provider_health.record(now, False, error=detail)
+        self._metrics.provider_stream_failures.labels(target.name).inc()
 
-    def stream_failed(self, routed: Routed[UpstreamStream], error: PrismError) -> None:
-        """A stream that broke after it started (cut, malformed, unfinished) counts against
-        its provider like a failed call."""
-        self.health[routed.provider].record(False, 0.0, f"{error.status} {error.code}")
+    def discard(self, task: asyncio.Task[Any]) -> None:
+        """Stop a losing attempt now; close what it opened if it won the race too late."""
+        task.cancel()
+        self._losers.add(task)
+        task.add_done_callback(self._reap)
+
+    def _reap(self, task: asyncio.Task[Any]) -> None:
+        self._losers.discard(task)
+        if task.cancelled() or task.exception() is not None:
+            return
+        value = task.result()
+        if isinstance(value, UpstreamStream):
+            closing = asyncio.ensure_future(value.aclose())
+            self._losers.add(closing)
+            closing.add_done_callback(self._losers.discard)
+
+    def _state_changed(self, health: Health, old: State, new: State) -> None:
+        """Gauge every change; log a demotion and a recovery once each."""
+        what = "provider"
+        if isinstance(health, ProviderHealth):
+            self._metrics.provider_state.labels(health.name).set(_STATE_GAUGE[new])
+        else:
+            what = "target"
+        if new is State.DEMOTED and old is State.HEALTHY:
+            log.warning("%s %s demoted: %s", what, health.name, health.reason)
+        elif new is State.HEALTHY:
+            log.warning("%s %s recovered", what, health.name)
+
+
+def _detail(error: PrismError) -> str:
+    return f"{error.status} {error.code}"

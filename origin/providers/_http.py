@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncGenerator, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -23,6 +25,7 @@ from prism import (
 from .base import ProviderSpec
 
 __all__ = [
+    "CONTEXT_LENGTH_EXCEEDED",
     "ConnectorFactory",
     "UpstreamHTTP",
     "malformed",
@@ -141,27 +144,86 @@ def transport_error(spec: ProviderSpec, error: BaseException) -> PrismError:
     return UpstreamError(f"Provider '{spec.name}' failed: {type(error).__name__}.")
 
 
-def _provider_message(body: bytes) -> str:
+@dataclass(frozen=True, slots=True)
+class _ProviderError:
+    """What a provider's error body says, in OpenAI's terms (Anthropic's too)."""
+
+    message: str = ""
+    type: str | None = None
+    code: str | None = None
+    param: str | None = None
+
+
+_NO_DETAIL = _ProviderError()
+# Providers that give no code (Anthropic, many OpenAI-compatible servers) still say it.
+_CONTEXT_LENGTH = re.compile(
+    r"context.length|context.window|prompt is too long|exceeds? (?:the )?context|"
+    r"maximum context|too many tokens",
+    re.IGNORECASE,
+)
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+# The error types Anthropic shares with OpenAI (its other types are not passed on).
+_OPENAI_TYPES = frozenset(
+    {
+        "invalid_request_error",
+        "authentication_error",
+        "permission_error",
+        "not_found_error",
+        "rate_limit_error",
+    }
+)
+
+
+def _text(value: Any, limit: int = 100) -> str | None:
+    return value[:limit] if isinstance(value, str) and value else None
+
+
+def _provider_error(spec: ProviderSpec, body: bytes) -> _ProviderError:
+    """OpenAI's ``{"error": {message, type, code, param}}`` or Anthropic's
+    ``{"type": "error", "error": {type, message}}``, with the gateway's key scrubbed."""
     try:
         data: Any = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return ""
+        return _NO_DETAIL
     error = data.get("error") if isinstance(data, dict) else None
-    if isinstance(error, dict) and isinstance(error.get("message"), str):
-        return str(error["message"])[:500]
     if isinstance(error, str):
-        return error[:500]
-    return ""
+        error = {"message": error}
+    if not isinstance(error, dict):
+        return _NO_DETAIL
+    message = str(error.get("message") or "")[:500]
+    if spec.api_key and spec.api_key in message:
+        message = message.replace(spec.api_key, "[redacted]")
+    code = _text(error.get("code"))
+    if code is None and _CONTEXT_LENGTH.search(message):
+        code = CONTEXT_LENGTH_EXCEEDED
+    kind = _text(error.get("type"))
+    if data.get("type") == "error" and kind not in _OPENAI_TYPES:
+        # Anthropic's own types (request_too_large, api_error…): ours say it in OpenAI's terms.
+        kind = None
+    return _ProviderError(message, kind, code, _text(error.get("param")))
+
+
+def _callers_error(error: PrismError, detail: _ProviderError) -> PrismError:
+    """The provider's own type, code and param on a 4xx that is the caller's answer."""
+    if detail.type is not None:
+        error.type = detail.type
+    return error
 
 
 def raise_for_upstream(
     spec: ProviderSpec, status: int, body: bytes, headers: Mapping[str, str]
 ) -> None:
-    """Map a provider's non-200 answer to the gateway's error for the client."""
+    """Map a provider's non-200 answer to the gateway's error for the client.
+
+    A 4xx that is about the request (400, 404, 413, 422, …) keeps the provider's
+    ``type``, ``code`` and ``param`` (``context_length_exceeded``,
+    ``content_policy_violation``…): it is the caller's answer, never retried.
+    """
     if status == 200:
         return
-    detail = _provider_message(body)
-    suffix = f": {detail}" if detail else "."
+    detail = _provider_error(spec, body)
+    suffix = f": {detail.message}" if detail.message else "."
+    code, param = detail.code, detail.param
     if status == 429:
         retry_after = headers.get("retry-after")
         raise RateLimitError(
@@ -169,17 +231,36 @@ def raise_for_upstream(
             code="upstream_rate_limited",
             headers={"retry-after": retry_after} if retry_after else None,
         )
-    if status == 413:
-        raise RequestTooLargeError(f"Provider '{spec.name}' says the request is too large{suffix}")
-    if status in (400, 422):
-        raise InvalidRequestError(f"Provider '{spec.name}' rejected the request{suffix}")
-    if status == 404:
-        raise NotFoundError(f"Provider '{spec.name}' does not know this model{suffix}")
     if status in (401, 403):
         # The client's key is fine; the gateway's credentials for the provider are not.
         raise UpstreamError(
             f"Provider '{spec.name}' rejected the gateway's credentials.",
             code="upstream_auth_failed",
+        )
+    if status == 408:
+        raise UpstreamTimeoutError(f"Provider '{spec.name}' timed out{suffix}")
+    if status == 413:
+        raise _callers_error(
+            RequestTooLargeError(
+                f"Provider '{spec.name}' says the request is too large{suffix}",
+                code=code,
+                param=param,
+            ),
+            detail,
+        )
+    if status == 404:
+        raise _callers_error(
+            NotFoundError(
+                f"Provider '{spec.name}' does not know this model{suffix}", code=code, param=param
+            ),
+            detail,
+        )
+    if 400 <= status < 500:
+        raise _callers_error(
+            InvalidRequestError(
+                f"Provider '{spec.name}' rejected the request{suffix}", code=code, param=param
+            ),
+            detail,
         )
     if status in (503, 529):  # 529: Anthropic's "overloaded"
         raise UpstreamUnavailableError(f"Provider '{spec.name}' is unavailable{suffix}")

@@ -30,6 +30,19 @@ class ProviderSpec:
     total_timeout: float = 600.0
     max_connections: int = 256
     label: str | None = None  # what x-prism-provider says; defaults to name
+    # Routing policy (see ``origin.retry`` and ``origin.hedge``).
+    first_token_timeout: float | None = None  # request to first streamed byte; None: first_byte
+    retries: int = 1  # same-provider retries of a 500/502/503 or a reset connection
+    retry_backoff: float = 0.1  # seconds before such a retry (jittered x0.5..1.5)
+    max_retry_after: float = 5.0  # longest 429 Retry-After worth waiting for (when no other target)
+    hedge: bool = True  # start the next target when this one is slow to its first byte
+    hedge_delay: float | None = None  # fixed hedge delay; None: adapt to recent first-byte times
+    hedge_percentile: float = 95.0  # which recent first-byte time the adaptive delay follows
+
+    @property
+    def first_token_limit(self) -> float:
+        """Seconds from the request to a stream's first body bytes."""
+        return self.first_token_timeout or self.first_byte_timeout
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,17 @@ api_key_env = "ANTHROPIC_API_KEY"
 "fast" = ["groq:llama-3.1-8b-instant", "openai:gpt-4o-mini"]
 "claude-*" = ["anthropic"]           # glob: the requested name passes through
 "*" = ["openai"]
+
+[models."gpt-4o-mini"]               # a route with options: a table instead of a list
+targets = ["openai:gpt-4o-mini", "groq:llama-3.1-8b-instant"]
+context_fallback = "openai:gpt-4.1-mini"  # tried once on context_length_exceeded
+hedge_delay = 1.5                    # fixed hedge delay for this route (else per provider)
+max_attempts = 3                     # upstream calls per request, retries and hedges included
 ```
+
+Per provider, the routing policy: ``retries`` (1), ``retry_backoff`` (0.1 s),
+``max_retry_after`` (5 s), ``first_token_timeout`` (= ``first_byte_timeout``),
+``hedge`` (true), ``hedge_delay`` (adaptive) and ``hedge_percentile`` (95).
 """
 
 from __future__ import annotations
@@ -34,9 +44,11 @@ from typing import Any
 
 from .base import ProviderSpec
 
-__all__ = ["ModelTarget", "ProviderConfig", "load_provider_config"]
+__all__ = ["DEFAULT_MAX_ATTEMPTS", "ModelTarget", "ProviderConfig", "Route", "load_provider_config"]
 
 _KINDS = ("openai", "anthropic")
+DEFAULT_MAX_ATTEMPTS = 3
+_ROUTE_MEMO = 1024  # resolved model names remembered (client-chosen: bounded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,21 +58,45 @@ class ModelTarget:
 
 
 @dataclass(frozen=True, slots=True)
+class Route:
+    """A public model's ordered targets and how to route between them."""
+
+    targets: tuple[ModelTarget, ...]
+    context_fallback: ModelTarget | None = None  # on context_length_exceeded, tried once
+    hedge: bool = True
+    hedge_delay: float | None = None  # overrides the providers' own
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+
+
+@dataclass(frozen=True, slots=True)
 class ProviderConfig:
     providers: dict[str, ProviderSpec]
-    routes: dict[str, tuple[ModelTarget, ...]] = field(default_factory=dict)
+    routes: dict[str, Route] = field(default_factory=dict)
+    _memo: dict[str, Route | None] = field(default_factory=dict, compare=False, repr=False)
 
-    def targets(self, model: str) -> tuple[tuple[ProviderSpec, str], ...]:
-        """Ordered (provider, upstream model) pairs for a public model name; empty if none."""
+    def route(self, model: str) -> Route | None:
+        """The route for a public model name (exact, else the first matching glob)."""
+        try:
+            return self._memo[model]
+        except KeyError:
+            pass
         route = self.routes.get(model)
         if route is None:
             for pattern, candidate in self.routes.items():
                 if any(c in pattern for c in "*?[") and fnmatch.fnmatchcase(model, pattern):
                     route = candidate
                     break
-        if not route:
+        if len(self._memo) >= _ROUTE_MEMO:
+            self._memo.clear()
+        self._memo[model] = route
+        return route
+
+    def targets(self, model: str) -> tuple[tuple[ProviderSpec, str], ...]:
+        """Ordered (provider, upstream model) pairs for a public model name; empty if none."""
+        route = self.route(model)
+        if route is None:
             return ()
-        return tuple((self.providers[t.provider], t.model or model) for t in route)
+        return tuple((self.providers[t.provider], t.model or model) for t in route.targets)
 
     def public_models(self) -> list[str]:
         return sorted(name for name in self.routes if not any(c in name for c in "*?["))
@@ -89,28 +125,94 @@ def _spec(name: str, table: Mapping[str, Any], env: Mapping[str, str]) -> Provid
         connect_timeout=float(table.get("connect_timeout", 5.0)),
         first_byte_timeout=float(table.get("first_byte_timeout", 60.0)),
         total_timeout=float(table.get("total_timeout", 600.0)),
+        first_token_timeout=_optional_seconds(name, table, "first_token_timeout"),
+        retries=_count(name, table, "retries", 1),
+        retry_backoff=_seconds(name, table, "retry_backoff", 0.1),
+        max_retry_after=_seconds(name, table, "max_retry_after", 5.0),
+        hedge=_flag(name, table, "hedge"),
+        hedge_delay=_optional_seconds(name, table, "hedge_delay"),
+        hedge_percentile=_percentile(name, table),
     )
 
 
-def _route(
-    model: str, entries: Any, providers: Mapping[str, ProviderSpec]
-) -> tuple[ModelTarget, ...]:
+def _seconds(where: str, table: Mapping[str, Any], key: str, default: float) -> float:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ValueError(f"'{where}': {key} must be a number of seconds >= 0")
+    return float(value)
+
+
+def _flag(where: str, table: Mapping[str, Any], key: str) -> bool:
+    value = table.get(key, True)
+    if not isinstance(value, bool):
+        raise ValueError(f"'{where}': {key} must be true or false")
+    return value
+
+
+def _optional_seconds(where: str, table: Mapping[str, Any], key: str) -> float | None:
+    value = table.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(f"'{where}': {key} must be a positive number of seconds")
+    return float(value)
+
+
+def _count(where: str, table: Mapping[str, Any], key: str, default: int) -> int:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"'{where}': {key} must be a whole number >= 0")
+    return value
+
+
+def _percentile(where: str, table: Mapping[str, Any]) -> float:
+    value = table.get("hedge_percentile", 95.0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 100:
+        raise ValueError(f"'{where}': hedge_percentile must be in (0, 100]")
+    return float(value)
+
+
+def _target(model: str, entry: Any, providers: Mapping[str, ProviderSpec]) -> ModelTarget:
+    provider, _, upstream = str(entry).partition(":")
+    if provider not in providers:
+        raise ValueError(f"model '{model}': unknown provider '{provider}'")
+    return ModelTarget(provider, upstream or None)
+
+
+def _route(model: str, entries: Any, providers: Mapping[str, ProviderSpec]) -> Route:
+    options: Mapping[str, Any] = {}
+    if isinstance(entries, dict):
+        options = entries
+        unknown = set(options) - {
+            "targets",
+            "context_fallback",
+            "hedge",
+            "hedge_delay",
+            "max_attempts",
+        }
+        if unknown:
+            raise ValueError(f"model '{model}': unknown keys {', '.join(sorted(unknown))}")
+        entries = options.get("targets")
     if isinstance(entries, str):
         entries = [entries]
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"model '{model}': give a list of 'provider[:model]' targets")
-    targets = []
-    for entry in entries:
-        provider, _, upstream = str(entry).partition(":")
-        if provider not in providers:
-            raise ValueError(f"model '{model}': unknown provider '{provider}'")
-        targets.append(ModelTarget(provider, upstream or None))
-    return tuple(targets)
+    fallback = options.get("context_fallback")
+    max_attempts = _count(model, options, "max_attempts", DEFAULT_MAX_ATTEMPTS)
+    if max_attempts < 1:
+        raise ValueError(f"'{model}': max_attempts must be at least 1")
+    return Route(
+        targets=tuple(_target(model, entry, providers) for entry in entries),
+        context_fallback=None if fallback is None else _target(model, fallback, providers),
+        hedge=_flag(model, options, "hedge"),
+        hedge_delay=_optional_seconds(model, options, "hedge_delay"),
+        max_attempts=max_attempts,
+    )
 
 
 def _from_env(env: Mapping[str, str]) -> ProviderConfig:
     providers: dict[str, ProviderSpec] = {}
-    routes: dict[str, tuple[ModelTarget, ...]] = {}
+    routes: dict[str, Route] = {}
     if env.get("ANTHROPIC_API_KEY"):
         providers["anthropic"] = ProviderSpec(
             name="anthropic",
@@ -119,7 +221,7 @@ def _from_env(env: Mapping[str, str]) -> ProviderConfig:
             api_key=env["ANTHROPIC_API_KEY"],
             api_key_env="ANTHROPIC_API_KEY",
         )
-        routes["claude-*"] = (ModelTarget("anthropic", None),)
+        routes["claude-*"] = Route((ModelTarget("anthropic", None),))
     if env.get("OPENAI_API_KEY") or env.get("OPENAI_BASE_URL"):
         providers["openai"] = ProviderSpec(
             name="openai",
@@ -129,7 +231,7 @@ def _from_env(env: Mapping[str, str]) -> ProviderConfig:
             api_key_env="OPENAI_API_KEY",
             label=env.get("PRISM_OPENAI_LABEL") or None,
         )
-        routes["*"] = (ModelTarget("openai", None),)
+        routes["*"] = Route((ModelTarget("openai", None),))
     return ProviderConfig(providers=providers, routes=routes)
 
 

@@ -26,8 +26,10 @@ from origin.providers.anthropic_translate import (
 from origin.providers.base import ProviderSpec
 from prism import (
     InvalidRequestError,
+    NotFoundError,
     PrismError,
     RateLimitError,
+    RequestTooLargeError,
     SSEDecoder,
     StreamAssembler,
     UpstreamError,
@@ -768,3 +770,48 @@ async def test_closing_an_unread_stream_releases_the_upstream_response(
     assert provider.control.stats()["open_streams"] == 1
     await stream.aclose()  # e.g. the hedged request that lost, before reading on
     await asyncio.to_thread(wait_for, lambda: provider.control.stats()["open_streams"] == 0, 5.0)
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "error_type", "kind", "code"),
+    [
+        (
+            400,
+            "prompt is too long: 210000 tokens > 200000 maximum",
+            InvalidRequestError,
+            "invalid_request_error",
+            "context_length_exceeded",
+        ),
+        (
+            400,
+            "max_tokens: must be positive",
+            InvalidRequestError,
+            "invalid_request_error",
+            "invalid_request",
+        ),
+        (404, "model: claude-9", NotFoundError, "not_found_error", "not_found"),
+        (
+            413,
+            "Request exceeds the maximum size",
+            RequestTooLargeError,
+            "invalid_request_error",
+            "request_too_large",
+        ),
+    ],
+    ids=["context", "400", "404", "413"],
+)
+async def test_anthropic_errors_keep_their_meaning_in_openai_terms(
+    anthropic: AnthropicProvider,
+    provider: ProviderServer,
+    status: int,
+    message: str,
+    error_type: type[PrismError],
+    kind: str,
+    code: str,
+) -> None:
+    provider.control.set_fault("status", status=status, message=message)
+    with pytest.raises(error_type) as caught:
+        await anthropic.complete(CHAT, MODEL)
+    error = caught.value
+    assert (error.status, error.type, error.code) == (status, kind, code)
+    assert message in error.message and "test-key" not in error.message

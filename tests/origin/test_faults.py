@@ -61,8 +61,9 @@ def stored_keys(redis_url: str) -> list[bytes]:
 @pytest.mark.parametrize(
     ("mode", "params", "status", "code"),
     [
-        ("status", {"status": 500}, 502, "bad_gateway"),
-        ("status", {"status": 503}, 503, "upstream_unavailable"),
+        # twice: the router retries a 500/503 once on the same provider
+        ("status", {"status": 500, "count": 2}, 502, "bad_gateway"),
+        ("status", {"status": 503, "count": 2}, 503, "upstream_unavailable"),
         ("rate_limit", {"retry_after": 7}, 429, "upstream_rate_limited"),
         ("stall_before_first_byte", {"seconds": 3}, 504, "upstream_timeout"),
         ("malformed_json", {}, 502, "upstream_malformed"),
