@@ -1,6 +1,7 @@
 """The edge's request logic, runtime-neutral: it sees the Worker only through ``Platform``.
 
-route → auth (signature, no I/O; revocation memoized) → body limit → parse →
+route (a fixed table) → auth (signature, no I/O; revocation memoized) → body
+(bytes, bounded in size and time) → parse →
 fingerprint → KV read (bounded) → hit: answer at the PoP; miss: forward to the
 origin, signed, and stream its answer back untouched. When the origin answered
 from Redis, the entry is written to KV in the background so the next request
@@ -15,11 +16,14 @@ import secrets
 
 from prism import (
     AuthenticationError,
+    InvalidRequestError,
+    KeyIdentity,
     MethodNotAllowedError,
     NotFoundError,
     PrismError,
     RecentBodies,
     RecentEntries,
+    RequestTimeoutError,
     RequestTooLargeError,
     UpstreamError,
     bearer_token,
@@ -36,11 +40,11 @@ from prism import headers as h
 
 from .platform import EdgeRequest, EdgeResponse, Platform
 from .revocation import RevocationSet
+from .routes import CHAT_PATH, ROUTES, canonical_path
 from .settings import EdgeSettings
 
 __all__ = ["EdgeHandler"]
 
-CHAT_PATH = "/v1/chat/completions"
 JSON = "application/json"
 SSE = "text/event-stream"
 _MIN_KV_TTL = 60
@@ -82,11 +86,11 @@ class EdgeHandler:
     async def _route(
         self, request: EdgeRequest, platform: Platform, timings: list[tuple[str, float]]
     ) -> EdgeResponse:
-        path = request.path
-        if not path.startswith("/v1/"):
-            raise NotFoundError(f"Unknown route {request.method} {path}.")
-        if path == CHAT_PATH and request.method != "POST":
-            raise MethodNotAllowedError(f"Method {request.method} is not allowed here.")
+        path = canonical_path(request.path)
+        if path is None:
+            raise NotFoundError(f"Unknown route {request.method} {request.path[:200]}.")
+        if request.method != ROUTES[path]:
+            raise MethodNotAllowedError(f"Method {request.method[:20]} is not allowed here.")
         started = platform.now()
         key = bearer_token(request.headers.get("authorization"))
         identity = self.settings.key_ring.verify(key)
@@ -95,24 +99,20 @@ class EdgeHandler:
         timings.append(("auth", _ms(started, platform.now())))
         if path != CHAT_PATH:
             return await self._forward(
-                request, platform, identity.project, identity.key_id, "", None, timings
+                request.method, path, request, platform, identity, "", None, timings
             )
-        return await self._chat(request, platform, identity.project, identity.key_id, timings)
+        return await self._chat(request, platform, identity, timings)
 
     async def _chat(
         self,
         request: EdgeRequest,
         platform: Platform,
-        project: str,
-        key_id: str,
+        identity: KeyIdentity,
         timings: list[tuple[str, float]],
     ) -> EdgeResponse:
-        limit = self.settings.limits.max_body_bytes
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
-            raise RequestTooLargeError(f"Request body is {declared} bytes; the limit is {limit}.")
+        project = identity.project
         started = platform.now()
-        body = await platform.read_body()
+        body = await self._read_body(request, platform)
         known = self._bodies.get(project, body)
         if known is None:
             chat = parse_chat_request(body, self.settings.limits)
@@ -139,7 +139,9 @@ class EdgeHandler:
                     )
                 headers["content-type"] = JSON
                 return EdgeResponse(200, headers, envelope.body)
-        response = await self._forward(request, platform, project, key_id, fp, body, timings)
+        response = await self._forward(
+            "POST", CHAT_PATH, request, platform, identity, fp, body, timings
+        )
         if (
             response.passthrough is not None
             and response.status == 200
@@ -167,32 +169,64 @@ class EdgeHandler:
         except Exception:
             return None
 
+    async def _read_body(self, request: EdgeRequest, platform: Platform) -> bytes:
+        """The body's bytes, read only up to the limit and within the body timeout."""
+        limit = self.settings.limits.max_body_bytes
+        declared = request.headers.get("content-length")
+        length = None
+        if declared is not None:
+            # ASCII digits only (str.isdigit() takes other scripts' digits too), and few
+            # enough of them for int(); anything else is not a length.
+            if not (declared.isascii() and declared.isdigit() and len(declared) <= 18):
+                raise InvalidRequestError(
+                    "Content-Length must be a non-negative integer.",
+                    code="invalid_content_length",
+                )
+            length = int(declared)
+            if length > limit:
+                raise RequestTooLargeError(f"Request body is {length} bytes; the limit is {limit}.")
+        try:
+            async with asyncio.timeout(self.settings.body_timeout):
+                body = await platform.read_body(limit, length)
+        except TimeoutError:
+            raise RequestTimeoutError(
+                "The request body did not arrive in time "
+                f"({self.settings.body_timeout * 1000:.0f} ms)."
+            ) from None
+        if len(body) > limit:
+            raise RequestTooLargeError(f"Request body exceeds the limit of {limit} bytes.")
+        return body
+
     async def _forward(
         self,
+        method: str,
+        path: str,
         request: EdgeRequest,
         platform: Platform,
-        project: str,
-        key_id: str,
+        identity: KeyIdentity,
         fp: str,
-        body: str | None,
+        body: bytes | None,
         timings: list[tuple[str, float]],
     ) -> EdgeResponse:
+        """``method path`` at the origin (the route's own spelling, no query: the API
+        routes take none), signed for exactly that method, path and fingerprint."""
         headers = {name: request.headers[name] for name in _FORWARDED if name in request.headers}
         headers[h.FORWARD] = sign_forward(
             self.settings.forward_secret,
-            project=project,
-            key_id=key_id,
+            method=method,
+            path=path,
+            project=identity.project,
+            key_id=identity.key_id,
             fingerprint=fp,
             now=platform.now(),
         )
         if h.REQUEST_ID in request.headers:
             headers[h.REQUEST_ID] = request.headers[h.REQUEST_ID]
-        url = (
-            self.settings.origin_url + request.path + (f"?{request.query}" if request.query else "")
-        )
         started = platform.now()
         try:
-            reply = await platform.fetch_origin(request.method, url, headers, body)
+            reply = await platform.fetch_origin(
+                method, self.settings.origin_url + path, headers, body
+            )
         except Exception:
             raise UpstreamError(
                 "The Prism origin is unreachable from this edge.", code="origin_unreachable"
@@ -200,6 +234,7 @@ class EdgeHandler:
         timings.append(("origin", _ms(started, platform.now())))
         out = reply.headers()
         out.pop("content-length", None)  # the runtime sets it for what it actually sends
+        out.pop(h.ENTRY_EXPIRES, None)  # for this edge only (read from the reply itself)
         out.setdefault(h.CACHE_LAYER, "bypass")
         if fp:
             out[h.CACHE_KEY] = fp[: h.CACHE_KEY_PREFIX_LEN]

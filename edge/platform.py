@@ -41,14 +41,17 @@ class OriginReply(Protocol):
 
 
 class Platform(Protocol):
-    async def read_body(self) -> str: ...
+    async def read_body(self, limit: int, length: int | None) -> bytes:
+        """The request body's bytes; stops reading once it has more than ``limit`` (the
+        caller refuses those). ``length`` is the declared Content-Length, if any."""
+        ...
 
     async def kv_get(self, key: str) -> str | None: ...
 
     async def kv_put(self, key: str, value: str, ttl: int) -> None: ...
 
     async def fetch_origin(
-        self, method: str, url: str, headers: Mapping[str, str], body: str | None
+        self, method: str, url: str, headers: Mapping[str, str], body: bytes | None
     ) -> OriginReply: ...
 
     def wait_until(self, work: Coroutine[Any, Any, Any]) -> None: ...

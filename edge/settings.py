@@ -16,6 +16,7 @@ class EdgeSettings:
     forward_secret: bytes = field(repr=False)
     origin_url: str
     kv_timeout: float = 0.5  # a slow KV read falls through to the origin
+    body_timeout: float = 10.0  # a request body that takes longer is a 408
     revocation_ttl: float = 60.0  # how stale the revocation set may be per isolate
     limits: Limits = field(default_factory=Limits)
 
@@ -37,6 +38,7 @@ class EdgeSettings:
         if missing:
             raise ValueError(f"edge is missing bindings: {', '.join(missing)}")
         kv_timeout_ms = get("PRISM_KV_TIMEOUT_MS")
+        body_timeout_ms = get("PRISM_BODY_TIMEOUT_MS")
         max_body = get("PRISM_MAX_BODY_BYTES")
         revocation_ttl = get("PRISM_REVOCATION_TTL_SECONDS")
         return cls(
@@ -44,6 +46,7 @@ class EdgeSettings:
             forward_secret=forward.encode(),
             origin_url=origin.rstrip("/"),
             kv_timeout=float(kv_timeout_ms) / 1000 if kv_timeout_ms else 0.5,
+            body_timeout=float(body_timeout_ms) / 1000 if body_timeout_ms else 10.0,
             revocation_ttl=float(revocation_ttl) if revocation_ttl else 60.0,
             limits=Limits(max_body_bytes=int(max_body)) if max_body else Limits(),
         )

@@ -55,8 +55,32 @@ class WorkersPlatform:
         self._kv = getattr(env, KV_BINDING, None)
         self._ctx = ctx
 
-    async def read_body(self) -> str:
-        return str(await self._request.text())
+    async def read_body(self, limit: int, length: int | None) -> bytes:
+        """Bytes, never text: decoding here would turn invalid UTF-8 into U+FFFD (another
+        body under the same fingerprint) and count characters, not bytes."""
+        if length is not None:
+            # Framed by its Content-Length (already checked against the limit): the
+            # runtime delivers at most that many bytes, so one read is bounded.
+            if length == 0:
+                return b""
+            return bytes((await self._request.arrayBuffer()).to_bytes())
+        stream = self._request.body
+        if stream is None:
+            return b""
+        # Chunked: read as it comes, and stop as soon as it is over the limit.
+        reader = stream.getReader()
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit:
+            result = await reader.read()
+            if result.done:
+                break
+            chunk = bytes(result.value.to_bytes())
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            reader.cancel()  # the rest is never read
+        return b"".join(chunks)
 
     async def kv_get(self, key: str) -> str | None:
         if self._kv is None:
@@ -69,11 +93,11 @@ class WorkersPlatform:
             await self._kv.put(key, value, _js_object({"expirationTtl": ttl}))
 
     async def fetch_origin(
-        self, method: str, url: str, headers: Mapping[str, str], body: str | None
+        self, method: str, url: str, headers: Mapping[str, str], body: bytes | None
     ) -> _OriginReply:
         init: dict[str, Any] = {"method": method, "headers": dict(headers)}
         if body is not None:
-            init["body"] = body
+            init["body"] = to_js(body)  # a Uint8Array
         return _OriginReply(await js.fetch(url, _js_object(init)))
 
     def wait_until(self, work: Coroutine[Any, Any, Any]) -> None:

@@ -6,10 +6,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from prism import KeyRing, bearer_token, verify_forward
+from prism import ForwardRejected, KeyRing, bearer_token, verify_forward
 from prism import headers as h
 
-__all__ = ["Caller", "authenticate"]
+from .metrics import Metrics
+
+__all__ = ["Caller", "authenticate", "check_forwarded_body"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,13 +19,41 @@ class Caller:
     project: str
     key_id: str
     fingerprint: str | None  # computed and signed by the edge; None when called directly
+    forwarded: bool = False  # vouched for by the edge's signed header
 
 
-def authenticate(headers: Mapping[str, str], key_ring: KeyRing, forward_secret: bytes) -> Caller:
+def authenticate(
+    headers: Mapping[str, str],
+    key_ring: KeyRing,
+    forward_secret: bytes,
+    # The defaults are the one route that has no others to give (``GET /v1/models``).
+    method: str = "GET",
+    path: str = "/v1/models",
+    metrics: Metrics | None = None,
+) -> Caller:
+    """The caller of ``method path``. A forward header binds both: one signed for another
+    route or method is refused like a forged one."""
     forwarded = headers.get(h.FORWARD)
     if forwarded is not None:
         # Only the edge can sign this; a bad or expired one is refused, never ignored.
-        found = verify_forward(forward_secret, forwarded, time.time())
-        return Caller(found.project, found.key_id, found.fingerprint or None)
+        try:
+            found = verify_forward(
+                forward_secret, forwarded, method=method, path=path, now=time.time()
+            )
+        except ForwardRejected as rejected:
+            if metrics is not None:
+                metrics.count_forward_rejected(rejected.reason)
+            raise
+        return Caller(found.project, found.key_id, found.fingerprint or None, forwarded=True)
     identity = key_ring.verify(bearer_token(headers.get("authorization")))
     return Caller(identity.project, identity.key_id, None)
+
+
+def check_forwarded_body(caller: Caller, fingerprint: str, metrics: Metrics | None) -> None:
+    """A forwarded request's body must be the one the edge fingerprinted: the fingerprint
+    the origin derives anyway must equal the signed one, so a captured header replayed
+    with another body (to poison the tenant's entry under it) is refused."""
+    if caller.forwarded and caller.fingerprint != fingerprint:
+        if metrics is not None:
+            metrics.count_forward_rejected("body")
+        raise ForwardRejected("Edge forward header does not match the request body.", "body")

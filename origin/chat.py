@@ -33,7 +33,7 @@ from prism import (
 from prism import headers as h
 
 from .asgi import Receive, Reply, Scope, Send, read_body, request_headers, send_reply
-from .auth import authenticate
+from .auth import authenticate, check_forwarded_body
 from .flight import Flight
 from .gateway import Gateway
 from .providers.base import UpstreamCompletion
@@ -95,7 +95,10 @@ class ChatCompletions:
     async def _handle(self, headers: dict[str, str], receive: Receive, request_id: str) -> Reply:
         gw = self.gw
         timer = _Timer()
-        caller = authenticate(headers, gw.settings.key_ring, gw.settings.forward_secret)
+        # __call__ admits only POST; a forward signed for anything else is refused here.
+        caller = authenticate(
+            headers, gw.settings.key_ring, gw.settings.forward_secret, "POST", PATH, gw.metrics
+        )
         timer.mark("auth")
         limits = gw.settings.limits
         raw = await read_body(receive, limits.max_body_bytes, headers.get("content-length"))
@@ -106,8 +109,8 @@ class ChatCompletions:
             self._bodies.put(caller.project, raw, chat, fp)
         else:
             chat, fp = known
-        # The edge's signed fingerprint wins: both halves compute it the same way anyway.
-        fp = caller.fingerprint or fp
+        # A forward vouches for this body only: its signed fingerprint must be this one.
+        check_forwarded_body(caller, fp, gw.metrics)
         decision = classify(chat, headers.get("cache-control"), self.policy)
         timer.mark("parse")
         lookup = await gw.cache.lookup(caller.key_id, fp if decision.read else None)

@@ -35,6 +35,13 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
+        self.forward_rejected = Counter(
+            "prism_origin_forward_rejected",
+            "Edge forward headers refused: malformed, signature (forged, or replayed on another"
+            " route or method), expired, or body (replayed with another body).",
+            ("reason",),
+            registry=registry,
+        )
         self.coalesced = Counter(
             "prism_origin_coalesced_requests",
             "Requests answered by joining an identical in-flight provider call.",
@@ -101,6 +108,9 @@ class Metrics:
         if child is None:
             child = self._request_children[key] = self.requests.labels(route, str(status), layer)
         child.inc()
+
+    def count_forward_rejected(self, reason: str) -> None:
+        self.forward_rejected.labels(reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -16,6 +16,7 @@ from .errors import (
     PermissionDeniedError,
     PrismError,
     RateLimitError,
+    RequestTimeoutError,
     RequestTooLargeError,
     UpstreamError,
     UpstreamTimeoutError,
@@ -24,7 +25,7 @@ from .errors import (
     error_json,
 )
 from .fingerprint import EXCLUDED_FIELDS, canonical_document, fingerprint
-from .forward import Forwarded, sign_forward, verify_forward
+from .forward import Forwarded, ForwardRejected, sign_forward, verify_forward
 from .keys import (
     REVOKED_KEY,
     KeyIdentity,
@@ -47,6 +48,7 @@ __all__ = [
     "CachePolicy",
     "ChatRequest",
     "Envelope",
+    "ForwardRejected",
     "Forwarded",
     "InvalidRequestError",
     "KeyIdentity",
@@ -59,6 +61,7 @@ __all__ = [
     "RateLimitError",
     "RecentBodies",
     "RecentEntries",
+    "RequestTimeoutError",
     "RequestTooLargeError",
     "SSEDecoder",
     "StreamAssembler",

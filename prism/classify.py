@@ -19,6 +19,7 @@ from .request import ChatRequest
 __all__ = ["MIN_TTL", "CacheDecision", "CachePolicy", "classify"]
 
 MIN_TTL = 60
+_MAX_AGE_DIGITS = 12
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,10 @@ DEFAULT_POLICY = CachePolicy()
 
 def _directives(cache_control: str) -> dict[str, str]:
     found: dict[str, str] = {}
+    if not cache_control.isascii():
+        # Header bytes outside ASCII decode differently at the edge and the origin, and
+        # str.lower()/isdigit() accept look-alikes: such a header carries no directives.
+        return found
     for part in cache_control.lower().split(","):
         name, _, value = part.strip().partition("=")
         if name:
@@ -74,6 +79,9 @@ def classify(
             reasons.append("no-store")
         max_age = directives.get("max-age")
         if max_age is not None and max_age.isdigit():
-            ttl = max(MIN_TTL, min(int(max_age), policy.max_ttl))
+            # More digits than any TTL needs is the longest TTL (and int() refuses
+            # strings of thousands of digits).
+            seconds = int(max_age) if len(max_age) <= _MAX_AGE_DIGITS else policy.max_ttl
+            ttl = max(MIN_TTL, min(seconds, policy.max_ttl))
             reasons.append(f"max-age={ttl}")
     return CacheDecision(read, write, ttl, ", ".join(reasons) or "cacheable")

@@ -2,6 +2,7 @@
 
 PrismError                       500 server_error
 ├── InvalidRequestError          400 invalid_request_error
+│   ├── RequestTimeoutError      408 invalid_request_error
 │   └── RequestTooLargeError     413 invalid_request_error
 ├── AuthenticationError          401 authentication_error
 ├── PermissionDeniedError        403 permission_error
@@ -26,6 +27,7 @@ __all__ = [
     "PermissionDeniedError",
     "PrismError",
     "RateLimitError",
+    "RequestTimeoutError",
     "RequestTooLargeError",
     "UpstreamError",
     "UpstreamTimeoutError",
@@ -62,6 +64,13 @@ class InvalidRequestError(PrismError):
     status = 400
     type = "invalid_request_error"
     default_code = "invalid_request"
+
+
+class RequestTimeoutError(InvalidRequestError):
+    """The client did not send its request (the body) in time."""
+
+    status = 408
+    default_code = "request_timeout"
 
 
 class RequestTooLargeError(InvalidRequestError):

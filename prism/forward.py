@@ -4,7 +4,13 @@ When the edge forwards a miss it has already verified the key and computed the
 fingerprint; it says so in one header, HMAC-signed with the forwarding secret
 and valid for a few seconds, so the origin trusts it without redoing the work:
 
-    x-prism-forward: v1.{expires}.{project}.{key_id}.{fingerprint}.{signature}
+    x-prism-forward: v2.{expires}.{project}.{key_id}.{fingerprint}.{signature}
+
+The signature also covers the request's method and path, which the header does
+not carry: the origin supplies the ones it received, so a captured header is
+worth nothing on another route or method. The body is bound by the fingerprint:
+the origin derives it from the body it received and refuses a mismatch
+(``ForwardRejected`` with reason ``body``), so a replay cannot carry another body.
 """
 
 from __future__ import annotations
@@ -16,9 +22,24 @@ from dataclasses import dataclass
 
 from .errors import AuthenticationError
 
-__all__ = ["FORWARD_TTL_SECONDS", "Forwarded", "sign_forward", "verify_forward"]
+__all__ = ["FORWARD_TTL_SECONDS", "ForwardRejected", "Forwarded", "sign_forward", "verify_forward"]
 
-FORWARD_TTL_SECONDS = 30
+# What the edge needs between signing and the origin reading the headers (one
+# subrequest), plus clock skew; the header is useless to a replay after that.
+FORWARD_TTL_SECONDS = 5
+_VERSION = "v2"
+
+
+class ForwardRejected(AuthenticationError):
+    """A forward header the origin refuses; ``reason`` labels the rejection metric:
+    ``malformed``, ``signature`` (forged, or replayed on another method or path),
+    ``expired`` or ``body`` (replayed with another body)."""
+
+    default_code = "invalid_forward"
+
+    def __init__(self, message: str, reason: str, code: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,33 +50,43 @@ class Forwarded:
     expires: int
 
 
-def _signature(secret: bytes, message: str) -> str:
-    digest = hmac.new(secret, message.encode(), hashlib.sha256).digest()
+def _signature(secret: bytes, message: str, method: str, path: str) -> str:
+    signed = f"{message}\n{method}\n{path}".encode()
+    digest = hmac.new(secret, signed, hashlib.sha256).digest()
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
 def sign_forward(
     secret: bytes,
     *,
+    method: str,
+    path: str,
     project: str,
     key_id: str,
     fingerprint: str,
     now: float,
     ttl: int = FORWARD_TTL_SECONDS,
 ) -> str:
-    message = f"v1.{int(now) + ttl}.{project}.{key_id}.{fingerprint}"
-    return f"{message}.{_signature(secret, message)}"
+    message = f"{_VERSION}.{int(now) + ttl}.{project}.{key_id}.{fingerprint}"
+    return f"{message}.{_signature(secret, message, method, path)}"
 
 
-def verify_forward(secret: bytes, header: str, now: float) -> Forwarded:
-    """The forwarded identity, or ``AuthenticationError`` if forged, malformed or expired."""
+def verify_forward(secret: bytes, header: str, *, method: str, path: str, now: float) -> Forwarded:
+    """The forwarded identity, or ``ForwardRejected`` if forged, malformed, expired, or
+    signed for another method or path."""
     parts = header.split(".")
-    if len(parts) != 6 or parts[0] != "v1" or not parts[1].isdigit():
-        raise AuthenticationError("Malformed edge forward header.", code="invalid_forward")
+    if (
+        not header.isascii()
+        or len(parts) != 6
+        or parts[0] != _VERSION
+        or not (parts[1].isdigit() and len(parts[1]) <= 12)
+    ):
+        raise ForwardRejected("Malformed edge forward header.", "malformed")
     message, signature = header.rpartition(".")[::2]
-    if not hmac.compare_digest(_signature(secret, message).encode(), signature.encode()):
-        raise AuthenticationError("Invalid edge forward signature.", code="invalid_forward")
+    expected = _signature(secret, message, method, path)
+    if not hmac.compare_digest(expected.encode(), signature.encode()):
+        raise ForwardRejected("Invalid edge forward signature.", "signature")
     expires = int(parts[1])
     if now > expires:
-        raise AuthenticationError("Expired edge forward header.", code="forward_expired")
+        raise ForwardRejected("Expired edge forward header.", "expired", code="forward_expired")
     return Forwarded(project=parts[2], key_id=parts[3], fingerprint=parts[4], expires=expires)

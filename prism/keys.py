@@ -45,9 +45,14 @@ def valid_project_id(project: str) -> bool:
 
 
 def bearer_token(authorization: str | None) -> str:
-    """The key in an ``Authorization: Bearer <key>`` header value; "" for anything else."""
+    """The key in an ``Authorization: Bearer <key>`` header value; "" for anything else.
+
+    Only ASCII spaces and tabs are trimmed: Unicode whitespace is not a header separator,
+    and the edge and the origin decode non-ASCII header bytes differently (a key with it
+    is invalid in both, rather than valid in one).
+    """
     scheme, _, token = (authorization or "").partition(" ")
-    return token.strip() if scheme.lower() == "bearer" else ""
+    return token.strip(" \t") if scheme.lower() == "bearer" else ""
 
 
 def key_hash(key: str) -> str:
@@ -128,7 +133,9 @@ class KeyRing:
             raise AuthenticationError(
                 "Missing API key. Pass it as 'Authorization: Bearer <key>'.", code="missing_api_key"
             )
-        if len(key) > _MAX_KEY_LEN or not key.startswith(_PREFIX):
+        # ASCII only, so a key has one spelling: str.isdigit() and int() also accept
+        # superscript, Arabic-Indic and fullwidth digits (int("\u0661") == 1).
+        if len(key) > _MAX_KEY_LEN or not key.isascii() or not key.startswith(_PREFIX):
             raise AuthenticationError("Invalid API key format.", code="invalid_api_key")
         parts = key[len(_PREFIX) :].split(".")
         if len(parts) != 4:
@@ -160,7 +167,7 @@ def parse_key_secrets(text: str) -> KeyRing:
     items = [item.strip() for item in text.split(",")]
     for item in items:
         head, sep, tail = item.partition(":")
-        if sep and head.isdigit():
+        if sep and head.isascii() and head.isdigit():
             entries[int(head)] = tail.encode()
         elif len(items) == 1:
             entries[1] = item.encode()

@@ -32,10 +32,14 @@ def replay(completion: dict[str, Any], include_usage: bool = False) -> bytes:
     if "system_fingerprint" in completion:
         base["system_fingerprint"] = completion["system_fingerprint"]
     out: list[bytes] = []
+    # Asked for usage, OpenAI gives every chunk a null "usage" and always ends with one
+    # chunk of no choices carrying the totals; a stored answer without usage (a stream
+    # whose first client did not ask) still ends with that chunk, its usage null.
+    usage_field = {"usage": None} if include_usage else {}
 
     def emit(index: int, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> None:
         choice = {"index": index, "delta": delta, "finish_reason": finish, **extra}
-        out.append(_event({**base, "choices": [choice]}))
+        out.append(_event({**base, "choices": [choice], **usage_field}))
 
     for choice in completion.get("choices") or ():
         index = choice.get("index", 0)
@@ -66,8 +70,8 @@ def replay(completion: dict[str, Any], include_usage: bool = False) -> bytes:
                 },
             )
         emit(index, {}, choice.get("finish_reason") or "stop")
-    if include_usage and completion.get("usage") is not None:
-        out.append(_event({**base, "choices": [], "usage": completion["usage"]}))
+    if include_usage:
+        out.append(_event({**base, "choices": [], "usage": completion.get("usage")}))
     out.append(DONE)
     return b"".join(out)
 

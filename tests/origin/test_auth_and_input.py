@@ -11,8 +11,10 @@ import redis
 
 from deploy.local.provider import ProviderServer
 from prism import REVOKED_KEY, KeyRing, canonical_document, parse_chat_request, sign_forward
+from prism import fingerprint as prism_fingerprint
 from tests.fixtures.origin import FORWARD_SECRET, RunningOrigin
 
+CHAT = "/v1/chat/completions"
 BODY = {"model": "demo", "messages": [{"role": "user", "content": "auth test"}]}
 
 
@@ -59,9 +61,11 @@ def test_revoked_key_is_refused(origin: RunningOrigin, key_ring: KeyRing, redis_
 def test_signed_edge_forward_is_trusted_and_its_fingerprint_used(
     origin: RunningOrigin, provider: ProviderServer
 ) -> None:
-    fingerprint = "f" * 64
+    fingerprint = prism_fingerprint("acme", CHAT, parse_chat_request(json.dumps(BODY)))
     header = sign_forward(
         FORWARD_SECRET.encode(),
+        method="POST",
+        path=CHAT,
         project="acme",
         key_id="edgekey01",
         fingerprint=fingerprint,
@@ -82,7 +86,15 @@ def test_bad_edge_forwards_are_refused(
 ) -> None:
     secret = b"not-the-forward-secret-000" if kind == "forged" else FORWARD_SECRET.encode()
     now = time.time() - 3600 if kind == "expired" else time.time()
-    header = sign_forward(secret, project="acme", key_id="edgekey01", fingerprint="a" * 64, now=now)
+    header = sign_forward(
+        secret,
+        method="POST",
+        path=CHAT,
+        project="acme",
+        key_id="edgekey01",
+        fingerprint="a" * 64,
+        now=now,
+    )
     if kind == "garbage":
         header = "v1.not.a.real.header"
     response = chat(origin, {"x-prism-forward": header})

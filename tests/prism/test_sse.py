@@ -177,3 +177,19 @@ def test_decoder_handles_crlf_multiline_and_comments() -> None:
         b"a\nb"
     ]
     assert decoder.feed(b"\n") == [b"c"]
+
+
+def events_of(stream: bytes) -> list[dict[str, Any]]:
+    return [json.loads(part[6:]) for part in stream.split(b"\n\n") if part.startswith(b"data: {")]
+
+
+def test_replay_asked_for_usage_ends_with_the_usage_chunk_even_when_none_was_stored() -> None:
+    """An entry stored from a stream whose first client did not ask for usage has none; a
+    hit asked for usage still ends the way OpenAI's streams do."""
+    stored = {k: v for k, v in TEXT_COMPLETION.items() if k != "usage"}
+    events = events_of(replay(stored, include_usage=True))
+    assert events[-1]["choices"] == [] and events[-1]["usage"] is None
+    assert all("usage" in event and event["usage"] is None for event in events[:-1])
+    with_usage = events_of(replay(TEXT_COMPLETION, include_usage=True))
+    assert with_usage[-1] == {**with_usage[-1], "choices": [], "usage": TEXT_COMPLETION["usage"]}
+    assert all("usage" not in event for event in events_of(replay(TEXT_COMPLETION)))

@@ -45,6 +45,11 @@ def generate() -> dict[str, object]:
         "sk-live-not-ours",
         "",
         good_v2 + "x",
+        # One spelling: digits are ASCII digits (str.isdigit() and int() take these too).
+        good_v1.replace("sk-prism-v1.", "sk-prism-v\u00b9."),  # superscript one
+        good_v1.replace("sk-prism-v1.", "sk-prism-v\u0661."),  # Arabic-Indic one
+        good_v1.replace("sk-prism-v1.", "sk-prism-v\uff11."),  # fullwidth one
+        good_v1.replace("a1b2c3d4", "a\u0661b2c3d"),  # a non-ASCII digit in the key id
     ]
     key_vectors = []
     for key in keys:

@@ -1,0 +1,41 @@
+"""The edge's route table, as a pure function (the runtime tests are in test_adversarial)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from edge.routes import CHAT_PATH, MODELS_PATH, ROUTES, canonical_path
+
+
+@pytest.mark.parametrize(
+    ("path", "route"),
+    [
+        (CHAT_PATH, CHAT_PATH),
+        (MODELS_PATH, MODELS_PATH),
+        ("/v1//models", MODELS_PATH),
+        ("/v1/./models", MODELS_PATH),
+        ("/v1/x/../models", MODELS_PATH),
+        ("/v1/chat%2Fcompletions", CHAT_PATH),
+        ("/v1/%2e%2e/healthz", None),
+        ("/v1/%2E%2E/metrics", None),
+        ("/v1/../metrics", None),
+        ("/../../v1/%2e%2e/metrics", None),
+        ("/v1/%252e%252e/metrics", None),  # decoded once only
+        ("/healthz", None),
+        ("/metrics", None),
+        ("/", None),
+        ("", None),
+        ("/v1/embeddings", None),
+        ("/V1/models", None),
+        ("/v1/models%00", None),
+    ],
+)
+def test_paths_name_a_route_or_nothing(path: str, route: str | None) -> None:
+    assert canonical_path(path) == route
+
+
+@given(st.text(max_size=80) | st.text(st.sampled_from("/.%2eEv1modelsFhz"), max_size=40))
+def test_any_path_is_a_known_route_or_none(path: str) -> None:
+    assert canonical_path(path) in (None, *ROUTES)
