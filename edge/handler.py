@@ -69,12 +69,12 @@ class EdgeHandler:
         request_id = request.headers.get(h.REQUEST_ID) or f"{self._id_prefix}{next(self._ids):08x}"
         timings: list[tuple[str, float]] = []
         try:
-            response = await self._route(request, platform, timings)
+            response = await self._route(request, platform, timings, request_id)
         except PrismError as error:
-            response = EdgeResponse(
-                error.status, {"content-type": JSON, **error.headers}, error_json(error)
-            )
-            response.headers.setdefault(h.CACHE_LAYER, "bypass")
+            response = _error_response(error)
+        except Exception as error:  # a bug still answers in the API's format, and is told
+            platform.log_error(f"prism edge: request {request_id} failed: {error!r}")
+            response = _error_response(PrismError("The gateway failed unexpectedly."))
         response.headers[h.REQUEST_ID] = request_id
         edge_timing = h.server_timing(timings)
         origin_timing = response.headers.get(h.SERVER_TIMING)
@@ -84,7 +84,11 @@ class EdgeHandler:
         return response
 
     async def _route(
-        self, request: EdgeRequest, platform: Platform, timings: list[tuple[str, float]]
+        self,
+        request: EdgeRequest,
+        platform: Platform,
+        timings: list[tuple[str, float]],
+        request_id: str,
     ) -> EdgeResponse:
         path = canonical_path(request.path)
         if path is None:
@@ -94,14 +98,19 @@ class EdgeHandler:
         started = platform.now()
         key = bearer_token(request.headers.get("authorization"))
         identity = self.settings.key_ring.verify(key)
-        if await self.revoked.contains(identity.key_id, platform.now(), platform.kv_get):
+        try:
+            revoked = await self.revoked.contains(identity.key_id, platform.now(), platform.kv_get)
+        except Exception as error:  # KV failing: the last known set still holds
+            _failed("revocation", error, request_id, platform, timings)
+            revoked = identity.key_id in self.revoked
+        if revoked:
             raise AuthenticationError("This API key has been revoked.", code="key_revoked")
         timings.append(("auth", _ms(started, platform.now())))
         if path != CHAT_PATH:
             return await self._forward(
                 request.method, path, request, platform, identity, "", None, timings
             )
-        return await self._chat(request, platform, identity, timings)
+        return await self._chat(request, platform, identity, timings, request_id)
 
     async def _chat(
         self,
@@ -109,6 +118,7 @@ class EdgeHandler:
         platform: Platform,
         identity: KeyIdentity,
         timings: list[tuple[str, float]],
+        request_id: str,
     ) -> EdgeResponse:
         project = identity.project
         started = platform.now()
@@ -126,7 +136,12 @@ class EdgeHandler:
         headers = {h.CACHE_KEY: fp[: h.CACHE_KEY_PREFIX_LEN]}
         if decision.read:
             started = platform.now()
-            cached = await self._kv_read(platform, entry_key(fp))
+            try:
+                async with asyncio.timeout(self.settings.kv_timeout):
+                    cached = await platform.kv_get(entry_key(fp))
+            except Exception as error:  # slow or failing KV is a miss, never a failed request
+                cached = None
+                _failed("kv", error, request_id, platform, timings)
             timings.append(("kv", _ms(started, platform.now())))
             envelope = self._entries.decode(cached, platform.now()) if cached else None
             if envelope is not None:
@@ -160,14 +175,6 @@ class EdgeHandler:
                 )
                 platform.wait_until(platform.kv_put(entry_key(fp), data.decode(), ttl))
         return response
-
-    async def _kv_read(self, platform: Platform, key: str) -> str | None:
-        """KV, bounded: an error or a slow read is a miss, never a failed request."""
-        try:
-            async with asyncio.timeout(self.settings.kv_timeout):
-                return await platform.kv_get(key)
-        except Exception:
-            return None
 
     async def _read_body(self, request: EdgeRequest, platform: Platform) -> bytes:
         """The body's bytes, read only up to the limit and within the body timeout."""
@@ -239,6 +246,25 @@ class EdgeHandler:
         if fp:
             out[h.CACHE_KEY] = fp[: h.CACHE_KEY_PREFIX_LEN]
         return EdgeResponse(reply.status, out, passthrough=reply)
+
+
+def _error_response(error: PrismError) -> EdgeResponse:
+    headers = {"content-type": JSON, **error.headers, h.CACHE_LAYER: "bypass"}
+    return EdgeResponse(error.status, headers, error_json(error))
+
+
+def _failed(
+    stage: str,
+    error: Exception,
+    request_id: str,
+    platform: Platform,
+    timings: list[tuple[str, float]],
+) -> None:
+    """A dependency failure the request survives: logged, and named in Server-Timing as
+    ``{stage}-error`` (``kv-error``, ``revocation-error``) so a client can see it too."""
+    what = "timed out" if isinstance(error, TimeoutError) else f"failed: {error!r}"
+    platform.log_error(f"prism edge: request {request_id}: {stage} {what}")
+    timings.append((f"{stage}-error", 0.0))
 
 
 def _ms(started: float, ended: float) -> float:

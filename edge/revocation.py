@@ -25,13 +25,17 @@ class RevocationSet:
     async def contains(
         self, key_id: str, now: float, kv_get: Callable[[str], Awaitable[str | None]]
     ) -> bool:
+        """Whether ``key_id`` is revoked; a failed refresh raises after keeping the last
+        known set, so the caller can say so (it is not retried for ``ttl`` seconds)."""
         if now - self._fetched_at >= self._ttl:
             self._fetched_at = now  # also on failure: a broken KV is not retried per request
-            try:
-                raw = await kv_get(REVOKED_KEY)
-                ids = json.loads(raw) if raw else []
-                if isinstance(ids, list):
-                    self._ids = frozenset(str(i) for i in ids)
-            except Exception:
-                pass
+            raw = await kv_get(REVOKED_KEY)
+            ids = json.loads(raw) if raw else []
+            if not isinstance(ids, list):
+                raise ValueError("the revoked-key record is not a JSON list")
+            self._ids = frozenset(str(i) for i in ids)
+        return key_id in self._ids
+
+    def __contains__(self, key_id: str) -> bool:
+        """The last known answer, with no refresh (after a failed one)."""
         return key_id in self._ids

@@ -125,6 +125,9 @@ class WorkersPlatform:
     def now(self) -> float:
         return time.time()
 
+    def log_error(self, message: str) -> None:
+        js.console.error(message)
+
 
 def _request(js_request: Any) -> EdgeRequest:
     # One FFI crossing for all headers (names come lower-cased from the Headers object),
