@@ -33,6 +33,7 @@ from prism import (
     sign_forward,
 )
 from prism import headers as h
+from prism.routes import CHAT_PATH
 
 from .platform import EdgeRequest, EdgeResponse, Platform
 from .revocation import RevocationSet
@@ -40,7 +41,6 @@ from .settings import EdgeSettings
 
 __all__ = ["EdgeHandler"]
 
-CHAT_PATH = "/v1/chat/completions"
 JSON = "application/json"
 SSE = "text/event-stream"
 _MIN_KV_TTL = 60

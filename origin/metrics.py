@@ -14,7 +14,8 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 class Metrics:
     def __init__(self) -> None:
         self.registry = registry = CollectorRegistry(auto_describe=True)
-        self._request_children: dict[tuple[str, int, str], Any] = {}
+        # The labelled children of requests / request_seconds, by (route, status, layer).
+        self._request_children: dict[tuple[str, int, str], tuple[Any, Any]] = {}
         self.requests = Counter(
             "prism_origin_requests",
             "Requests answered, by route, status and cache layer.",
@@ -67,14 +68,19 @@ class Metrics:
             registry=registry,
         )
 
-    def count_request(self, route: str, status: int, layer: str) -> None:
-        """``requests.labels(...).inc()`` with the labelled child remembered (no lock, no
-        label validation per request)."""
+    def record_request(self, route: str, status: int, layer: str, seconds: float) -> None:
+        """Count one answered request and observe its time to the response head, with the
+        labelled children remembered (no lock, no label validation per request)."""
         key = (route, status, layer)
-        child = self._request_children.get(key)
-        if child is None:
-            child = self._request_children[key] = self.requests.labels(route, str(status), layer)
-        child.inc()
+        children = self._request_children.get(key)
+        if children is None:
+            children = self._request_children[key] = (
+                self.requests.labels(route, str(status), layer),
+                self.request_seconds.labels(route, layer),
+            )
+        count, duration = children
+        count.inc()
+        duration.observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

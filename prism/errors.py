@@ -7,6 +7,7 @@ PrismError                       500 server_error
 ├── PermissionDeniedError        403 permission_error
 ├── NotFoundError                404 not_found_error
 ├── MethodNotAllowedError        405 invalid_request_error
+├── RequestTimeoutError          408 invalid_request_error
 ├── RateLimitError               429 rate_limit_error
 └── UpstreamError                502 upstream_error
     ├── UpstreamUnavailableError 503 upstream_error
@@ -26,6 +27,7 @@ __all__ = [
     "PermissionDeniedError",
     "PrismError",
     "RateLimitError",
+    "RequestTimeoutError",
     "RequestTooLargeError",
     "UpstreamError",
     "UpstreamTimeoutError",
@@ -91,6 +93,12 @@ class MethodNotAllowedError(PrismError):
     status = 405
     type = "invalid_request_error"
     default_code = "method_not_allowed"
+
+
+class RequestTimeoutError(PrismError):
+    status = 408
+    type = "invalid_request_error"
+    default_code = "request_timeout"
 
 
 class RateLimitError(PrismError):

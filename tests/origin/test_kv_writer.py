@@ -130,7 +130,7 @@ def test_kv_down_never_slows_clients_and_drops_are_counted(
             )
         assert slowest < 1.0  # a bulk call takes 3 s: nobody waited for one
         wait_for(lambda: origin.metric("prism_kv_writer_dropped_total", reason="queue_full") > 0)
-        text = client.get("/metrics").text
+        text = httpx.get(origin.admin_url + "/metrics").text
     assert 'prism_kv_writer_dropped_total{reason="queue_full"}' in text
     kv.clear_faults()
 
