@@ -9,10 +9,9 @@ only on the admin listener, bound to loopback by default (``origin.server``).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import httpx
-from starlette.types import Receive, Scope, Send
 
 from prism import headers as h
 from prism.routes import CHAT_PATH, MODELS_PATH
@@ -31,22 +30,19 @@ __all__ = ["OriginApp", "create_app"]
 _BYPASS = {h.CACHE_LAYER: "bypass"}
 
 
-class OriginApp:
-    """The ASGI app: the admin routes for connections to ``admin_port``, the API for all
-    others. ``origin.server.listen`` binds both listeners and sets ``admin_port``."""
+class OriginApp(Routes):
+    """The API's route table, with the admin table for connections to the admin listener
+    (``origin.server.listen`` binds both) and the gateway it serves."""
 
-    def __init__(self, api: Routes, admin: Routes, gateway: Gateway) -> None:
-        self.api = api
-        self.admin = admin
+    def __init__(self, gateway: Gateway, routes: Iterable[Route], admin: Routes) -> None:
+        super().__init__(
+            routes,
+            metrics=gateway.metrics,
+            on_startup=gateway.start,
+            on_shutdown=gateway.close,
+            admin=admin,
+        )
         self.gateway = gateway
-        self.admin_port: int | None = None  # None: no admin listener, no admin routes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        server = scope.get("server")  # this connection's local (host, port)
-        if server is not None and server[1] == self.admin_port:
-            await self.admin(scope, receive, send)
-        else:
-            await self.api(scope, receive, send)
 
 
 def create_app(
@@ -103,19 +99,10 @@ def create_app(
     async def metrics(request: Request) -> Reply:
         return Reply(200, {"content-type": "text/plain; version=0.0.4"}, gateway.metrics.render())
 
-    def record(route: str, reply: Reply, seconds: float) -> None:
-        layer = reply.headers.get(h.CACHE_LAYER, "bypass")
-        gateway.metrics.record_request(route, reply.status, layer, seconds)
-
-    api = Routes(
-        [
-            Route(CHAT_PATH, ChatCompletions(gateway), frozenset({"POST"}), name="chat"),
-            Route(MODELS_PATH, models, name="models"),
-            Route("/healthz", alive),
-        ],
-        on_reply=record,
-        on_startup=gateway.start,
-        on_shutdown=gateway.close,
-    )
+    api = [
+        Route(CHAT_PATH, ChatCompletions(gateway), frozenset({"POST"}), name="chat"),
+        Route(MODELS_PATH, models, name="models"),
+        Route("/healthz", alive),
+    ]
     admin = Routes([Route("/healthz", health), Route("/metrics", metrics)])
-    return OriginApp(api, admin, gateway)
+    return OriginApp(gateway, api, admin)

@@ -17,7 +17,7 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from starlette.types import Receive, Scope, Send
 
@@ -30,11 +30,11 @@ from prism import (
 )
 from prism import headers as h
 
+from .metrics import Metrics
 from .responses import Reply, error_reply
 
 __all__ = [
     "Handler",
-    "OnReply",
     "Request",
     "Route",
     "Routes",
@@ -73,12 +73,10 @@ class Request:
     headers: dict[str, str]  # lower-case names
     receive: Receive
     id: str
-    timer: StageTimer = field(default_factory=StageTimer)
+    timer: StageTimer
 
 
 Handler = Callable[[Request], Awaitable[Reply]]
-# Called with the route's name, the reply and the seconds to its head (metrics).
-OnReply = Callable[[str, Reply, float], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,21 +88,29 @@ class Route:
 
 
 class Routes:
-    """An ASGI app over a fixed set of routes; ``on_startup``/``on_shutdown`` run in the
-    ASGI lifespan."""
+    """An ASGI app over a fixed set of routes.
+
+    ``metrics`` counts and times the replies of named routes; ``on_startup`` and
+    ``on_shutdown`` run in the ASGI lifespan. With ``admin``, connections to the listener
+    on ``admin_port`` (``origin.server.listen`` sets it) get the admin table instead:
+    one check per request, no extra layer on the hot path.
+    """
 
     def __init__(
         self,
         routes: Iterable[Route],
         *,
-        on_reply: OnReply | None = None,
+        metrics: Metrics | None = None,
         on_startup: Callable[[], Awaitable[None]] | None = None,
         on_shutdown: Callable[[], Awaitable[None]] | None = None,
+        admin: Routes | None = None,
     ) -> None:
         self._routes = {route.path: route for route in routes}
-        self._on_reply = on_reply
+        self._metrics = metrics
         self._on_startup = on_startup
         self._on_shutdown = on_shutdown
+        self.admin = admin
+        self.admin_port: int | None = None  # None: the admin table is not served
         # Request ids need to be unique, not secret: a random prefix and a counter.
         self._id_prefix = secrets.token_hex(4)
         self._ids = itertools.count(1)
@@ -114,6 +120,10 @@ class Routes:
             if scope["type"] == "lifespan":
                 await self._lifespan(receive, send)
             return
+        server = scope.get("server")  # this connection's local (host, port)
+        if server is not None and server[1] == self.admin_port and self.admin is not None:
+            await self.admin(scope, receive, send)
+            return
         headers = request_headers(scope)
         request = Request(
             scope["method"],
@@ -121,6 +131,7 @@ class Routes:
             headers,
             receive,
             headers.get(h.REQUEST_ID) or f"{self._id_prefix}{next(self._ids):08x}",
+            StageTimer(),
         )
         route = self._routes.get(request.path)
         try:
@@ -141,8 +152,9 @@ class Routes:
             failed = PrismError("The gateway failed unexpectedly.")
             reply = error_reply(failed, request.id, request.timer.stages)
         reply.headers.setdefault(h.REQUEST_ID, request.id)
-        if self._on_reply is not None and route is not None and route.name:
-            self._on_reply(route.name, reply, request.timer.elapsed())
+        if self._metrics is not None and route is not None and route.name:
+            layer = reply.headers.get(h.CACHE_LAYER, "bypass")
+            self._metrics.record_request(route.name, reply.status, layer, request.timer.elapsed())
         await send_reply(reply, receive, send)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:

@@ -26,7 +26,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from prism import InvalidRequestError, PrismError, RequestTimeoutError
 
-from .app import OriginApp
+from .asgi import Routes
 from .responses import error_reply
 from .settings import Settings
 
@@ -97,7 +97,7 @@ class DeadlineProtocol(HttpToolsProtocol):
 
 
 def listen(
-    app: OriginApp, host: str, port: int, admin_host: str, admin_port: int
+    app: Routes, host: str, port: int, admin_host: str, admin_port: int
 ) -> list[socket.socket]:
     """Bind the public and the admin listener (port 0: any free port); the app then serves
     its admin routes on the admin one only."""

@@ -9,13 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from prism import KeyRing, Limits, parse_key_secrets
-from prism.routes import CLOUDFLARE_API_URL
+from prism.routes import CLOUDFLARE_API_URL, DEFAULT_REDIS_URL
 
 from .providers.config import ProviderConfig, load_provider_config
 
-__all__ = ["DEFAULT_REDIS_URL", "KVSettings", "Settings", "SettingsError"]
-
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+__all__ = ["KVSettings", "Settings", "SettingsError"]
 
 
 class SettingsError(ValueError):
