@@ -58,7 +58,7 @@ def _writer_idle(metrics: Mapping[str, float]) -> bool:
 def wait_writer_idle(admin_url: str, timeout: float = 120) -> dict[str, float]:
     """The origin's metrics once its KV writer has nothing queued or in flight.
 
-    Local bulk writes are slow (the local KV stores about one key per 2 ms), so entries
+    Local bulk writes are slow (each key is a file and a database row), so entries
     of an earlier run may still be on their way; reading "before" then would count
     them against the next run.
     """

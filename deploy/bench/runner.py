@@ -46,7 +46,7 @@ __all__ = ["BenchConfig", "BenchError", "BenchRunner"]
 
 TRIVIAL_WORKER = Path(__file__).with_name("workers") / "trivial"
 FORWARD_WORKER = Path(__file__).with_name("workers") / "forward"
-# Replies padded to ~1 KB, as DESIGN.md's edge measurement used.
+# Replies padded to about 1 KB, a typical short completion.
 _PROVIDER_ARGS = ("--reply-words", "150")
 _NODE_CEILING = (
     "const http=require('http');"
