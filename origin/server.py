@@ -37,7 +37,11 @@ class DeadlineProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a deadline on reading each request."""
 
     read_timeout = 30.0  # set per server by ``server_options``
-    _deadline: asyncio.TimerHandle | None = None
+    # When the request being read must be complete (loop time); None between requests.
+    _deadline: float | None = None
+    # At most one timer per connection, re-armed only when it fires while a request is
+    # still being read: a keep-alive connection costs no timer per request.
+    _timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -49,27 +53,36 @@ class DeadlineProtocol(HttpToolsProtocol):
             self._arm()
 
     def on_message_complete(self) -> None:
-        self._disarm()
+        self._deadline = None
         super().on_message_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
+        self._deadline = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         super().connection_lost(exc)
 
     def send_400_response(self, msg: str) -> None:
-        self._disarm()
+        self._deadline = None
         self._refuse(InvalidRequestError(f"Malformed HTTP request: {msg}", code="bad_framing"))
 
     def _arm(self) -> None:
-        self._deadline = self.loop.call_later(self.read_timeout, self._expired)
+        self._deadline = self.loop.time() + self.read_timeout
+        if self._timer is None:
+            self._timer = self.loop.call_at(self._deadline, self._check)
 
-    def _disarm(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
+    def _check(self) -> None:
+        self._timer = None
+        if self._deadline is None:  # no request is being read now
+            return
+        if self.loop.time() < self._deadline:  # a later request: its own deadline
+            self._timer = self.loop.call_at(self._deadline, self._check)
+            return
+        self._deadline = None
+        self._expired()
 
     def _expired(self) -> None:
-        self._deadline = None
         if self.transport.is_closing():
             return
         cycle = self.cycle

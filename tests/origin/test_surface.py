@@ -174,3 +174,21 @@ def test_malformed_framing_gets_an_openai_400(origin: RunningOrigin, framing: by
     error = _body(raw)["error"]
     assert isinstance(error, dict) and error["type"] == "invalid_request_error"
     assert error["code"] == "bad_framing"
+
+
+def test_a_later_request_on_a_kept_alive_connection_has_its_own_deadline(
+    origin_factory: OriginFactory,
+) -> None:
+    origin = origin_factory(PRISM_READ_TIMEOUT="0.5")
+    port = int(origin.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = b""
+        while not first.endswith(b'{"status":"ok"}'):
+            first += sock.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200 ")
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Le")
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    assert raw.startswith(b"HTTP/1.1 408 ")
