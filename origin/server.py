@@ -7,9 +7,9 @@
 - uvicorn bounds the idle time between keep-alive requests but not how long a
   request may take to arrive: a client that sends half its headers, or stops in
   the middle of its body, would hold a connection (and a worker's memory) for as
-  long as it likes. ``DeadlineProtocol`` gives each request ``read_timeout``
-  seconds from its first byte (or from the connection opening) to its last, then
-  answers 408 in the API's format and closes. Malformed framing that the HTTP
+  long as it likes. ``DeadlineProtocol`` refuses a request still arriving after
+  ``read_timeout`` seconds (or a connection silent for as long) with a 408 in the
+  API's format, and closes. Malformed framing that the HTTP
   parser refuses (``Content-Length: -1``, a bad chunk size, ...) gets a 400 in the
   API's format instead of uvicorn's plain text.
 """
@@ -34,60 +34,59 @@ __all__ = ["DeadlineProtocol", "listen", "server_options"]
 
 
 class DeadlineProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a deadline on reading each request."""
+    """uvicorn's httptools protocol with a deadline on reading each request.
+
+    No work per request: one timer per connection ticks every ``read_timeout / 2`` and
+    looks at what uvicorn is doing. A request (its headers, or the body the app is
+    waiting for) still arriving at two ticks in a row has taken at least half the
+    timeout and is refused; so is a connection that has sent nothing for as long.
+    A request is therefore never cut before ``read_timeout / 2`` and always by
+    ``read_timeout``.
+    """
 
     read_timeout = 30.0  # set per server by ``server_options``
-    # When the request being read must be complete (loop time); None between requests.
-    _deadline: float | None = None
-    # At most one timer per connection, re-armed only when it fires while a request is
-    # still being read: a keep-alive connection costs no timer per request.
     _timer: asyncio.TimerHandle | None = None
+    _reading: object = None  # what was being read at the last tick (None: nothing)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._arm()
-
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        if self._deadline is None:  # the first byte of a later request on this connection
-            self._arm()
-
-    def on_message_complete(self) -> None:
-        self._deadline = None
-        super().on_message_complete()
+        self._reading = self  # nothing received yet: that counts as reading too
+        self._timer = self.loop.call_later(self.read_timeout / 2, self._tick)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._deadline = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         super().connection_lost(exc)
 
     def send_400_response(self, msg: str) -> None:
-        self._deadline = None
         self._refuse(InvalidRequestError(f"Malformed HTTP request: {msg}", code="bad_framing"))
 
-    def _arm(self) -> None:
-        self._deadline = self.loop.time() + self.read_timeout
-        if self._timer is None:
-            self._timer = self.loop.call_at(self._deadline, self._check)
+    def _now_reading(self) -> object:
+        """What identifies the request being read now, or None between requests."""
+        if self.scope is None:  # connected, nothing received yet
+            return self
+        if "method" not in self.scope:  # the headers are still arriving
+            return self.scope
+        cycle = self.cycle
+        if cycle is not None and cycle.more_body:
+            return cycle  # the body is still arriving (perhaps already answered)
+        return None
 
-    def _check(self) -> None:
+    def _tick(self) -> None:
         self._timer = None
-        if self._deadline is None:  # no request is being read now
-            return
-        if self.loop.time() < self._deadline:  # a later request: its own deadline
-            self._timer = self.loop.call_at(self._deadline, self._check)
-            return
-        self._deadline = None
-        self._expired()
-
-    def _expired(self) -> None:
         if self.transport.is_closing():
             return
-        cycle = self.cycle
-        if cycle is not None and cycle.response_started and not cycle.response_complete:
-            # The app is answering without having read the whole body: just end it.
+        reading = self._now_reading()
+        if reading is not None and reading is self._reading:
+            self._expired(reading)
+            return
+        self._reading = reading
+        self._timer = self.loop.call_later(self.read_timeout / 2, self._tick)
+
+    def _expired(self, reading: object) -> None:
+        if reading is self.cycle and self.cycle.response_started:
+            # The app answered (or is answering) without the whole body: just end it.
             self.transport.close()
             return
         self._refuse(
