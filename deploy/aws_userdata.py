@@ -6,8 +6,11 @@ The script installs Python, the gateway package and Caddy, and writes:
   the secrets from SSM Parameter Store with the instance role and writes
   ``/run/prism-origin/origin.env`` (mode 0600). Secrets are fetched at every
   start, so a restart (or reboot) picks up new values.
-- ``prism-origin.service``: ``prism origin serve --host 127.0.0.1 --port 8080``.
-- ``/etc/caddy/Caddyfile``: HTTPS on 443 reverse-proxying to the origin.
+- ``prism-origin.service``: ``prism origin serve --host 127.0.0.1 --port 8080
+  --admin-port 9090``.
+- ``/etc/caddy/Caddyfile``: HTTPS on 443 reverse-proxying to the origin's public
+  port only; the admin port (detailed /healthz, /metrics) stays on loopback, for
+  an agent on the instance or an SSM port forward.
 
 User-data is readable by anyone who can describe the instance, so it carries
 only the region, the parameter path and parameter *names*, never a value.
@@ -21,6 +24,7 @@ import string
 from collections.abc import Mapping
 
 __all__ = [
+    "ADMIN_PORT",
     "ENV_FILE",
     "FILE_SECRETS",
     "ORIGIN_PORT",
@@ -30,6 +34,7 @@ __all__ = [
 ]
 
 ORIGIN_PORT = 8080
+ADMIN_PORT = 9090
 ENV_FILE = "/run/prism-origin/origin.env"
 # Secrets whose value is a file's content: written next to the env file and
 # the variable is pointed at that copy.
@@ -149,7 +154,8 @@ UMask=0077
 ExecStartPre=/opt/prism/bin/prism-fetch-env
 # `-`: the file does not exist until ExecStartPre has written it.
 EnvironmentFile=-@@env_file
-ExecStart=/opt/prism/venv/bin/prism origin serve --host 127.0.0.1 --port @@port
+ExecStart=/opt/prism/venv/bin/prism origin serve --host 127.0.0.1 --port @@port \\
+    --admin-host 127.0.0.1 --admin-port @@admin_port
 Restart=always
 RestartSec=5
 NoNewPrivileges=yes
@@ -225,5 +231,6 @@ def render_user_data(
         fetch_env=fetch_env.rstrip("\n"),
         env_file=ENV_FILE,
         port=str(ORIGIN_PORT),
+        admin_port=str(ADMIN_PORT),
         caddyfile=render_caddyfile(site, acme=acme),
     )

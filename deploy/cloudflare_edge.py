@@ -48,6 +48,7 @@ from urllib.parse import urlsplit
 
 from deploy.edge_bundle import EdgeBundle, build_edge, load_wrangler_config
 from prism import parse_key_secrets
+from prism.routes import CLOUDFLARE_API_URL
 
 if TYPE_CHECKING:
     from cloudflare import Cloudflare
@@ -71,7 +72,7 @@ __all__ = [
     "make_client",
 ]
 
-DEFAULT_API_URL = "https://api.cloudflare.com/client/v4"
+DEFAULT_API_URL = CLOUDFLARE_API_URL
 DEFAULT_NAMESPACE_TITLE = "prism-cache"
 DEFAULT_STAGING_DIR = Path(".prism/edge-cloudflare")
 EDGE_SECRETS = ("PRISM_KEY_SECRET", "PRISM_FORWARD_SECRET")

@@ -39,6 +39,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from prism import REVOKED_KEY, KeyRing, PrismError, key_hash
+from prism.routes import CLOUDFLARE_API_URL, DEFAULT_REDIS_URL
 
 __all__ = [
     "DEFAULT_KV_API",
@@ -56,10 +57,7 @@ __all__ = [
     "sync_revocations",
 ]
 
-# The same defaults as origin.settings, repeated so `prism keys` does not import the
-# whole origin application just to read two strings.
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-DEFAULT_KV_API = "https://api.cloudflare.com/client/v4"
+DEFAULT_KV_API = CLOUDFLARE_API_URL
 
 PROJECTS_KEY = "prism:projects"
 _KEY_ID_RE = re.compile(r"[A-Za-z0-9]{8,32}\Z")

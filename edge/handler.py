@@ -37,10 +37,11 @@ from prism import (
     sign_forward,
 )
 from prism import headers as h
+from prism.routes import CHAT_PATH
 
 from .platform import EdgeRequest, EdgeResponse, Platform
 from .revocation import RevocationSet
-from .routes import CHAT_PATH, ROUTES, canonical_path
+from .routes import ROUTES, canonical_path
 from .settings import EdgeSettings
 
 __all__ = ["EdgeHandler"]

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from urllib.parse import unquote
 
-__all__ = ["CHAT_PATH", "MODELS_PATH", "ROUTES", "canonical_path"]
+from prism.routes import CHAT_PATH, MODELS_PATH
 
-CHAT_PATH = "/v1/chat/completions"
-MODELS_PATH = "/v1/models"
+__all__ = ["ROUTES", "canonical_path"]
+
 # path -> the one method it takes
 ROUTES: dict[str, str] = {CHAT_PATH: "POST", MODELS_PATH: "GET"}
 

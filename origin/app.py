@@ -1,51 +1,48 @@
-"""``create_app(settings)``: the only place the origin is wired together."""
+"""``create_app(settings)``: the only place the origin is wired together.
+
+Two route tables. The API (``/v1/chat/completions``, ``/v1/models``, and a bare
+``/healthz`` for load balancers) is served on the public listener. The admin routes
+(``/healthz`` with every detail, ``/metrics`` with every tenant's counters) are served
+only on the admin listener, bound to loopback by default (``origin.server``).
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Iterable, Mapping
 
 import httpx
-import orjson
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
-from prism import PrismError
 from prism import headers as h
+from prism.routes import CHAT_PATH, MODELS_PATH
 
-from .asgi import Receive, Scope, Send
+from .asgi import Request, Route, Routes
 from .auth import authenticate
-from .chat import PATH as CHAT_PATH
 from .chat import ChatCompletions
 from .gateway import Gateway
 from .providers._http import ConnectorFactory
 from .redis_pipe import RedisPipe
-from .responses import error_response, exception_handlers
+from .responses import Reply, json_reply
 from .settings import Settings
 
 __all__ = ["OriginApp", "create_app"]
 
-
-def _json(data: object, status: int = 200) -> Response:
-    return Response(orjson.dumps(data), status, media_type="application/json")
+_BYPASS = {h.CACHE_LAYER: "bypass"}
 
 
-class OriginApp:
-    """The chat route as plain ASGI, everything else (and the lifespan) through Starlette."""
+class OriginApp(Routes):
+    """The API's route table, with the admin table for connections to the admin listener
+    (``origin.server.listen`` binds both) and the gateway it serves."""
 
-    def __init__(self, framework: Starlette, chat: ChatCompletions) -> None:
-        self.framework = framework
-        self.state = framework.state
-        self._chat = chat
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == CHAT_PATH:
-            await self._chat(scope, receive, send)
-        else:
-            await self.framework(scope, receive, send)
+    def __init__(self, gateway: Gateway, routes: Iterable[Route], admin: Routes) -> None:
+        super().__init__(
+            routes,
+            metrics=gateway.metrics,
+            on_startup=gateway.start,
+            on_shutdown=gateway.close,
+            admin=admin,
+        )
+        self.gateway = gateway
 
 
 def create_app(
@@ -57,65 +54,63 @@ def create_app(
 ) -> OriginApp:
     """The origin ASGI app. ``connectors`` swap a provider's connection pool (by name)."""
     gateway = Gateway(settings, redis=redis, connectors=connectors, kv_transport=kv_transport)
-    chat = ChatCompletions(gateway)
     started = time.time()
+    models_list = json_reply(
+        {
+            "object": "list",
+            "data": [
+                {"id": name, "object": "model", "created": int(started), "owned_by": "prism"}
+                for name in settings.providers.public_models()
+            ],
+        }
+    ).body
 
-    async def models(request: Request) -> Response:
-        try:
-            caller = authenticate(request.headers, settings.key_ring, settings.forward_secret)
-            await gateway.cache.refuse_if_revoked(caller.key_id)
-        except PrismError as error:
-            gateway.metrics.requests.labels("models", str(error.status), "bypass").inc()
-            return error_response(error, request.headers.get(h.REQUEST_ID))
-        gateway.metrics.requests.labels("models", "200", "bypass").inc()
-        data = [
-            {"id": name, "object": "model", "created": int(started), "owned_by": "prism"}
-            for name in settings.providers.public_models()
-        ]
-        return _json({"object": "list", "data": data})
+    async def models(request: Request) -> Reply:
+        caller = authenticate(
+            request.headers,
+            settings.key_ring,
+            settings.forward_secret,
+            "GET",
+            MODELS_PATH,
+            gateway.metrics,
+        )
+        await gateway.cache.refuse_if_revoked(caller.key_id)
+        return Reply(200, {"content-type": "application/json", **_BYPASS}, models_list)
 
-    async def healthz(request: Request) -> Response:
+    async def alive(request: Request) -> Reply:
+        return json_reply({"status": "ok"})
+
+    async def health(request: Request) -> Reply:
         redis_ok = await gateway.cache.ping()
         writer = gateway.kv_writer
-        body = {
-            "status": "ok" if redis_ok else "degraded",
-            "redis": {"ok": redis_ok},
-            "providers": {
-                name: {
-                    "kind": p.spec.kind,
-                    "base_url": p.spec.base_url,
-                    **gateway.router.health[name].snapshot(),
-                }
-                for name, p in gateway.providers.items()
-            },
-            "kv_writer": {
-                "enabled": writer is not None,
-                "queued": writer.queued if writer is not None else 0,
-            },
-            "background_writes": gateway.background_tasks,
-            "uptime_seconds": round(time.time() - started, 1),
-        }
-        return _json(body)
+        return json_reply(
+            {
+                "status": "ok" if redis_ok else "degraded",
+                "redis": {"ok": redis_ok},
+                "providers": {
+                    name: {
+                        "kind": p.spec.kind,
+                        "base_url": p.spec.base_url,
+                        **gateway.router.health[name].snapshot(),
+                    }
+                    for name, p in gateway.providers.items()
+                },
+                "kv_writer": {
+                    "enabled": writer is not None,
+                    "queued": writer.queued if writer is not None else 0,
+                },
+                "background_writes": gateway.background_tasks,
+                "uptime_seconds": round(time.time() - started, 1),
+            }
+        )
 
-    async def metrics(request: Request) -> Response:
-        return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4")
+    async def metrics(request: Request) -> Reply:
+        return Reply(200, {"content-type": "text/plain; version=0.0.4"}, gateway.metrics.render())
 
-    @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await gateway.start()
-        try:
-            yield
-        finally:
-            await gateway.close()
-
-    framework = Starlette(
-        routes=[
-            Route("/v1/models", models, methods=["GET"]),
-            Route("/healthz", healthz, methods=["GET"]),
-            Route("/metrics", metrics, methods=["GET"]),
-        ],
-        exception_handlers=exception_handlers,
-        lifespan=lifespan,
-    )
-    framework.state.gateway = gateway
-    return OriginApp(framework, chat)
+    api = [
+        Route(CHAT_PATH, ChatCompletions(gateway), frozenset({"POST"}), name="chat"),
+        Route(MODELS_PATH, models, name="models"),
+        Route("/healthz", alive),
+    ]
+    admin = Routes([Route("/healthz", health), Route("/metrics", metrics)])
+    return OriginApp(gateway, api, admin)

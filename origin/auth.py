@@ -26,9 +26,8 @@ def authenticate(
     headers: Mapping[str, str],
     key_ring: KeyRing,
     forward_secret: bytes,
-    # The defaults are the one route that has no others to give (``GET /v1/models``).
-    method: str = "GET",
-    path: str = "/v1/models",
+    method: str,
+    path: str,
     metrics: Metrics | None = None,
 ) -> Caller:
     """The caller of ``method path``. A forward header binds both: one signed for another

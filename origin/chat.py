@@ -1,6 +1,6 @@
 """``POST /v1/chat/completions``: auth, parse, fingerprint, Redis, then the provider.
 
-A plain ASGI endpoint: no framework on the hot path. It makes one Redis round trip
+A route handler over plain ASGI (``origin.asgi``). It makes one Redis round trip
 (revocation and entry in one script), serves a hit's stored bytes without parsing
 them, and on a miss answers as soon as the provider does; the cache writes (Redis
 and Workers KV, in parallel) run after, in the background, never in front of the
@@ -9,60 +9,38 @@ client.
 
 from __future__ import annotations
 
-import itertools
-import logging
-import secrets
 import time
 from collections.abc import AsyncIterator
+
+from starlette.types import Receive
 
 from prism import (
     AuthenticationError,
     CacheDecision,
     CachePolicy,
     ChatRequest,
-    MethodNotAllowedError,
-    PrismError,
     RecentBodies,
     RecentEntries,
     classify,
-    error_json,
     fingerprint,
     parse_chat_request,
     replay,
 )
 from prism import headers as h
+from prism.routes import CHAT_PATH
 
-from .asgi import Receive, Reply, Scope, Send, read_body, request_headers, send_reply
+from .asgi import Request, read_body
+from .asgi import StageTimer as _Timer
 from .auth import authenticate, check_forwarded_body
 from .flight import Flight
 from .gateway import Gateway
 from .providers.base import UpstreamCompletion
-from .responses import error_headers
+from .responses import Reply
 
 __all__ = ["ChatCompletions"]
 
-log = logging.getLogger("prism.origin")
-
-PATH = "/v1/chat/completions"
 JSON = {"content-type": "application/json"}
 SSE = {"content-type": "text/event-stream", "cache-control": "no-cache", "x-accel-buffering": "no"}
-
-
-class _Timer:
-    __slots__ = ("_last", "stages")
-
-    def __init__(self) -> None:
-        self._last = time.perf_counter()
-        self.stages: list[tuple[str, float]] = []
-
-    def mark(self, stage: str) -> None:
-        now = time.perf_counter()
-        self.stages.append((stage, (now - self._last) * 1000))
-        self._last = now
-
-
-def _error_reply(error: PrismError, request_id: str) -> Reply:
-    return Reply(error.status, error_headers(error, request_id), error_json(error))
 
 
 class ChatCompletions:
@@ -71,33 +49,18 @@ class ChatCompletions:
         self.policy = CachePolicy(default_ttl=gateway.settings.default_ttl)
         self._bodies = RecentBodies()
         self._entries = RecentEntries()
-        # Request ids need to be unique, not secret: a random prefix and a counter.
-        self._id_prefix = secrets.token_hex(4)
-        self._ids = itertools.count(1)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = request_headers(scope)
-        request_id = headers.get(h.REQUEST_ID) or f"{self._id_prefix}{next(self._ids):08x}"
-        try:
-            if scope["method"] != "POST":
-                raise MethodNotAllowedError(f"Method {scope['method']} is not allowed here.")
-            reply = await self._handle(headers, receive, request_id)
-        except PrismError as error:
-            reply = _error_reply(error, request_id)
-        except Exception:  # a bug must still answer in the API's format, and be logged
-            log.exception("unhandled error in chat completions (request %s)", request_id)
-            reply = _error_reply(PrismError("The gateway failed unexpectedly."), request_id)
-        self.gw.metrics.count_request(
-            "chat", reply.status, reply.headers.get(h.CACHE_LAYER, "bypass")
-        )
-        await send_reply(reply, receive, send)
+    async def __call__(self, request: Request) -> Reply:
+        """A route handler (``asgi.Routes``): errors are raised, and rendered there."""
+        return await self._handle(request.headers, request.receive, request.id, request.timer)
 
-    async def _handle(self, headers: dict[str, str], receive: Receive, request_id: str) -> Reply:
+    async def _handle(
+        self, headers: dict[str, str], receive: Receive, request_id: str, timer: _Timer
+    ) -> Reply:
         gw = self.gw
-        timer = _Timer()
-        # __call__ admits only POST; a forward signed for anything else is refused here.
+        # Routes admits only POST here; a forward signed for anything else is refused.
         caller = authenticate(
-            headers, gw.settings.key_ring, gw.settings.forward_secret, "POST", PATH, gw.metrics
+            headers, gw.settings.key_ring, gw.settings.forward_secret, "POST", CHAT_PATH, gw.metrics
         )
         timer.mark("auth")
         limits = gw.settings.limits
@@ -105,7 +68,7 @@ class ChatCompletions:
         known = self._bodies.get(caller.project, raw)
         if known is None:
             chat = parse_chat_request(raw, limits)
-            fp = fingerprint(caller.project, PATH, chat)
+            fp = fingerprint(caller.project, CHAT_PATH, chat)
             self._bodies.put(caller.project, raw, chat, fp)
         else:
             chat, fp = known

@@ -2,32 +2,69 @@
 
 from __future__ import annotations
 
-from typing import Any
+from bisect import bisect_left
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 __all__ = ["Metrics"]
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
+class _RequestStats(Collector):
+    """``prism_origin_requests_total`` and ``prism_origin_request_duration_seconds``.
+
+    Recorded on every request, so kept as plain numbers and exported at scrape time:
+    only the event loop's thread touches them (scrapes included), so they need none of
+    the locks a prometheus_client Counter or Histogram takes per update.
+    """
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, int, str], int] = {}
+        # Per (route, layer): a count per bucket (the last one is +Inf), then the sum.
+        self.durations: dict[tuple[str, str], list[float]] = {}
+
+    def record(self, route: str, status: int, layer: str, seconds: float) -> None:
+        key = (route, status, layer)
+        self.counts[key] = self.counts.get(key, 0) + 1
+        histogram = self.durations.get((route, layer))
+        if histogram is None:
+            histogram = self.durations[(route, layer)] = [0.0] * (len(_LATENCY_BUCKETS) + 2)
+        histogram[bisect_left(_LATENCY_BUCKETS, seconds)] += 1
+        histogram[-1] += seconds
+
+    def collect(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            "prism_origin_requests",
+            "Requests answered, by route, status and cache layer.",
+            labels=("route", "status", "layer"),
+        )
+        for (route, status, layer), count in self.counts.items():
+            requests.add_metric((route, str(status), layer), count)
+        yield requests
+        durations = HistogramMetricFamily(
+            "prism_origin_request_duration_seconds",
+            "Time to the response head, by route and cache layer.",
+            labels=("route", "layer"),
+        )
+        bounds = [*map(str, map(float, _LATENCY_BUCKETS)), "+Inf"]
+        for (route, layer), histogram in self.durations.items():
+            cumulative, buckets = 0.0, []
+            for bound, in_bucket in zip(bounds, histogram[:-1], strict=True):
+                cumulative += in_bucket
+                buckets.append((bound, cumulative))
+            durations.add_metric((route, layer), buckets, histogram[-1])
+        yield durations
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = registry = CollectorRegistry(auto_describe=True)
-        self._request_children: dict[tuple[str, int, str], Any] = {}
-        self.requests = Counter(
-            "prism_origin_requests",
-            "Requests answered, by route, status and cache layer.",
-            ("route", "status", "layer"),
-            registry=registry,
-        )
-        self.request_seconds = Histogram(
-            "prism_origin_request_duration_seconds",
-            "Time to the response head, by route and cache layer.",
-            ("route", "layer"),
-            buckets=_LATENCY_BUCKETS,
-            registry=registry,
-        )
+        self._requests = _RequestStats()
+        registry.register(self._requests)
         self.provider_seconds = Histogram(
             "prism_provider_latency_seconds",
             "Provider time to first byte (stream) or to the full answer.",
@@ -100,14 +137,9 @@ class Metrics:
             registry=registry,
         )
 
-    def count_request(self, route: str, status: int, layer: str) -> None:
-        """``requests.labels(...).inc()`` with the labelled child remembered (no lock, no
-        label validation per request)."""
-        key = (route, status, layer)
-        child = self._request_children.get(key)
-        if child is None:
-            child = self._request_children[key] = self.requests.labels(route, str(status), layer)
-        child.inc()
+    def record_request(self, route: str, status: int, layer: str, seconds: float) -> None:
+        """Count one answered request and observe its time to the response head."""
+        self._requests.record(route, status, layer, seconds)
 
     def count_forward_rejected(self, reason: str) -> None:
         self.forward_rejected.labels(reason).inc()

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from prism import MIN_TTL, KeyRing, Limits, parse_key_secrets
+from prism.routes import CLOUDFLARE_API_URL, DEFAULT_REDIS_URL
 
 from .providers.config import ProviderConfig, load_provider_config
 
 __all__ = ["KVSettings", "Settings", "SettingsError"]
-
-DEFAULT_KV_API = "https://api.cloudflare.com/client/v4"
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 RedisClientKind = Literal["pipe", "redis-py"]
 REDIS_CLIENTS: tuple[RedisClientKind, ...] = ("pipe", "redis-py")
@@ -60,6 +58,8 @@ class Settings:
     redis_retry_after: float = 1.0  # how long Redis is skipped after it failed
     redis_client: RedisClientKind = "pipe"  # RedisPipe, or redis-py's pool (the way out)
     coalesce: bool = True
+    # The whole request (headers and body) must arrive within this; else 408 and close.
+    read_timeout: float = 30.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -87,19 +87,30 @@ class Settings:
         account, namespace = env.get("PRISM_KV_ACCOUNT_ID"), env.get("PRISM_KV_NAMESPACE_ID")
         if account and namespace:
             kv = KVSettings(
-                api_url=env.get("PRISM_KV_API_URL", DEFAULT_KV_API),
+                api_url=env.get("PRISM_KV_API_URL", CLOUDFLARE_API_URL),
                 account_id=account,
                 namespace_id=namespace,
                 api_token=env.get("CLOUDFLARE_API_TOKEN", ""),
-                flush_interval=_number(env, "PRISM_KV_FLUSH_INTERVAL", 1.0),
-                max_queue=int(_number(env, "PRISM_KV_MAX_QUEUE", 50_000)),
-                max_attempts=int(_number(env, "PRISM_KV_MAX_ATTEMPTS", 6)),
+                **_numbers(
+                    env,
+                    flush_interval=("PRISM_KV_FLUSH_INTERVAL", float),
+                    max_queue=("PRISM_KV_MAX_QUEUE", int),
+                    max_attempts=("PRISM_KV_MAX_ATTEMPTS", int),
+                ),
             )
         redis_client = env.get("PRISM_REDIS_CLIENT") or "pipe"
         if redis_client not in REDIS_CLIENTS:
             raise SettingsError(
                 f"PRISM_REDIS_CLIENT must be {' or '.join(REDIS_CLIENTS)}, got {redis_client!r}."
             )
+        numbers = _numbers(
+            env,
+            default_ttl=("PRISM_CACHE_TTL", int),
+            fallback_ttl=("PRISM_FALLBACK_TTL", int),
+            read_timeout=("PRISM_READ_TIMEOUT", float),
+        )
+        if numbers.get("fallback_ttl", MIN_TTL) < MIN_TTL:
+            raise SettingsError(f"PRISM_FALLBACK_TTL must be at least {MIN_TTL} (seconds).")
         return cls(
             key_ring=ring,
             forward_secret=forward.encode(),
@@ -107,19 +118,22 @@ class Settings:
             redis_url=env.get("REDIS_URL") or env.get("PRISM_REDIS_URL") or DEFAULT_REDIS_URL,
             redis_client=redis_client,
             kv=kv,
-            default_ttl=int(_number(env, "PRISM_CACHE_TTL", 86_400)),
-            fallback_ttl=max(MIN_TTL, int(_number(env, "PRISM_FALLBACK_TTL", 300))),
-            limits=Limits(
-                max_body_bytes=int(_number(env, "PRISM_MAX_BODY_BYTES", Limits().max_body_bytes))
-            ),
+            limits=Limits(**_numbers(env, max_body_bytes=("PRISM_MAX_BODY_BYTES", int))),
+            **numbers,
         )
 
 
-def _number(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise SettingsError(f"{name} must be a number, got {raw!r}.") from None
+def _numbers(
+    env: Mapping[str, str], **fields: tuple[str, Callable[[float], float | int]]
+) -> dict[str, Any]:
+    """``{field: value}`` for each ``field=(variable, type)`` whose variable is set; the
+    dataclass keeps the default of the others, so every default is written once."""
+    found: dict[str, Any] = {}
+    for name, (variable, kind) in fields.items():
+        raw = env.get(variable)
+        if raw:
+            try:
+                found[name] = kind(float(raw))
+            except (ValueError, OverflowError):
+                raise SettingsError(f"{variable} must be a number, got {raw!r}.") from None
+    return found

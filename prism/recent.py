@@ -22,7 +22,13 @@ def _memory_size(raw: bytes | str) -> int:
 
 
 class RecentBodies:
-    """Parsed requests and fingerprints of recently seen bodies, per project."""
+    """Parsed requests and fingerprints of recently seen bodies, per project.
+
+    The ``ChatRequest`` handed out (and its ``body`` dict) is shared by every request
+    that sends the same bytes: it is never mutated. Whoever needs a changed body builds
+    a new one (``{**body, "model": upstream}``); ``tests/origin/test_shared_bodies.py``
+    runs every provider on a remembered body to hold them to it.
+    """
 
     __slots__ = ("_items", "_size")
 

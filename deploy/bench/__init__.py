@@ -5,7 +5,7 @@
 - ``floor_app``: the minimal ASGI app that does one Redis GET (the Redis-hit floor).
 - ``workers/trivial``: the trivial Python Worker (the edge's floor in the same runtime).
 - ``probes``: time to first byte of streams; ``profiler``: py-spy on the origin.
-- ``report``: the table, the JSON and the PNG chart; ``targets``: the issue's targets.
+- ``report``: the table, the JSON and the PNG chart; ``targets``: the performance targets.
 
 `prism bench faults` (failover with a sick provider): ``faults`` runs it,
 ``fault_scenarios`` says how the primary fails, ``fault_load`` is the client,

@@ -19,15 +19,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
+from starlette.types import Receive, Scope, Send
 
 from origin.redis_pipe import RedisPipe
 
 __all__ = ["FloorApp", "main"]
-
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 _HEADERS = [(b"content-type", b"application/json")]
 
@@ -91,7 +87,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--key", required=True)
     parser.add_argument("--client", choices=("pipe", "redis-py"), default="pipe")
     args = parser.parse_args(argv)
-    # Exactly what `prism origin serve` passes to uvicorn.
+    from origin.server import DeadlineProtocol
+
+    # The server `prism origin serve` runs (its HTTP protocol included), minus the app.
     uvicorn.run(
         FloorApp(args.redis_url, args.key, args.client),
         host=args.host,
@@ -99,8 +97,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         log_level="warning",
         access_log=False,
         loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-        http="httptools" if importlib.util.find_spec("httptools") else "h11",
+        http=DeadlineProtocol,
         server_header=False,
+        proxy_headers=False,
     )
 
 

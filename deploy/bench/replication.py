@@ -1,4 +1,5 @@
-"""The KV writer, seen from outside: the origin's /metrics before and after a miss run.
+"""The KV writer, seen from outside: the origin's /metrics (on its admin listener)
+before and after a miss run.
 
 Every miss the origin answers queues one new entry for Workers KV. After the
 run, this waits until each of those entries is accounted for (sent or dropped)
@@ -22,9 +23,9 @@ _SENT = "prism_kv_writer_sent_total"
 _DROPPED = "prism_kv_writer_dropped_total"
 
 
-def read_metrics(origin_url: str) -> dict[str, float]:
+def read_metrics(admin_url: str) -> dict[str, float]:
     """The origin's samples as ``{"name{labels}": value}``."""
-    text = httpx.get(origin_url + "/metrics", timeout=10).text
+    text = httpx.get(admin_url + "/metrics", timeout=10).text
     found: dict[str, float] = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
@@ -54,23 +55,23 @@ def _writer_idle(metrics: Mapping[str, float]) -> bool:
     )
 
 
-def wait_writer_idle(origin_url: str, timeout: float = 120) -> dict[str, float]:
+def wait_writer_idle(admin_url: str, timeout: float = 120) -> dict[str, float]:
     """The origin's metrics once its KV writer has nothing queued or in flight.
 
-    Local bulk writes are slow (the local KV stores about one key per 2 ms), so entries
+    Local bulk writes are slow (each key is a file and a database row), so entries
     of an earlier run may still be on their way; reading "before" then would count
     them against the next run.
     """
     deadline = time.monotonic() + timeout
     while True:
-        metrics = read_metrics(origin_url)
+        metrics = read_metrics(admin_url)
         if _writer_idle(metrics) or time.monotonic() > deadline:
             return metrics
         time.sleep(0.1)
 
 
 def measure_replication(
-    origin_url: str, before: Mapping[str, float], run_seconds: float, flush_interval: float
+    admin_url: str, before: Mapping[str, float], run_seconds: float, flush_interval: float
 ) -> dict[str, Any]:
     """What the KV writer did with the entries created since ``before`` was read.
 
@@ -79,7 +80,7 @@ def measure_replication(
     """
     began = time.monotonic()
     while True:
-        after = read_metrics(origin_url)
+        after = read_metrics(admin_url)
         created = _misses(after) - _misses(before)
         done = _total(after, _SENT) + _total(after, _DROPPED)
         done -= _total(before, _SENT) + _total(before, _DROPPED)

@@ -46,7 +46,7 @@ __all__ = ["BenchConfig", "BenchError", "BenchRunner"]
 
 TRIVIAL_WORKER = Path(__file__).with_name("workers") / "trivial"
 FORWARD_WORKER = Path(__file__).with_name("workers") / "forward"
-# Replies padded to ~1 KB, as DESIGN.md's edge measurement used.
+# Replies padded to about 1 KB, a typical short completion.
 _PROVIDER_ARGS = ("--reply-words", "150")
 _NODE_CEILING = (
     "const http=require('http');"
@@ -332,14 +332,14 @@ class BenchRunner:
                     ("miss", origin_url, ctx.miss_body, [pids["origin"], pids["provider"]]),
                 ):
                     self._on_step(f"origin: {name.replace('_', ' ')} (c{c})")
-                    before = wait_writer_idle(origin_url)
+                    before = wait_writer_idle(ctx.info.origin_admin_url)
                     load = self._spec(url, body, ctx.auth, c)
                     row = self._timed(load, servers, rss if url == origin_url else None)
                     origin.setdefault(name, {})[str(c)] = row
                     if name == "miss" and c == max(self.config.concurrency):
                         self._on_step("KV writer: waiting for the new entries to replicate")
                         ran = row["duration_s"] + self.config.warmup
-                        kv = measure_replication(origin_url, before, ran, _KV_FLUSH)
+                        kv = measure_replication(ctx.info.origin_admin_url, before, ran, _KV_FLUSH)
         finally:
             rss.close()
         return origin, kv, rss.peak

@@ -1,4 +1,5 @@
-"""The issue's performance targets, checked against one benchmark result.
+"""Prism's performance targets (README, "Tests and benchmark"), checked against one
+benchmark result.
 
 Held here and in the report, never in timed tests: a busy CI machine must not
 fail a build over a millisecond, but a reader of the report must see at once

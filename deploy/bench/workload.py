@@ -21,12 +21,12 @@ import httpx
 import redis
 
 from prism import encode_envelope, entry_key, fingerprint, parse_chat_request
+from prism.routes import CHAT_PATH
 
 from .loadgen import UNIQUE
 
 __all__ = ["CHAT_PATH", "MODEL", "PlantedEntry", "chat_body", "plant_entry"]
 
-CHAT_PATH = "/v1/chat/completions"
 MODEL = "gpt-4o-mini"
 _TTL = 86_400
 # About 2 KB of prompt: a system message and a user turn, as a small app would send.

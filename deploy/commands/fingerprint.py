@@ -10,10 +10,9 @@ from typing import Annotated
 import typer
 
 from prism import EXCLUDED_FIELDS, PrismError, canonical_document, fingerprint, parse_chat_request
+from prism.routes import CHAT_PATH as PATH
 
 __all__ = ["fingerprint_command"]
-
-PATH = "/v1/chat/completions"
 
 
 def fingerprint_command(

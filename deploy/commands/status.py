@@ -51,6 +51,13 @@ def status_command(
     origin_url: Annotated[
         str | None, typer.Option(envvar="PRISM_ORIGIN_URL", help="Origin base URL.")
     ] = None,
+    origin_admin_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="PRISM_ORIGIN_ADMIN_URL",
+            help="The origin's admin listener (private), for its detailed /healthz.",
+        ),
+    ] = None,
     edge_url: Annotated[
         str | None, typer.Option(envvar="PRISM_EDGE_URL", help="Edge base URL.")
     ] = None,
@@ -60,8 +67,9 @@ def status_command(
     ] = Path(".prism"),
     as_json: JsonOption = False,
 ) -> None:
-    """Check each configured part: the origin's /healthz, the edge (a keyless request must
-    be refused by the edge itself), Redis. With no URLs, checks the local `prism dev` stack.
+    """Check each configured part: the origin's /healthz (and, where its private admin
+    listener is reachable, whether it reaches Redis), the edge (a keyless request must be
+    refused by the edge itself), Redis. With no URLs, checks the local `prism dev` stack.
 
     Example: prism status --origin-url https://origin.example.com --edge-url https://api.example.com
     """
@@ -70,11 +78,15 @@ def status_command(
     if not (origin_url or edge_url or redis_url) and dev_file.exists():
         local = json.loads(dev_file.read_text())
     origin_url = origin_url or local.get("origin_url")
+    origin_admin_url = origin_admin_url or local.get("origin_admin_url")
     edge_url = edge_url or local.get("edge_url")
     redis_url = redis_url or local.get("redis_url")
     checks: list[dict[str, Any]] = []
     if origin_url:
+        # The public /healthz only says the origin is alive; the admin one says more.
         state, ms, detail = _probe_http(origin_url.rstrip("/") + "/healthz", (200,))
+        if state == "ok" and origin_admin_url:
+            state, _, detail = _probe_http(origin_admin_url.rstrip("/") + "/healthz", (200,))
         checks.append(
             {"part": "origin", "url": origin_url, "state": state, "ms": ms, "detail": detail}
         )

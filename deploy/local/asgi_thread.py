@@ -24,12 +24,14 @@ class ThreadedServer:
         port: int = 0,
         lifespan: Literal["auto", "on", "off"] = "on",
         graceful_shutdown: int = 2,
+        **options: Any,  # more uvicorn.Config settings
     ):
         self.app = app
         self.host = host
         self.port = port
         self._lifespan = lifespan
         self._graceful_shutdown = graceful_shutdown
+        self._options = options
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -37,12 +39,17 @@ class ThreadedServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self, timeout: float = 10.0) -> ThreadedServer:
-        # Bind first and hand the socket over: no window for another process to take the port.
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
-        self.port = sock.getsockname()[1]
+    def start(
+        self, timeout: float = 10.0, sockets: list[socket.socket] | None = None
+    ) -> ThreadedServer:
+        """Serve on ``sockets`` (the first one is ``url``), else on a socket bound here."""
+        if not sockets:
+            # Bind first and hand the socket over: no window for another process to take it.
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+            sockets = [sock]
+        self.host, self.port = sockets[0].getsockname()[:2]
         config = uvicorn.Config(
             self.app,
             log_level="warning",
@@ -50,10 +57,11 @@ class ThreadedServer:
             access_log=False,
             lifespan=self._lifespan,
             timeout_graceful_shutdown=self._graceful_shutdown,
+            **self._options,
         )
         server = uvicorn.Server(config)
         thread = threading.Thread(
-            target=server.run, kwargs={"sockets": [sock]}, name=f"asgi-{self.port}", daemon=True
+            target=server.run, kwargs={"sockets": sockets}, name=f"asgi-{self.port}", daemon=True
         )
         thread.start()
         deadline = time.monotonic() + timeout
@@ -61,7 +69,8 @@ class ThreadedServer:
             if not thread.is_alive() or time.monotonic() > deadline:
                 server.should_exit = True
                 thread.join(timeout=5)
-                sock.close()
+                for sock in sockets:
+                    sock.close()
                 raise RuntimeError(f"server did not start on {self.url}")
             time.sleep(0.005)
         self._server, self._thread = server, thread

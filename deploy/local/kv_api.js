@@ -2,20 +2,16 @@
 //
 // It runs as a JavaScript Worker next to the Prism edge in the same Miniflare
 // instance and writes through a real KV binding, so what the origin's KV writer
-// PUTs here the edge reads at once. Only the KV endpoints Prism (and the
-// official `cloudflare` SDK for them) uses are implemented, with Cloudflare's
-// response envelope and KV error codes:
+// PUTs here the edge reads at once. Only what Prism and its tests call is
+// implemented, with Cloudflare's response envelope and KV error codes:
 //
-//   GET    /client/v4/accounts/{a}/storage/kv/namespaces             list namespaces
-//   POST   /client/v4/accounts/{a}/storage/kv/namespaces             create {title}
-//   GET    /client/v4/accounts/{a}/storage/kv/namespaces/{ns}        get one
-//   DELETE /client/v4/accounts/{a}/storage/kv/namespaces/{ns}        delete (created ones only)
-//   PUT    .../namespaces/{ns}/bulk                                   write up to 10,000 pairs
-//   POST   .../namespaces/{ns}/bulk/delete   (and DELETE .../bulk)   delete up to 10,000 keys
-//   POST   .../namespaces/{ns}/bulk/get                               read up to 100 keys
-//   GET|PUT|DELETE .../namespaces/{ns}/values/{url-encoded key}       one value (GET: raw bytes)
-//   GET    .../namespaces/{ns}/metadata/{url-encoded key}             one key's metadata
-//   GET    .../namespaces/{ns}/keys?prefix=&limit=&cursor=            list keys
+//   GET    /client/v4/accounts/{a}/storage/kv/namespaces        list   (prism deploy edge)
+//   POST   /client/v4/accounts/{a}/storage/kv/namespaces        create (prism deploy edge)
+//   PUT    .../namespaces/{ns}/bulk                              write up to 10,000 pairs (the KV writer)
+//   PUT    .../namespaces/{ns}/values/{url-encoded key}          one raw value (prism keys: revocations)
+//   GET    .../namespaces/{ns}/values/{url-encoded key}          one value, raw bytes (tests)
+//   POST   .../namespaces/{ns}/bulk/delete                       delete up to 10,000 keys (tests)
+//   GET    .../namespaces/{ns}/keys?prefix=&limit=&cursor=       list keys (tests)
 //
 // Test controls, outside the Cloudflare API and never authenticated or counted:
 //
@@ -33,14 +29,11 @@
 
 const API_PREFIX = "/client/v4";
 const MAX_BULK_PAIRS = 10000;
-const MAX_BULK_GET_KEYS = 100;
 const MAX_KEY_BYTES = 512;
-const MAX_METADATA_BYTES = 1024;
 const MIN_TTL_SECONDS = 60;
 const LIST_LIMIT_MIN = 10;
 const LIST_LIMIT_MAX = 1000;
-// Miniflare's KV costs ~2 ms per put here (a blob file plus SQLite), so 1,000
-// keys take ~2 s and 10,000 ~20 s; more concurrency did not help.
+// Each local put is a file and a database row: a bulk write runs this many at once.
 const WRITE_CONCURRENCY = 64;
 
 // Keys in KV_AUX: "ns:{id}" holds a created namespace's registry entry,
@@ -56,17 +49,14 @@ const E = {
   NAMESPACE_NOT_FOUND: 10013,
   NAMESPACE_EXISTS: 10014,
   MISSING_TITLE: 10019,
-  TOO_MANY_REQUESTS: 10022,
   PAYLOAD_TOO_LARGE: 10024,
   NO_ENDPOINT: 10025,
   INVALID_LIMIT: 10028,
   INVALID_REQUEST: 10029,
   KEY_TOO_LONG: 10030,
-  INVALID_EXPIRATION: 10033,
   INVALID_EXPIRATION_TTL: 10034,
   INVALID_CURSOR: 10041,
   ILLEGAL_KEY: 10042,
-  INVALID_METADATA: 10047,
   // The account-wide API rate limiter (1,200 requests / 5 minutes) answers 971.
   RATE_LIMITED: 971,
 };
@@ -110,8 +100,8 @@ class NamespaceStore {
     this.prefix = prefix;
   }
 
-  async getWithMetadata(key) {
-    return this.kv.getWithMetadata(this.prefix + key, { type: "arrayBuffer" });
+  async get(key) {
+    return this.kv.get(this.prefix + key, { type: "arrayBuffer" });
   }
 
   async put(key, value, options) {
@@ -127,20 +117,9 @@ class NamespaceStore {
     const keys = page.keys.map((k) => {
       const item = { name: k.name.slice(this.prefix.length) };
       if (k.expiration !== undefined) item.expiration = k.expiration;
-      if (k.metadata !== undefined) item.metadata = k.metadata;
       return item;
     });
     return { keys, cursor: page.list_complete ? "" : page.cursor };
-  }
-
-  // Deletes every key (used when a created namespace is deleted).
-  async clear() {
-    let cursor;
-    do {
-      const page = await this.kv.list({ prefix: this.prefix, cursor });
-      await Promise.all(page.keys.map((k) => this.kv.delete(k.name)));
-      cursor = page.list_complete ? undefined : page.cursor;
-    } while (cursor);
   }
 }
 
@@ -199,68 +178,26 @@ function validateKey(key) {
   }
 }
 
-// Returns KV put options; the messages are the real API's.
-function putOptions({ expiration, expirationTtl, metadata }) {
-  const now = Math.floor(Date.now() / 1000);
-  const options = {};
-  if (expirationTtl !== undefined && expirationTtl !== null && expirationTtl !== "") {
-    const ttl = Number(expirationTtl);
-    if (!Number.isInteger(ttl) || ttl <= 0) {
-      throw new ApiError(
-        400,
-        E.INVALID_EXPIRATION_TTL,
-        `Invalid expiration_ttl of ${expirationTtl}. Please specify integer greater than 0.`,
-      );
-    }
-    if (ttl < MIN_TTL_SECONDS) {
-      throw new ApiError(
-        400,
-        E.INVALID_EXPIRATION_TTL,
-        `Invalid expiration_ttl of ${expirationTtl}. Expiration TTL must be at least ${MIN_TTL_SECONDS}.`,
-      );
-    }
-    options.expirationTtl = ttl;
-  } else if (expiration !== undefined && expiration !== null && expiration !== "") {
-    const at = Number(expiration);
-    if (!Number.isInteger(at) || at <= now) {
-      throw new ApiError(
-        400,
-        E.INVALID_EXPIRATION,
-        `Invalid expiration of ${expiration}. Please specify integer greater than the current number of seconds since the UNIX epoch.`,
-      );
-    }
-    if (at < now + MIN_TTL_SECONDS) {
-      throw new ApiError(
-        400,
-        E.INVALID_EXPIRATION,
-        `Invalid expiration of ${expiration}. Expiration times must be at least ${MIN_TTL_SECONDS} seconds in the future.`,
-      );
-    }
-    options.expiration = at;
+// KV put options for an expiration_ttl (Prism sets no other option); the messages are
+// the real API's.
+function putOptions(expirationTtl) {
+  if (expirationTtl === undefined || expirationTtl === null || expirationTtl === "") return {};
+  const ttl = Number(expirationTtl);
+  if (!Number.isInteger(ttl) || ttl <= 0) {
+    throw new ApiError(
+      400,
+      E.INVALID_EXPIRATION_TTL,
+      `Invalid expiration_ttl of ${expirationTtl}. Please specify integer greater than 0.`,
+    );
   }
-  if (metadata !== undefined && metadata !== null) {
-    const length = encoder.encode(JSON.stringify(metadata)).byteLength;
-    if (length > MAX_METADATA_BYTES) {
-      throw new ApiError(
-        413,
-        E.INVALID_METADATA,
-        `Metadata length of ${length} exceeds limit of ${MAX_METADATA_BYTES}.`,
-      );
-    }
-    options.metadata = metadata;
+  if (ttl < MIN_TTL_SECONDS) {
+    throw new ApiError(
+      400,
+      E.INVALID_EXPIRATION_TTL,
+      `Invalid expiration_ttl of ${expirationTtl}. Expiration TTL must be at least ${MIN_TTL_SECONDS}.`,
+    );
   }
-  return options;
-}
-
-function decodeBase64(text, key) {
-  try {
-    const binary = atob(text);
-    const bytes = new Uint8Array(binary.length);
-    for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
-    return bytes;
-  } catch {
-    throw new ApiError(400, E.INVALID_REQUEST, `Invalid base64 value for key "${key}".`);
-  }
+  return { expirationTtl: ttl };
 }
 
 async function readJson(request) {
@@ -299,13 +236,7 @@ async function listNamespaces(env, url) {
     1000,
     Math.max(1, parseInt(url.searchParams.get("per_page") ?? "20", 10) || 20),
   );
-  const order = url.searchParams.get("order") ?? "id";
-  const direction = url.searchParams.get("direction") ?? "asc";
-  if (!["id", "title"].includes(order)) throw new ApiError(400, 10043, "invalid order");
-  if (!["asc", "desc"].includes(direction)) throw new ApiError(400, 10044, "invalid direction");
   const all = await allNamespaces(env);
-  all.sort((a, b) => (a[order] < b[order] ? -1 : a[order] > b[order] ? 1 : 0));
-  if (direction === "desc") all.reverse();
   const result = all.slice((page - 1) * perPage, page * perPage);
   return json(
     envelope(result, {
@@ -333,23 +264,6 @@ async function createNamespace(env, request) {
   return json(envelope(ns));
 }
 
-async function getNamespace(env, id) {
-  const ns = await findNamespace(env, id);
-  if (ns === null) throw new ApiError(404, E.NAMESPACE_NOT_FOUND, "namespace not found");
-  return json(envelope(ns));
-}
-
-async function deleteNamespace(env, id) {
-  if (id === env.NAMESPACE_ID) {
-    // It is bound to the edge; deleting it would break the stack, not test anything.
-    throw new ApiError(400, E.INVALID_REQUEST, "the configured namespace cannot be deleted locally");
-  }
-  const store = await storeFor(env, id);
-  await store.clear();
-  await env.KV_AUX.delete(REGISTRY_PREFIX + id);
-  return json(envelope({}));
-}
-
 async function bulkPut(env, id, request, control) {
   const store = await storeFor(env, id);
   const pairs = await readJson(request);
@@ -373,13 +287,7 @@ async function bulkPut(env, id, request, control) {
     if (typeof pair.value !== "string") {
       throw new ApiError(400, E.INVALID_REQUEST, `Value for key "${pair.key}" must be a string.`);
     }
-    const options = putOptions({
-      expiration: pair.expiration,
-      expirationTtl: pair.expiration_ttl,
-      metadata: pair.metadata,
-    });
-    const value = pair.base64 ? decodeBase64(pair.value, pair.key) : pair.value;
-    return { key: pair.key, value, options };
+    return { key: pair.key, value: pair.value, options: putOptions(pair.expiration_ttl) };
   });
   const unsuccessful = [];
   await forEachLimited(writes, WRITE_CONCURRENCY, async (w) => {
@@ -417,97 +325,21 @@ async function bulkDelete(env, id, request, control) {
   return json(envelope({ successful_key_count: deleted, unsuccessful_keys: unsuccessful }));
 }
 
-async function bulkGet(env, id, request) {
-  const store = await storeFor(env, id);
-  const body = await readJson(request);
-  const keys = body?.keys;
-  if (!Array.isArray(keys) || keys.some((k) => typeof k !== "string")) {
-    throw new ApiError(400, E.INVALID_REQUEST, "keys must be an array of key names.");
-  }
-  if (keys.length > MAX_BULK_GET_KEYS) {
-    throw new ApiError(400, E.INVALID_REQUEST, `Too many keys: at most ${MAX_BULK_GET_KEYS}.`);
-  }
-  const asJson = body.type === "json";
-  const withMetadata = body.withMetadata === true || body.with_metadata === true;
-  const decoder = new TextDecoder();
-  const values = {};
-  await Promise.all(
-    keys.map(async (key) => {
-      const found = await store.getWithMetadata(key);
-      if (found.value === null) {
-        values[key] = null;
-        return;
-      }
-      const text = decoder.decode(found.value);
-      let value = text;
-      if (asJson) {
-        try {
-          value = JSON.parse(text);
-        } catch {
-          throw new ApiError(400, E.INVALID_REQUEST, `The value of key "${key}" is not JSON.`);
-        }
-      }
-      values[key] = withMetadata ? { value, metadata: found.metadata ?? null } : value;
-    }),
-  );
-  return json(envelope({ values }));
-}
-
 async function getValue(env, id, key) {
   const store = await storeFor(env, id);
   validateKey(key);
-  const found = await store.getWithMetadata(key);
-  if (found.value === null) throw new ApiError(404, E.KEY_NOT_FOUND, "key not found");
-  return new Response(found.value, {
+  const value = await store.get(key);
+  if (value === null) throw new ApiError(404, E.KEY_NOT_FOUND, "key not found");
+  return new Response(value, {
     status: 200,
     headers: { "content-type": "application/octet-stream" },
   });
 }
 
-async function getMetadata(env, id, key) {
+async function putValue(env, id, key, request) {
   const store = await storeFor(env, id);
   validateKey(key);
-  const found = await store.getWithMetadata(key);
-  if (found.value === null) throw new ApiError(404, E.KEY_NOT_FOUND, "key not found");
-  return json(envelope(found.metadata ?? null));
-}
-
-async function putValue(env, id, key, request, url) {
-  const store = await storeFor(env, id);
-  validateKey(key);
-  let value;
-  let metadata;
-  const contentType = request.headers.get("content-type") ?? "";
-  if (contentType.startsWith("multipart/form-data")) {
-    const form = await request.formData();
-    const part = form.get("value");
-    if (part === null) throw new ApiError(400, E.INVALID_REQUEST, "multipart body has no value part");
-    value = typeof part === "string" ? part : await part.arrayBuffer();
-    const rawMetadata = form.get("metadata");
-    if (rawMetadata !== null) {
-      const text = typeof rawMetadata === "string" ? rawMetadata : await rawMetadata.text();
-      try {
-        metadata = JSON.parse(text);
-      } catch {
-        throw new ApiError(400, E.INVALID_METADATA, "metadata is not valid JSON");
-      }
-    }
-  } else {
-    value = await request.arrayBuffer();
-  }
-  const options = putOptions({
-    expiration: url.searchParams.get("expiration"),
-    expirationTtl: url.searchParams.get("expiration_ttl"),
-    metadata,
-  });
-  await store.put(key, value, options);
-  return json(envelope({}));
-}
-
-async function deleteValue(env, id, key) {
-  const store = await storeFor(env, id);
-  validateKey(key);
-  await store.delete(key);
+  await store.put(key, await request.arrayBuffer(), {});
   return json(envelope({}));
 }
 
@@ -555,34 +387,19 @@ function route(method, path) {
     if (method === "POST") return at("namespace_create", (c) => createNamespace(c.env, c.request));
     return { endpoint: "unknown" };
   }
-  if (rest === undefined) {
-    if (method === "GET") return at("namespace_get", (c) => getNamespace(c.env, nsId));
-    if (method === "DELETE") return at("namespace_delete", (c) => deleteNamespace(c.env, nsId));
-    return { endpoint: "unknown" };
-  }
+  if (rest === undefined) return { endpoint: "unknown" };
   if (rest === "/bulk" && method === "PUT") {
     return at("bulk_put", (c) => bulkPut(c.env, nsId, c.request, c.control));
   }
-  if ((rest === "/bulk/delete" && method === "POST") || (rest === "/bulk" && method === "DELETE")) {
+  if (rest === "/bulk/delete" && method === "POST") {
     return at("bulk_delete", (c) => bulkDelete(c.env, nsId, c.request, c.control));
-  }
-  if (rest === "/bulk/get" && method === "POST") {
-    return at("bulk_get", (c) => bulkGet(c.env, nsId, c.request));
   }
   if (rest === "/keys" && method === "GET") {
     return at("keys_list", (c) => listKeys(c.env, nsId, c.url));
   }
-  if (rest.startsWith("/metadata/") && method === "GET") {
-    return at("metadata_get", (c) => getMetadata(c.env, nsId, key("/metadata/")));
-  }
   if (rest.startsWith("/values/")) {
     if (method === "GET") return at("value_get", (c) => getValue(c.env, nsId, key("/values/")));
-    if (method === "PUT") {
-      return at("value_put", (c) => putValue(c.env, nsId, key("/values/"), c.request, c.url));
-    }
-    if (method === "DELETE") {
-      return at("value_delete", (c) => deleteValue(c.env, nsId, key("/values/")));
-    }
+    if (method === "PUT") return at("value_put", (c) => putValue(c.env, nsId, key("/values/"), c.request));
   }
   return { endpoint: "unknown" };
 }

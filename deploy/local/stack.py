@@ -40,6 +40,7 @@ class StackConfig:
     state_dir: Path = Path(".prism")
     host: str = "127.0.0.1"
     origin_port: int = 8080
+    origin_admin_port: int = 0  # the origin's /healthz in detail and /metrics; 0 = any free
     edge_port: int = 8787
     kv_api_port: int = 8788
     provider_port: int = 0  # the demo provider; 0 = any free port
@@ -64,6 +65,7 @@ class Component:
 class StackInfo:
     edge_url: str
     origin_url: str
+    origin_admin_url: str  # /healthz in detail and /metrics (never on origin_url)
     kv_api_url: str
     redis_url: str
     provider: str
@@ -200,6 +202,8 @@ class LocalStack:
         kv_port = cfg.kv_api_port or free_port(cfg.host)
         kv_api_url = f"http://{cfg.host}:{kv_port}/client/v4"
         origin_url = f"http://{cfg.host}:{cfg.origin_port}"
+        admin_port = cfg.origin_admin_port or free_port(cfg.host)
+        origin_admin_url = f"http://{cfg.host}:{admin_port}"
         origin_env.update(
             PRISM_KV_API_URL=kv_api_url,
             PRISM_KV_ACCOUNT_ID="local",
@@ -211,7 +215,8 @@ class LocalStack:
         origin = ChildProcess(
             "origin",
             [python, "-m", "deploy.cli", "origin", "serve", "--host", cfg.host,
-             "--port", str(cfg.origin_port)],
+             "--port", str(cfg.origin_port), "--admin-host", cfg.host,
+             "--admin-port", str(admin_port)],
             logs / "origin.log",
             origin_env,
         )  # fmt: skip
@@ -241,8 +246,9 @@ class LocalStack:
                 f"the local Workers runtime failed: {str(error).splitlines()[0]}"
             ) from None
         assert self._runtime.edge_url is not None
-        self._wait_http(origin, origin_url + "/healthz", 30)
+        self._wait_http(origin, origin_admin_url + "/healthz", 30)
         self._ready(components, "origin", origin_url, f"providers: {provider}")
+        self._ready(components, "admin", origin_admin_url, "origin /healthz and /metrics")
         self._ready(components, "kv-api", kv_api_url, "Workers KV REST stand-in")
         edge_url = self._runtime.edge_url
         self._ready(components, "edge", edge_url, "Python Worker (local runtime)")
@@ -251,6 +257,7 @@ class LocalStack:
         self.info = StackInfo(
             edge_url=self._runtime.edge_url,
             origin_url=origin_url,
+            origin_admin_url=origin_admin_url,
             kv_api_url=kv_api_url,
             redis_url=redis_url,
             provider=provider,

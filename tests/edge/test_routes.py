@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge.routes import CHAT_PATH, MODELS_PATH, ROUTES, canonical_path
+from edge.routes import ROUTES, canonical_path
+from prism.routes import CHAT_PATH, MODELS_PATH
 
 
 @pytest.mark.parametrize(

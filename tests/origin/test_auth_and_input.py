@@ -141,7 +141,7 @@ def test_bad_bodies_get_openai_errors(
     error = response.json()["error"]
     assert error["param"] == param and error["message"]
     assert provider.control.stats()["chat_requests"] == 0
-    assert client.get("/healthz").status_code == 200  # still serving
+    assert client.get("/healthz").json() == {"status": "ok"}  # still serving
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -231,7 +231,9 @@ def test_cache_control_no_store_and_no_cache(
     assert bypass.headers["x-prism-edge-cache-layer"] == "bypass"
 
 
-def test_metrics_count_requests_by_layer(client: httpx.Client) -> None:
+def test_metrics_count_and_time_requests_by_layer(
+    client: httpx.Client, origin: RunningOrigin
+) -> None:
     body = {"model": "demo", "messages": [{"role": "user", "content": "metrics"}]}
     client.post("/v1/chat/completions", json=body)
     deadline = time.monotonic() + 5
@@ -240,10 +242,17 @@ def test_metrics_count_requests_by_layer(client: httpx.Client) -> None:
         != "redis"
     ):
         assert time.monotonic() < deadline
-    text = client.get("/metrics").text
+    text = httpx.get(origin.admin_url + "/metrics").text
     assert 'prism_origin_requests_total{layer="miss",route="chat",status="200"} 1.0' in text
     assert 'layer="redis",route="chat",status="200"' in text
     assert "prism_provider_latency_seconds_bucket" in text
+    # Every request counted is also timed (to its response head).
+    assert 'prism_origin_request_duration_seconds_count{layer="miss",route="chat"} 1.0' in text
+    hits = origin.metric("prism_origin_requests_total", route="chat", status="200", layer="redis")
+    timed = origin.metric(
+        "prism_origin_request_duration_seconds_count", route="chat", layer="redis"
+    )
+    assert hits >= 1 and timed == hits
 
 
 def test_fingerprint_matches_the_shared_core(client: httpx.Client) -> None:

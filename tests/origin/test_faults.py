@@ -170,7 +170,7 @@ label = "live provider"
         response = post(origin, api_key, body)
         assert response.status_code == 200
         assert response.headers["x-prism-provider"] == "live provider"
-    providers = httpx.get(origin.url + "/healthz").json()["providers"]
+    providers = httpx.get(origin.admin_url + "/healthz").json()["providers"]
     assert providers["dead"]["error_rate"] == 1.0
     assert providers["dead"]["last_error"] == "502 upstream_unreachable"
     assert providers["live"]["error_rate"] == 0.0 and providers["live"]["recent_calls"] == 2
@@ -187,11 +187,11 @@ def test_redis_outage_degrades_to_bypass_and_recovers_without_restart(
         server.stop()
         down = post(origin, api_key)
         assert down.status_code == 200 and down.headers["x-prism-edge-cache-layer"] == "bypass"
-        health = httpx.get(origin.url + "/healthz").json()
+        health = httpx.get(origin.admin_url + "/healthz").json()
         assert health["status"] == "degraded" and health["redis"]["ok"] is False
         assert origin.metric("prism_redis_errors_total", op="lookup") >= 1
         server.start()
-        wait_for(lambda: httpx.get(origin.url + "/healthz").json()["status"] == "ok")
+        wait_for(lambda: httpx.get(origin.admin_url + "/healthz").json()["status"] == "ok")
         wait_for(
             lambda: post(origin, api_key).headers["x-prism-edge-cache-layer"] in ("miss", "redis")
         )

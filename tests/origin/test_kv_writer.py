@@ -1,8 +1,10 @@
-"""The KV writer against the Workers KV REST stand-in: batching, 429s, outages."""
+"""The KV writer: its logic (batching, retries, Retry-After, drops) against a fake bulk
+endpoint, and end to end against the Workers KV REST stand-in (a big batch, outages)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import time
 
@@ -14,7 +16,7 @@ from origin.settings import KVSettings
 from prism import decode_envelope, encode_envelope
 from tests.fixtures.origin import OriginFactory
 from tests.fixtures.workers import KVApi
-from tests.polling import wait_for
+from tests.polling import async_wait_for, wait_for
 
 
 def sample(metrics: Metrics, name: str) -> float:
@@ -55,48 +57,129 @@ def test_five_thousand_entries_land_in_one_bulk_call(kv_api_reset: KVApi) -> Non
     assert stored is not None and decode_envelope(stored) is not None
 
 
-def test_a_partial_batch_is_flushed_by_the_interval(kv_api_reset: KVApi) -> None:
-    kv = kv_api_reset
-    prefix = f"flush-{secrets.token_hex(4)}:"
-    metrics = Metrics()
+class FakeKV:
+    """The bulk endpoint as an ``httpx.MockTransport``: records each call's pairs and answers
+    from ``replies`` in turn (then 200). For the writer's own logic; the stand-in tests
+    above and below cover the real API's behaviour."""
 
-    async def run() -> None:
-        async with httpx.AsyncClient(timeout=60) as client:
-            writer = KVWriter(settings_for(kv, flush_interval=0.1), client, metrics)
-            writer.start()
-            for wave in range(3):
-                for i in range(50):  # far below max_batch: only the interval can flush it
-                    writer.submit(f"{prefix}{wave}-{i}", b"{}", 60)
-                landed = 50 * (wave + 1)
-                await asyncio.to_thread(wait_for, lambda n=landed: len(kv.list_keys(prefix)) == n)
-            await writer.stop()
+    def __init__(self, *replies: httpx.Response) -> None:
+        self.replies = list(replies)
+        self.calls: list[list[dict[str, object]]] = []
+        self.headers: list[httpx.Headers] = []
 
-    asyncio.run(run())
-    assert kv.stats()["bulk_put_calls"] == 3  # one call per flush, never one per entry
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        pairs = json.loads(request.content)
+        self.calls.append(pairs)
+        self.headers.append(request.headers)
+        if self.replies:
+            return self.replies.pop(0)
+        return httpx.Response(
+            200, json={"success": True, "result": {"successful_key_count": len(pairs)}}
+        )
+
+    def writer(self, metrics: Metrics, **settings: float) -> tuple[KVWriter, httpx.AsyncClient]:
+        client = httpx.AsyncClient(transport=httpx.MockTransport(self.handle))
+        kv = KVSettings(api_url="https://kv.test/client/v4", account_id="a", namespace_id="n",
+                        api_token="token", **settings)  # type: ignore[arg-type]  # fmt: skip
+        return KVWriter(kv, client, metrics), client
+
+
+async def test_a_partial_batch_is_flushed_by_the_interval() -> None:
+    fake, metrics = FakeKV(), Metrics()
+    writer, client = fake.writer(metrics, flush_interval=0.05)
+    writer.start()
+    for wave in range(3):
+        for i in range(50):  # far below max_batch: only the interval can flush it
+            writer.submit(f"k{wave}-{i}", b"{}", 60)
+        await async_wait_for(lambda n=wave + 1: len(fake.calls) == n)
+    await writer.stop()
+    await client.aclose()
+    assert [len(call) for call in fake.calls] == [50, 50, 50]  # one call per flush
     assert sample(metrics, "prism_kv_writer_sent_total") == 150
 
 
-def test_429_with_retry_after_then_200_lands_everything(kv_api_reset: KVApi) -> None:
-    kv = kv_api_reset
-    prefix = f"retry-{secrets.token_hex(4)}:"
-    kv.fail_next(429, count=2, retry_after=1, endpoints=["bulk_put"])
-    metrics = Metrics()
+async def test_batches_are_cut_at_max_batch_and_pairs_are_well_formed() -> None:
+    fake, metrics = FakeKV(), Metrics()
+    writer, client = fake.writer(metrics, flush_interval=0.05, max_batch=10)
+    for i in range(25):
+        writer.submit(f"k{i}", b"value", 5)  # below KV's minimum TTL: raised to 60
+    writer.start()
+    await writer.stop()
+    await client.aclose()
+    assert [len(call) for call in fake.calls] == [10, 10, 5]
+    assert fake.calls[0][0] == {"key": "k0", "value": "value", "expiration_ttl": 60}
+    assert fake.headers[0]["authorization"] == "Bearer token"
 
-    async def run() -> float:
-        async with httpx.AsyncClient(timeout=60) as client:
-            writer = KVWriter(settings_for(kv, flush_interval=0.05), client, metrics)
-            writer.start()
-            started = time.monotonic()
-            for i in range(100):
-                writer.submit(f"{prefix}{i}", b"{}", 120)
-            await writer.stop(drain_timeout=30)
-            return time.monotonic() - started
 
-    elapsed = asyncio.run(run())
-    assert len(kv.list_keys(prefix)) == 100
+async def test_429_with_retry_after_then_200_lands_everything() -> None:
+    busy = httpx.Response(429, headers={"retry-after": "1"})
+    fake, metrics = FakeKV(busy, busy), Metrics()
+    writer, client = fake.writer(metrics, flush_interval=0.05)
+    started = time.monotonic()
+    for i in range(100):
+        writer.submit(f"k{i}", b"{}", 120)
+    writer.start()
+    await writer.stop(drain_timeout=30)
+    elapsed = time.monotonic() - started
+    await client.aclose()
+    assert len(fake.calls) == 3 and fake.calls[0] == fake.calls[2]  # the same batch, resent
     assert sample(metrics, "prism_kv_writer_retries_total") == 2
     assert sample(metrics, "prism_kv_writer_sent_total") == 100
-    assert elapsed >= 2.0  # Retry-After: 1 was honoured twice
+    assert elapsed >= 1.9  # Retry-After: 1 was honoured twice
+
+
+async def test_retries_stop_at_max_attempts_and_the_batch_is_counted_dropped() -> None:
+    down = httpx.Response(503)
+    fake, metrics = FakeKV(down, down, down), Metrics()
+    writer, client = fake.writer(metrics, flush_interval=0.01, max_attempts=2)
+    writer.submit("k", b"{}", 60)
+    writer.start()
+    await writer.stop()
+    await client.aclose()
+    assert len(fake.calls) == 2
+    assert (
+        metrics.registry.get_sample_value(
+            "prism_kv_writer_dropped_total", {"reason": "retries_exhausted"}
+        )
+        == 1
+    )
+
+
+async def test_a_rejected_batch_is_not_retried_and_failed_keys_are_counted() -> None:
+    rejected = httpx.Response(400, json={"success": False})
+    partial = httpx.Response(
+        200, json={"success": True, "result": {"unsuccessful_keys": ["k1", "k2"]}}
+    )
+    fake, metrics = FakeKV(rejected, partial), Metrics()
+    writer, client = fake.writer(metrics, flush_interval=0.01)
+    writer.start()
+    writer.submit("k0", b"{}", 60)
+    await async_wait_for(lambda: len(fake.calls) == 1)
+    for i in range(3):
+        writer.submit(f"k{i}", b"{}", 60)
+    await writer.stop()
+    await client.aclose()
+    assert len(fake.calls) == 2  # the 400 was not retried
+    dropped = {
+        reason: metrics.registry.get_sample_value(
+            "prism_kv_writer_dropped_total", {"reason": reason}
+        )
+        for reason in ("rejected", "unsuccessful")
+    }
+    assert dropped == {"rejected": 1, "unsuccessful": 2}
+    assert sample(metrics, "prism_kv_writer_sent_total") == 1
+
+
+async def test_a_full_queue_drops_instead_of_waiting() -> None:
+    fake, metrics = FakeKV(), Metrics()
+    writer, client = fake.writer(metrics, max_queue=5)
+    accepted = [writer.submit(f"k{i}", b"{}", 60) for i in range(7)]
+    await client.aclose()
+    assert accepted == [True] * 5 + [False] * 2
+    assert (
+        metrics.registry.get_sample_value("prism_kv_writer_dropped_total", {"reason": "queue_full"})
+        == 2
+    )
 
 
 def test_kv_down_never_slows_clients_and_drops_are_counted(
@@ -130,7 +213,7 @@ def test_kv_down_never_slows_clients_and_drops_are_counted(
             )
         assert slowest < 1.0  # a bulk call takes 3 s: nobody waited for one
         wait_for(lambda: origin.metric("prism_kv_writer_dropped_total", reason="queue_full") > 0)
-        text = client.get("/metrics").text
+        text = httpx.get(origin.admin_url + "/metrics").text
     assert 'prism_kv_writer_dropped_total{reason="queue_full"}' in text
     kv.clear_faults()
 

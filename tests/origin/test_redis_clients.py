@@ -152,7 +152,7 @@ def test_the_origin_serves_redis_hits_on_each_client(
         second = http.post("/v1/chat/completions", json=BODY)
         assert second.headers["x-prism-edge-cache-layer"] == "redis"
         assert second.json() == first.json()
-        assert http.get("/healthz").json()["redis"]["ok"] is True
+        assert httpx.get(origin.admin_url + "/healthz").json()["redis"]["ok"] is True
     expected = RedisPyClient if redis_client_kind == "redis-py" else RedisPipe
     assert isinstance(origin.gateway.redis, expected)
 

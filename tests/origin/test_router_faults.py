@@ -41,7 +41,9 @@ def post(origin: RunningOrigin, api_key: str, data: dict[str, object]) -> httpx.
 
 
 def health(origin: RunningOrigin) -> dict[str, dict[str, object]]:
-    providers: dict[str, dict[str, object]] = httpx.get(origin.url + "/healthz").json()["providers"]
+    providers: dict[str, dict[str, object]] = httpx.get(origin.admin_url + "/healthz").json()[
+        "providers"
+    ]
     return providers
 
 

@@ -1,4 +1,4 @@
-"""The waitUntil pattern from DESIGN.md: a task plus a real JS Promise.
+"""The waitUntil pattern (docs/architecture.md): a task plus a real JS Promise.
 
 Handing ctx.waitUntil a coroutine, a future or a KV promise gives JS a borrowed
 proxy that dies at once; a Promise resolved by the task's done-callback lives

@@ -20,6 +20,7 @@ from pyodide.ffi import to_js
 from edge.workers import serve
 from prism import (
     KeyRing,
+    bearer_token,
     classify,
     decode_envelope,
     entry_key,
@@ -27,6 +28,8 @@ from prism import (
     parse_chat_request,
     parse_key_secrets,
 )
+from prism import headers as h
+from prism.routes import CHAT_PATH
 
 STEPS = (
     "const",  # a constant answer from this isolate (prism and edge imported)
@@ -36,7 +39,7 @@ STEPS = (
     "parse",  # + parse_chat_request and classify
     "fingerprint",  # + the fingerprint
     "kv",  # + one KV read (plain await)
-    "kv_bounded",  # ... the KV read inside asyncio.wait_for, as the handler bounds it
+    "kv_bounded",  # ... the KV read inside asyncio.timeout, as the handler bounds it
     "decode",  # + the envelope decoded and checked
     "respond",  # + the response built with headers, as the adapter builds it
     "fetch",  # apart: the body POSTed with fetch() to a constant server, its answer passed on
@@ -77,8 +80,7 @@ async def on_fetch(request: Any, env: Any, ctx: Any) -> Any:
         return js.Response.new(_CONST)
     if _Isolate.ring is None:
         _Isolate.ring = parse_key_secrets(str(env.PRISM_KEY_SECRET))
-    token = headers.get("authorization", "").partition(" ")[2].strip()
-    identity = _Isolate.ring.verify(token)
+    identity = _Isolate.ring.verify(bearer_token(headers.get("authorization")))
     if last == 2:
         return js.Response.new(_CONST)
     body = str(await request.text())
@@ -88,17 +90,18 @@ async def on_fetch(request: Any, env: Any, ctx: Any) -> Any:
     classify(chat, headers.get("cache-control"))
     if last == 4:
         return js.Response.new(_CONST)
-    key = entry_key(fingerprint(identity.project, "/v1/chat/completions", chat))
+    key = entry_key(fingerprint(identity.project, CHAT_PATH, chat))
     if last == 5:
         return js.Response.new(_CONST)
     if last == 6:
         await env.PRISM_KV.get(key)
         return js.Response.new(_CONST)
-    cached = await asyncio.wait_for(env.PRISM_KV.get(key), 0.5)
+    async with asyncio.timeout(0.5):
+        cached = await env.PRISM_KV.get(key)
     if last == 7:
         return js.Response.new(_CONST)
     envelope = decode_envelope(None if cached is None else str(cached))
     if last == 8 or envelope is None:
         return js.Response.new(_CONST)
-    out = {"content-type": "application/json", "x-prism-edge-cache-layer": "kv"}
+    out = {"content-type": "application/json", h.CACHE_LAYER: "kv"}
     return _response(to_js(envelope.body), out)
