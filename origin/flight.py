@@ -29,7 +29,6 @@ import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, NamedTuple
 
@@ -53,8 +52,7 @@ class Storage(NamedTuple):
     ttl: int  # seconds, before the fallback cap
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
+class Call(NamedTuple):  # a tuple: made on every miss, and cheaper than a frozen dataclass
     """What the flight asks the provider, and what it does with the answer."""
 
     body: dict[str, Any]
@@ -78,7 +76,6 @@ class Flight:
 
     __slots__ = (
         "_call",
-        "_changed",
         "_error",
         "_fallback",
         "_frames",
@@ -91,6 +88,7 @@ class Flight:
         "_subscribers",
         "_task",
         "_usage_frames",
+        "_waiters",
     )
 
     def __init__(
@@ -113,9 +111,8 @@ class Flight:
         self._provider = ""  # what x-prism-provider says
         self._fallback = False
         self._subscribers = 0
-        loop = asyncio.get_running_loop()
-        self._changed: asyncio.Future[None] = loop.create_future()  # replaced on each change
-        self._task = loop.create_task(self._run())
+        self._waiters: list[asyncio.Future[None]] = []  # one per client waiting for a change
+        self._task = asyncio.get_running_loop().create_task(self._run())
 
     @property
     def key(self) -> str | None:
@@ -129,12 +126,18 @@ class Flight:
         return bool(self._frames) or self.done
 
     def _notify(self) -> None:
-        self._changed.set_result(None)
-        self._changed = self._changed.get_loop().create_future()
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():  # a waiter cancelled with its client is done already
+                waiter.set_result(None)
 
-    async def _next_change(self) -> None:
-        # One future for every waiter: shielded, so one waiter cancelled does not wake the rest.
-        await asyncio.shield(self._changed)
+    async def _next_change(self, client_gone: asyncio.Future[Any] | None = None) -> None:
+        """Until the flight publishes something, or ``client_gone`` finishes."""
+        waiter = self._task.get_loop().create_future()
+        self._waiters.append(waiter)
+        if client_gone is not None:
+            client_gone.add_done_callback(functools.partial(_wake, waiter))
+        await waiter
 
     # -- membership ------------------------------------------------------------------
 
@@ -249,6 +252,11 @@ class Flight:
         return None
 
 
+def _wake(waiter: asyncio.Future[None], _: object) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 def _stream_error(provider: str, chunk: Any) -> UpstreamError:
     """The provider's own mid-stream error, with its message when it gave one."""
     error = chunk.get("error") if isinstance(chunk, dict) else None
@@ -332,7 +340,7 @@ class Subscription:
         gone = asyncio.ensure_future(client_gone())
         try:
             while not ready():
-                await asyncio.wait((flight._changed, gone), return_when=asyncio.FIRST_COMPLETED)
+                await flight._next_change(gone)
                 if gone.done():
                     return False
             return True

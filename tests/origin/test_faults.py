@@ -369,14 +369,18 @@ def test_a_stream_nobody_reads_any_more_is_cancelled_even_with_json_joiners(
             httpx.AsyncClient(base_url=origin.url, headers=headers, timeout=30) as http,
             http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as leader,
         ):
-            assert (await anext(leader.aiter_raw())).startswith(b"data: ")
+            chunks = leader.aiter_raw()  # held: dropping it would close the response
+            assert (await anext(chunks)).startswith(b"data: ")
             joiner = asyncio.ensure_future(http.post("/v1/chat/completions", json=body))
             await async_wait_for(
                 lambda: origin.metric("prism_origin_coalesced_requests_total") >= 1
             )
-            joiner.cancel()  # the JSON client goes away too
+            joiner.cancel()  # the JSON client goes away...
             with contextlib.suppress(asyncio.CancelledError):
                 await joiner
+            # ...and the leader has not: the call goes on for it
+            assert slow.control.stats()["open_streams"] == 1
+            await chunks.aclose()
 
     asyncio.run(run())
     # nobody waits for the answer any more: the provider's stream is closed, not finished
@@ -417,6 +421,7 @@ def test_failover_to_the_next_provider_before_the_first_byte(
     provider: ProviderServer,
     closed_provider_url: str,
     tmp_path: Path,
+    redis_url: str,
 ) -> None:
     config = tmp_path / "providers.toml"
     config.write_text(
@@ -431,7 +436,7 @@ label = "live provider"
 "demo" = ["dead", "live"]
 """
     )
-    origin = origin_factory(PRISM_PROVIDERS_FILE=str(config))
+    origin = origin_factory(PRISM_PROVIDERS_FILE=str(config), PRISM_FALLBACK_TTL="120")
     for stream in (False, True):
         body = {
             **BODY,
@@ -445,6 +450,14 @@ label = "live provider"
     assert providers["dead"]["error_rate"] == 1.0
     assert providers["dead"]["last_error"] == "502 upstream_unreachable"
     assert providers["live"]["error_rate"] == 0.0 and providers["live"]["recent_calls"] == 2
+    # a fallback's answers (streamed or not) are kept only briefly
+    origin.wait_stored()
+    client = redis.Redis.from_url(redis_url)
+    try:
+        ttls = [client.ttl(key) for key in client.scan_iter("prism:v1:*")]
+    finally:
+        client.close()
+    assert len(ttls) == 2 and all(0 < ttl <= 120 for ttl in ttls)
 
 
 def test_redis_outage_degrades_to_bypass_and_recovers_without_restart(
