@@ -168,7 +168,8 @@ class Flight:
             self._end(error=UpstreamError("The request was cancelled.", code="cancelled"))
             raise
         except PrismError as error:
-            log.warning(
+            log.log(
+                logging.WARNING if error.status >= 500 else logging.INFO,
                 "provider call for request %s failed: %s %s: %s",
                 call.request_id,
                 error.status,

@@ -318,10 +318,13 @@ async def test_a_streaming_client_gone_before_the_first_event_leaves(
 
 
 async def test_an_upstream_error_reaches_every_waiter_and_frees_the_key(
-    table: FlightTable, router: FakeRouter, stores: Stores
+    table: FlightTable, router: FakeRouter, stores: Stores, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="prism.origin")
     router.complete_error = UpstreamTimeoutError("Timed out waiting for provider 'fake'.")
-    subscriptions = [table.subscribe(KEY, call(stream=False)) for _ in range(5)]
+    subscriptions = [
+        table.subscribe(KEY, call(stream=False, request_id=f"req-{i}")) for i in range(5)
+    ]
     streaming = table.subscribe(KEY, call(stream=True))  # a stream joining a JSON call
     waiters = [asyncio.ensure_future(s.answer()) for s in subscriptions]
     waiters.append(asyncio.ensure_future(streaming.started()))
@@ -329,6 +332,8 @@ async def test_an_upstream_error_reaches_every_waiter_and_frees_the_key(
     results = await asyncio.gather(*waiters, return_exceptions=True)
     assert all(isinstance(r, UpstreamTimeoutError) and r.status == 504 for r in results)
     assert len(table) == 0 and stores.stored == []
+    (record,) = caplog.records  # once, naming the request that started the call
+    assert "request req-0 failed: 504 upstream_timeout" in record.getMessage()
 
 
 async def test_an_unexpected_exception_ends_every_waiter_with_a_500_and_is_logged(
