@@ -75,10 +75,10 @@ def replay(completion: dict[str, Any], include_usage: bool = False) -> bytes:
 class StreamAssembler:
     """Rebuilds a ``chat.completion`` from ``chat.completion.chunk`` objects.
 
-    ``complete`` says whether a stream that has ended (``[DONE]``, or a clean close
-    without it, which some providers do) holds a whole answer that may be served as
-    such and cached: see ``complete``. ``choices`` is how many the request asked
-    for (``n``); ``usage`` whether it asked for a usage chunk.
+    ``complete`` is the rule for whether a stream that has ended (``[DONE]``, or a
+    clean close without it, which some providers do) holds a whole answer that may be
+    relayed as such and cached. ``choices`` is how many the request asked for (``n``);
+    ``usage`` whether it asked for a usage chunk.
     """
 
     def __init__(self, choices: int = 1, usage: bool = False) -> None:
