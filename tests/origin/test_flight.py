@@ -389,12 +389,17 @@ async def test_a_stream_that_breaks_midway_ends_with_an_error_event_and_no_done(
     router.send(*HELLO)
     early = await follow(table.subscribe(KEY, call(stream=True)))
     assert b"Hel" in await anext(early)
+    json_client = table.subscribe(KEY, call(stream=False))
     router.send(breakage)
     late = await follow(table.subscribe(KEY, call(stream=True)))
     for client in (early, late):
         last = payloads(await read_all(client))[-1]
         assert isinstance(last, dict) and last["error"]["code"] == code
         assert last["error"]["message"]
+    with pytest.raises(UpstreamError) as raised:  # a JSON client gets it as its error reply
+        await json_client.answer()
+    assert raised.value.code == code
+    json_client.leave()
     assert "data: [DONE]" not in (await read_all(late)).decode()
     assert stores.stored == [] and len(table) == 0 and router.closed == 1
     # the router counts failures raised by the events iterator; the flight counts its own
