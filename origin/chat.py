@@ -9,8 +9,8 @@ client.
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import AsyncIterator
 
 from starlette.types import Receive
 
@@ -32,15 +32,15 @@ from prism.routes import CHAT_PATH
 from .asgi import Request, read_body
 from .asgi import StageTimer as _Timer
 from .auth import authenticate, check_forwarded_body
-from .flight import Flight
+from .flight import Call, ClientStream, Storage
 from .gateway import Gateway
-from .providers.base import UpstreamCompletion
 from .responses import Reply
 
 __all__ = ["ChatCompletions"]
 
 JSON = {"content-type": "application/json"}
 SSE = {"content-type": "text/event-stream", "cache-control": "no-cache", "x-accel-buffering": "no"}
+CLIENT_GONE = 499  # the client closed the connection before the answer (as nginx counts it)
 
 
 class ChatCompletions:
@@ -94,7 +94,7 @@ class ChatCompletions:
                 return Reply(200, {**JSON, **out}, envelope.body)
         cacheable = lookup.available and not decision.bypass
         out[h.CACHE_LAYER] = "miss" if cacheable else "bypass"
-        return await self._miss(chat, fp, decision, cacheable, out, timer)
+        return await self._miss(chat, fp, decision, cacheable, out, timer, receive, request_id)
 
     async def _miss(
         self,
@@ -104,50 +104,35 @@ class ChatCompletions:
         cacheable: bool,
         headers: dict[str, str],
         timer: _Timer,
+        receive: Receive,
+        request_id: str,
     ) -> Reply:
         gw = self.gw
-        on_complete = None
-        if cacheable and decision.write:
-
-            def on_complete(result: UpstreamCompletion, fallback: bool) -> None:
-                # A fallback's answer is kept briefly: the primary's takes over once it is back.
-                ttl = min(decision.ttl, gw.settings.fallback_ttl) if fallback else decision.ttl
-                gw.store(fp, result, chat.model, ttl)
-
-        # Join only requests that would accept a cached answer anyway.
-        join_key = fp if cacheable and decision.read and gw.settings.coalesce else None
-        flight = gw.flights.get_or_start(join_key, chat.body, chat.model, chat.stream, on_complete)
-        if chat.stream:
-            flight.join()  # left by _stream_body when the client is done or gone
-            try:
-                await flight.wait_started()
-            except BaseException:
-                flight.leave()
-                raise
-            if flight.error is not None and not flight.events:
-                flight.leave()
-                raise flight.error
+        storage = Storage(fp, decision.ttl) if cacheable and decision.write else None
+        call = Call(chat.body, chat.model, chat.stream, request_id, storage)
+        # Join only requests that would accept a cached answer anyway; Redis being down
+        # is no reason to call the provider once per identical request.
+        key = fp if decision.read and gw.settings.coalesce else None
+        client_gone = functools.partial(_client_gone, receive)
+        async with gw.flights.subscribe(key, call) as subscription:
+            stream: ClientStream | None = None
+            if chat.stream:
+                if not await subscription.started(client_gone):
+                    return Reply(CLIENT_GONE, headers)
+                stream = subscription.follow(chat.include_usage)  # closing it is the leave
+                body, kind = b"", SSE
+            else:
+                answer = await subscription.answer(client_gone)
+                if answer is None:
+                    return Reply(CLIENT_GONE, headers)
+                body, kind = answer.body, JSON
             timer.mark("upstream")
-            headers[h.PROVIDER] = flight.provider
-            headers[h.SERVER_TIMING] = h.server_timing(timer.stages)
-            stream = self._stream_body(flight, chat.include_usage)
-            return Reply(200, {**SSE, **headers}, stream=stream)
-        await flight.wait_done()
-        timer.mark("upstream")
-        if flight.error is not None:
-            raise flight.error
-        assert flight.result is not None
-        headers[h.PROVIDER] = flight.provider
+            headers[h.PROVIDER] = subscription.provider
         headers[h.SERVER_TIMING] = h.server_timing(timer.stages)
-        return Reply(200, {**JSON, **headers}, flight.result.body)
+        return Reply(200, {**kind, **headers}, body, stream)
 
-    async def _stream_body(self, flight: Flight, include_usage: bool) -> AsyncIterator[bytes]:
-        try:
-            if flight.done and flight.result is not None and not flight.events:
-                # Joined a non-stream call: replay its answer.
-                yield replay(flight.result.completion, include_usage)
-                return
-            async for chunk in flight.follow(include_usage):
-                yield chunk
-        finally:
-            flight.leave()
+
+async def _client_gone(receive: Receive) -> None:
+    """Returns when the client has closed the connection (the body has been read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass

@@ -1,206 +1,456 @@
 """One provider call shared by every identical request in flight (request coalescing).
 
-A ``Flight`` runs the upstream call in its own task and records what arrives:
-stream events as they come, then the final completion or the error. Each
-client is a subscriber reading at its own pace, so 50 identical misses make
-one provider call, a client that goes away does not break the others, and the
-call is cancelled only when its last streaming subscriber has gone.
+``FlightTable.subscribe(key, call)`` joins the flight running for ``key`` or starts
+one. Each client holds a ``Subscription`` while it needs the answer::
+
+    async with table.subscribe(key, call) as subscription:
+        answer = await subscription.answer(client_gone)      # a JSON client
+    ...
+    if await subscription.started(client_gone):             # a streaming client
+        return subscription.follow(include_usage)           # closing it is the leave
+
+The flight runs in its own task and records what arrives (stream events as they
+come, then the answer or the error), so 200 identical misses make one provider
+call, every client follows it live at its own pace, and a late joiner gets the
+events so far, then the live ones.
+
+Lifecycle: running -> ended (answer or error, every waiter woken at once) ->
+forgotten by the table. An answer that is stored stays joinable until its Redis
+write has landed, so an identical request that missed Redis just before never
+starts a second call; an error is forgotten at once, so the next request starts
+afresh. When the last subscriber leaves a running flight, the call is cancelled:
+an abandoned generation is not paid for.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, NamedTuple
 
 import orjson
 
-from prism import PrismError, SSEDecoder, StreamAssembler, UpstreamError, error_json
+from prism import PrismError, SSEDecoder, StreamAssembler, UpstreamError, error_json, replay
+from prism.sse import DONE
 
-from .providers.base import UpstreamCompletion
-from .router import Router
+from .providers.base import UpstreamCompletion, UpstreamStream
+from .router import Routed, Router
 
-__all__ = ["Flight", "FlightTable"]
+__all__ = ["Call", "ClientStream", "Flight", "FlightTable", "Storage", "Store", "Subscription"]
 
 log = logging.getLogger("prism.origin")
 
-# Called with a complete answer and whether a fallback target gave it.
-OnComplete = Callable[[UpstreamCompletion, bool], None]
+
+class Storage(NamedTuple):
+    """Where a complete answer is cached."""
+
+    fingerprint: str
+    ttl: int  # seconds, before the fallback cap
+
+
+class Call(NamedTuple):  # a tuple: made on every miss, and cheaper than a frozen dataclass
+    """What the flight asks the provider, and what it does with the answer."""
+
+    body: dict[str, Any]
+    model: str
+    stream: bool
+    request_id: str  # of the request that started the flight: its log lines name it
+    storage: Storage | None = None  # None: the answer is not cached
+
+
+# Caches a complete answer: (fingerprint, answer, model, ttl, fallback) -> the pending
+# Redis write, if one was started (the flight stays joinable until it has landed).
+Store = Callable[[str, UpstreamCompletion, str, int, bool], "asyncio.Future[Any] | None"]
+
+# Finishes when the client has gone away (``http.disconnect``); made only while waiting.
+ClientGone = Callable[[], Awaitable[object]]
 
 
 class Flight:
-    def __init__(self) -> None:
-        self.events: list[bytes] = []  # chunk JSON payloads, in order
-        self.usage_only: list[bool] = []  # the trailing usage chunk, for clients that did not ask
-        self.result: UpstreamCompletion | None = None
-        self.error: PrismError | None = None
-        self.provider = ""  # what x-prism-provider says
-        self.fallback = False
-        self.done = False
-        self.subscribers = 0
-        self._changed = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+    """One shared provider call. Its state is private: clients read it through a
+    ``Subscription``, and only the flight's own task writes it."""
 
-    # -- the producer side -------------------------------------------------------------
+    __slots__ = (
+        "_call",
+        "_error",
+        "_fallback",
+        "_frames",
+        "_key",
+        "_on_abandon",
+        "_on_end",
+        "_provider",
+        "_result",
+        "_router",
+        "_subscribers",
+        "_task",
+        "_usage_frames",
+        "_waiters",
+    )
 
-    def start(self, work: Awaitable[None]) -> None:
-        self._task = asyncio.ensure_future(work)
-
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
-
-    def publish(self, data: bytes, usage_only: bool) -> None:
-        self.events.append(data)
-        self.usage_only.append(usage_only)
-
-    def flush(self) -> None:
-        self._notify()
-
-    def finish(self, result: UpstreamCompletion | None, error: PrismError | None = None) -> None:
-        self.result, self.error, self.done = result, error, True
-        self._notify()
-
-    # -- the consumer side -------------------------------------------------------------
-    #
-    # Every client joins while it needs the flight and leaves when done or gone; the
-    # upstream call is cancelled only when the last one has left before it finished.
-
-    def join(self) -> None:
-        self.subscribers += 1
-
-    def leave(self) -> None:
-        self.subscribers -= 1
-        if self.subscribers == 0 and not self.done and self._task is not None:
-            # The last reader left mid-stream: stop paying for tokens nobody reads.
-            self._task.cancel()
-
-    async def wait_started(self) -> None:
-        """Until the first event arrived or the flight ended (call between join and leave)."""
-        while not self.events and not self.done:
-            await self._changed.wait()
-
-    async def wait_done(self) -> None:
-        self.join()
-        try:
-            while not self.done:
-                await self._changed.wait()
-        finally:
-            self.leave()
-
-    async def follow(self, include_usage: bool) -> AsyncIterator[bytes]:
-        """SSE bytes for one joined client: live events, then ``[DONE]`` or an error event."""
-        seen = 0
-        while True:
-            if seen < len(self.events):
-                end = len(self.events)
-                out = [
-                    b"data: " + self.events[i] + b"\n\n"
-                    for i in range(seen, end)
-                    if include_usage or not self.usage_only[i]
-                ]
-                seen = end
-                if out:
-                    yield b"".join(out)
-                continue
-            if self.done:
-                break
-            await self._changed.wait()
-        if self.error is not None:
-            yield b"data: " + error_json(self.error) + b"\n\n"
-        else:
-            yield b"data: [DONE]\n\n"
-
-
-class FlightTable:
-    """Runs provider calls as flights and joins identical concurrent requests to them."""
-
-    def __init__(self, router: Router, on_join: Callable[[], None] | None = None) -> None:
-        self._router = router
-        self._flights: dict[str, Flight] = {}
-        self._on_join = on_join
-
-    def get_or_start(
+    def __init__(
         self,
         key: str | None,
-        body: dict[str, Any],
-        model: str,
-        stream: bool,
-        on_complete: OnComplete | None,
-    ) -> Flight:
-        """The flight for ``key`` (joined) or a new one; ``key=None`` never joins."""
-        if key is not None:
-            flight = self._flights.get(key)
-            if flight is not None and not flight.done:
-                if self._on_join:
-                    self._on_join()
-                return flight
-        flight = Flight()
-        work = self._stream(flight, body, model) if stream else self._complete(flight, body, model)
-        flight.start(self._run(flight, key, work, on_complete))
-        if key is not None:
-            self._flights[key] = flight
-        return flight
-
-    async def _run(
-        self, flight: Flight, key: str | None, work: Awaitable[None], on_complete: OnComplete | None
+        call: Call,
+        router: Router,
+        on_end: Callable[[Flight], None],
+        on_abandon: Callable[[Flight], None],
     ) -> None:
+        self._key = key
+        self._call = call
+        self._router = router
+        self._on_end = on_end
+        self._on_abandon = on_abandon
+        self._frames: list[bytes] = []  # the SSE frames so far, ``data: {chunk}\n\n``
+        self._usage_frames: set[int] = set()  # the trailing usage chunk: only if asked for
+        self._result: UpstreamCompletion | None = None
+        self._error: PrismError | None = None
+        self._provider = ""  # what x-prism-provider says
+        self._fallback = False
+        self._subscribers = 0
+        self._waiters: list[asyncio.Future[None]] = []  # one per client waiting for a change
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    @property
+    def key(self) -> str | None:
+        return self._key
+
+    @property
+    def done(self) -> bool:
+        return self._result is not None or self._error is not None
+
+    def _started(self) -> bool:
+        return bool(self._frames) or self.done
+
+    def _notify(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():  # a waiter cancelled with its client is done already
+                waiter.set_result(None)
+
+    async def _next_change(self, client_gone: asyncio.Future[Any] | None = None) -> None:
+        """Until the flight publishes something, or ``client_gone`` finishes."""
+        waiter = self._task.get_loop().create_future()
+        self._waiters.append(waiter)
+        if client_gone is not None:
+            client_gone.add_done_callback(functools.partial(_wake, waiter))
+        await waiter
+
+    # -- membership ------------------------------------------------------------------
+
+    def _join(self) -> None:
+        self._subscribers += 1
+
+    def _leave(self) -> None:
+        self._subscribers -= 1
+        if self._subscribers == 0 and not self.done:
+            # Nobody waits for this answer any more: stop paying for it. Forgotten first,
+            # so an identical request arriving now starts afresh instead of joining a
+            # call about to be cancelled.
+            self._on_abandon(self)
+            self._task.cancel()
+
+    # -- the provider call (the flight's own task) -------------------------------------
+
+    async def _run(self) -> None:
+        call = self._call
         try:
-            await work
-        except PrismError as error:
-            flight.finish(None, error)
+            if call.stream:
+                await self._stream(call)
+            else:
+                routed = await self._router.complete(call.body, call.model)
+                self._provider, self._fallback = routed.label, routed.fallback
+                self._end(result=routed.value)
         except asyncio.CancelledError:
-            flight.finish(None, UpstreamError("The request was cancelled.", code="cancelled"))
+            self._end(error=UpstreamError("The request was cancelled.", code="cancelled"))
             raise
+        except PrismError as error:
+            log.log(
+                logging.WARNING if error.status >= 500 else logging.INFO,
+                "provider call for request %s failed: %s %s: %s",
+                call.request_id,
+                error.status,
+                error.code,
+                error.message,
+            )
+            self._end(error=error)
         except Exception:
-            # A bug must still end every waiter, or they would wait for ever.
-            log.exception("provider call failed unexpectedly")
-            flight.finish(None, PrismError("The gateway failed unexpectedly."))
-        finally:
-            if key is not None and self._flights.get(key) is flight:
-                del self._flights[key]
-        if flight.result is not None and on_complete is not None:
-            on_complete(flight.result, flight.fallback)
+            # A bug must still end every waiter at once, or they would wait for ever.
+            log.exception("provider call for request %s failed unexpectedly", call.request_id)
+            self._end(error=PrismError("The gateway failed unexpectedly."))
 
-    async def _complete(self, flight: Flight, body: dict[str, Any], model: str) -> None:
-        routed = await self._router.complete(body, model)
-        flight.provider, flight.fallback = routed.label, routed.fallback
-        flight.finish(routed.value)
+    def _end(
+        self, *, result: UpstreamCompletion | None = None, error: PrismError | None = None
+    ) -> None:
+        if self.done:  # a stream that ended at [DONE] may fail while it drains
+            return
+        self._result, self._error = result, error
+        self._notify()
+        self._on_end(self)
 
-    async def _stream(self, flight: Flight, body: dict[str, Any], model: str) -> None:
-        routed = await self._router.stream(body, model)
+    async def _stream(self, call: Call) -> None:
+        routed = await self._router.stream(call.body, call.model)
+        self._provider, self._fallback = routed.label, routed.fallback
         upstream = routed.value
-        flight.provider, flight.fallback = routed.label, routed.fallback
-        decoder, assembler = SSEDecoder(), StreamAssembler()
+        options = call.body.get("stream_options")
+        n = call.body.get("n")
+        assembler = StreamAssembler(
+            choices=n if isinstance(n, int) and n > 1 else 1,
+            usage=isinstance(options, dict) and options.get("include_usage") is True,
+        )
         try:
-            async for raw in upstream.events:
-                for data in decoder.feed(raw):
-                    if data == b"[DONE]":
-                        assembler.finish()
-                        continue
-                    try:
-                        chunk = orjson.loads(data)
-                    except orjson.JSONDecodeError:
-                        raise UpstreamError(
-                            f"Provider '{flight.provider}' sent a malformed stream event.",
-                            code="upstream_malformed",
-                        ) from None
-                    if not isinstance(chunk, dict) or chunk.get("error"):
-                        raise UpstreamError(
-                            f"Provider '{flight.provider}' reported an error mid-stream.",
-                            code="upstream_stream_error",
-                        )
-                    assembler.add(chunk)
-                    flight.publish(data, not chunk.get("choices") and "usage" in chunk)
-                flight.flush()
+            failure = await self._relay(routed, upstream, assembler)
+            if failure is None and assembler.complete:
+                completion = assembler.completion()
+                self._end(result=UpstreamCompletion(orjson.dumps(completion), completion))
+                if assembler.done:
+                    # Read to the end of the body: the connection goes back to the pool.
+                    with contextlib.suppress(PrismError):
+                        async for _ in upstream.events:
+                            pass
+                return
         finally:
             with contextlib.suppress(Exception):
                 await upstream.aclose()
-        if not assembler.complete:
-            raise UpstreamError(
-                f"Provider '{flight.provider}' ended the stream early.", code="upstream_truncated"
+        if failure is None:
+            failure = UpstreamError(
+                f"Provider '{routed.provider}' ended the stream before the answer was complete.",
+                code="upstream_truncated",
             )
-        completion = assembler.completion()
-        flight.finish(UpstreamCompletion(body=orjson.dumps(completion), completion=completion))
+        # Failures raised by the events iterator are the router's to count; these are ours.
+        self._router.stream_failed(routed, failure)
+        raise failure
+
+    async def _relay(
+        self, routed: Routed[UpstreamStream], upstream: UpstreamStream, assembler: StreamAssembler
+    ) -> PrismError | None:
+        """Publish each event as it arrives, until ``[DONE]`` or the end of the body; a
+        malformed or error event is returned as the failure."""
+        decoder = SSEDecoder()
+        async for raw in upstream.events:
+            for data in decoder.feed(raw):
+                if data == b"[DONE]":
+                    assembler.finish()
+                    self._notify()
+                    return None
+                try:
+                    chunk = orjson.loads(data)
+                except orjson.JSONDecodeError:
+                    return UpstreamError(
+                        f"Provider '{routed.provider}' sent a malformed stream event.",
+                        code="upstream_malformed",
+                    )
+                if not isinstance(chunk, dict) or chunk.get("error"):
+                    return _stream_error(routed.provider, chunk)
+                assembler.add(chunk)
+                if not chunk.get("choices") and "usage" in chunk:
+                    self._usage_frames.add(len(self._frames))
+                self._frames.append(b"data: " + data + b"\n\n")
+            self._notify()
+        return None
+
+
+def _wake(waiter: asyncio.Future[None], _: object) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def _stream_error(provider: str, chunk: Any) -> UpstreamError:
+    """The provider's own mid-stream error, with its message when it gave one."""
+    error = chunk.get("error") if isinstance(chunk, dict) else None
+    message = error.get("message") if isinstance(error, dict) else error
+    detail = f": {message[:500]}" if isinstance(message, str) and message else "."
+    return UpstreamError(
+        f"Provider '{provider}' reported an error mid-stream{detail}", code="upstream_stream_error"
+    )
+
+
+class Subscription:
+    """One client's place in a flight. Leaving (the ``async with`` exit, or closing the
+    stream ``follow`` hands out) cancels the call if nobody else is waiting for it."""
+
+    __slots__ = ("_flight", "_held")
+
+    def __init__(self, flight: Flight) -> None:
+        flight._join()
+        self._flight = flight
+        self._held = True  # False once left, or handed to a ClientStream
+
+    async def __aenter__(self) -> Subscription:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.leave()
+
+    def leave(self) -> None:
+        if self._held:
+            self._held = False
+            self._flight._leave()
+
+    @property
+    def provider(self) -> str:
+        return self._flight._provider
+
+    @property
+    def fallback(self) -> bool:
+        return self._flight._fallback
+
+    async def answer(self, client_gone: ClientGone | None = None) -> UpstreamCompletion | None:
+        """The complete answer, or None if the client went away first; raises the
+        flight's error."""
+        flight = self._flight
+        if not await self._wait(flight, lambda: flight.done, client_gone):
+            return None
+        if flight._error is not None:
+            raise flight._error.with_traceback(None)
+        assert flight._result is not None
+        return flight._result
+
+    async def started(self, client_gone: ClientGone | None = None) -> bool:
+        """Until the first event arrived or the flight ended; False if the client went
+        away first. Raises the flight's error if it failed before its first event."""
+        flight = self._flight
+        if not await self._wait(flight, flight._started, client_gone):
+            return False
+        if flight._error is not None and not flight._frames:
+            raise flight._error.with_traceback(None)
+        return True
+
+    def follow(self, include_usage: bool) -> ClientStream:
+        """The client's SSE body; the subscription goes with it (closing it leaves)."""
+        assert self._held, "follow() on a subscription that was left"
+        self._held = False
+        return ClientStream(self._flight, include_usage)
+
+    @staticmethod
+    async def _wait(
+        flight: Flight, ready: Callable[[], bool], client_gone: ClientGone | None
+    ) -> bool:
+        if ready():
+            return True
+        if client_gone is None:
+            while not ready():
+                await flight._next_change()
+            return True
+        # One task, only while a miss is waited for: the client leaving ends the wait.
+        gone = asyncio.ensure_future(client_gone())
+        try:
+            while not ready():
+                await flight._next_change(gone)
+                if gone.done():
+                    return False
+            return True
+        finally:
+            if gone.done():
+                if not gone.cancelled():
+                    gone.exception()  # retrieved: a failed receive() means gone too
+            else:
+                gone.cancel()
+
+
+class ClientStream:
+    """SSE bytes for one streaming client: the events so far, then the live ones, then
+    ``data: [DONE]`` or an error event (never both). Closing it leaves the flight."""
+
+    __slots__ = ("_flight", "_include_usage", "_open", "_seen")
+
+    def __init__(self, flight: Flight, include_usage: bool) -> None:
+        self._flight = flight
+        self._include_usage = include_usage
+        self._seen = 0
+        self._open = True
+
+    def __aiter__(self) -> ClientStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        flight = self._flight
+        while self._open:
+            frames = flight._frames
+            if self._seen < len(frames):
+                start = self._seen
+                self._seen = end = len(frames)
+                usage = flight._usage_frames
+                if self._include_usage or not usage:
+                    return b"".join(frames[start:end])
+                out = b"".join([frames[i] for i in range(start, end) if i not in usage])
+                if out:
+                    return out
+                continue
+            if flight.done:
+                await self.aclose()
+                return self._last(flight)
+            await flight._next_change()
+        raise StopAsyncIteration
+
+    def _last(self, flight: Flight) -> bytes:
+        if flight._error is not None:
+            return b"data: " + error_json(flight._error) + b"\n\n"
+        if not flight._frames and flight._result is not None:
+            # Joined a non-stream call: its answer, replayed as a stream.
+            return replay(flight._result.completion, self._include_usage)
+        return DONE
+
+    async def aclose(self) -> None:
+        if self._open:
+            self._open = False
+            self._flight._leave()
+
+
+class FlightTable:
+    """The flights running now, by key; identical concurrent requests share one."""
+
+    def __init__(
+        self, router: Router, store: Store, on_join: Callable[[], None] | None = None
+    ) -> None:
+        self._router = router
+        self._store = store
+        self._on_join = on_join
+        self._flights: dict[str, Flight] = {}
+
+    def __len__(self) -> int:
+        """Flights still joinable (running, or answered with their store pending)."""
+        return len(self._flights)
+
+    def subscribe(self, key: str | None, call: Call) -> Subscription:
+        """Join the flight for ``key``, or start one for ``call``; ``key=None`` never joins."""
+        if key is not None:
+            flight = self._flights.get(key)
+            if flight is not None:
+                if self._on_join is not None:
+                    self._on_join()
+                return Subscription(flight)
+        flight = Flight(key, call, self._router, self._ended, self._forget)
+        subscription = Subscription(flight)  # joined before the call's task can run
+        if key is not None:
+            self._flights[key] = flight
+        return subscription
+
+    def _forget(self, flight: Flight) -> None:
+        key = flight.key
+        if key is not None and self._flights.get(key) is flight:
+            del self._flights[key]
+
+    def _ended(self, flight: Flight) -> None:
+        call, result = flight._call, flight._result
+        pending = None
+        if result is not None and call.storage is not None:
+            fingerprint, ttl = call.storage
+            try:
+                pending = self._store(fingerprint, result, call.model, ttl, flight._fallback)
+            except Exception:
+                log.exception("storing the answer for request %s failed", call.request_id)
+        if pending is None or pending.done():
+            self._forget(flight)
+        else:
+            # Joinable until the entry is in Redis: a request that missed it just before
+            # joins here instead of starting a second provider call.
+            pending.add_done_callback(functools.partial(self._stored, flight))
+
+    def _stored(self, flight: Flight, write: asyncio.Future[Any]) -> None:
+        self._forget(flight)

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Coroutine, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -28,6 +28,8 @@ from .settings import Settings
 __all__ = ["Gateway"]
 
 log = logging.getLogger("prism.origin")
+
+T = TypeVar("T")
 
 
 def build_provider(spec: ProviderSpec, connector: ConnectorFactory | None = None) -> ChatProvider:
@@ -61,7 +63,7 @@ class Gateway:
             for name, spec in settings.providers.providers.items()
         }
         self.router = Router(settings.providers, self.providers, self.metrics)
-        self.flights = FlightTable(self.router, on_join=self.metrics.coalesced.inc)
+        self.flights = FlightTable(self.router, self.store, on_join=self.metrics.coalesced.inc)
         self._kv_client: httpx.AsyncClient | None = None
         self.kv_writer: KVWriter | None = None
         if settings.kv is not None:
@@ -69,26 +71,39 @@ class Gateway:
             self.kv_writer = KVWriter(settings.kv, self._kv_client, self.metrics)
         self._background: set[asyncio.Task[Any]] = set()
 
-    def spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+    def spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         """Run ``work`` after the response, holding a reference so it is not collected."""
         task = asyncio.create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     @property
     def background_tasks(self) -> int:
         """Cache writes still running (for /healthz and for tests that wait for them)."""
         return len(self._background)
 
-    def store(self, fingerprint: str, result: UpstreamCompletion, model: str, ttl: int) -> None:
-        """Write a new entry to Redis and queue it for Workers KV; neither delays the client."""
+    def store(
+        self,
+        fingerprint: str,
+        result: UpstreamCompletion,
+        model: str,
+        ttl: int,
+        fallback: bool = False,
+    ) -> asyncio.Task[bool]:
+        """Write a new entry to Redis and queue it for Workers KV; neither delays the client.
+        Returns the Redis write (the flight stays joinable until it has landed)."""
+        if fallback:
+            # A fallback's answer is kept briefly: the primary's takes over once it is back.
+            ttl = min(ttl, self.settings.fallback_ttl)
         usage = result.completion.get("usage")
         data = encode_envelope(
             result.body, model=model, ttl=ttl, usage=usage if isinstance(usage, dict) else None
         )
-        self.spawn(self.cache.store(fingerprint, data, ttl))
+        write = self.spawn(self.cache.store(fingerprint, data, ttl))
         if self.kv_writer is not None:
             self.kv_writer.submit(entry_key(fingerprint), data, ttl)
+        return write
 
     async def start(self) -> None:
         self.cache.start()

@@ -39,7 +39,6 @@ _BY_CODE = {
     "upstream_malformed": "malformed",
     "upstream_truncated": "malformed",
     "upstream_auth_failed": "auth",
-    "upstream_adapter_error": ADAPTER_ERROR,
 }
 
 

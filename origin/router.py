@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
-from prism import NotFoundError, PrismError, UpstreamError
+from prism import NotFoundError, PrismError
 
 from .first_byte import StartedEvents, first_token_timeout, open_started
 from .health import Health, HealthPolicy, ProviderHealth, State
@@ -167,9 +167,8 @@ class Router:
         except Exception:
             # A bug in an adapter must not escape as-is (least of all from a hedge task).
             log.exception("provider '%s' failed unexpectedly", target.name)
-            failed = UpstreamError(
-                f"Provider '{target.name}' failed unexpectedly.", code="upstream_adapter_error"
-            )
+            # Ours, not the provider's: a 500 internal_error (another target may still answer).
+            failed = PrismError(f"The gateway failed calling provider '{target.name}'.")
             self._record(target, started, stream, failed)
             raise failed from None
         self._record(target, started, stream, None)

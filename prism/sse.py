@@ -79,14 +79,19 @@ def replay(completion: dict[str, Any], include_usage: bool = False) -> bytes:
 class StreamAssembler:
     """Rebuilds a ``chat.completion`` from ``chat.completion.chunk`` objects.
 
-    ``complete`` is true only once ``[DONE]`` was seen and every choice finished:
-    the rule for whether a streamed answer may be cached.
+    ``complete`` is the rule for whether a stream that has ended (``[DONE]``, or a
+    clean close without it, which some providers do) holds a whole answer that may be
+    relayed as such and cached. ``choices`` is how many the request asked for (``n``);
+    ``usage`` whether it asked for a usage chunk.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, choices: int = 1, usage: bool = False) -> None:
         self._meta: dict[str, Any] = {}
         self._choices: dict[int, dict[str, Any]] = {}
         self._usage: dict[str, Any] | None = None
+        self._expected_choices = choices
+        # OpenAI puts ``"usage": null`` on every chunk when a usage chunk will follow.
+        self._usage_promised = usage
         self.done = False
 
     def add(self, chunk: dict[str, Any]) -> None:
@@ -94,8 +99,10 @@ class StreamAssembler:
             self._meta = {
                 k: chunk[k] for k in ("id", "created", "model", "system_fingerprint") if k in chunk
             }
-        if chunk.get("usage"):
-            self._usage = chunk["usage"]
+        if "usage" in chunk:
+            self._usage_promised = True
+            if chunk["usage"]:
+                self._usage = chunk["usage"]
         for part in chunk.get("choices") or ():
             index = part.get("index", 0)
             state = self._choices.setdefault(
@@ -130,9 +137,21 @@ class StreamAssembler:
         self.done = True
 
     @property
+    def finished(self) -> bool:
+        """Every choice has its ``finish_reason``."""
+        return bool(self._choices) and all(c["finish"] for c in self._choices.values())
+
+    @property
     def complete(self) -> bool:
-        return (
-            self.done and bool(self._choices) and all(c["finish"] for c in self._choices.values())
+        """Every choice finished, and either ``[DONE]`` came, or (for a stream that closed
+        cleanly without it) every choice asked for and the usage chunk promised did.
+        Ask only once the stream has ended: before that, more may be on its way."""
+        if not self.finished:
+            return False
+        if self.done:
+            return True
+        return len(self._choices) >= self._expected_choices and (
+            self._usage is not None or not self._usage_promised
         )
 
     def completion(self) -> dict[str, Any]:

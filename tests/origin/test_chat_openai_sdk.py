@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import dataclasses
 
 import httpx
 import openai
 
+from deploy.local.asgi_thread import ThreadedServer
 from deploy.local.provider import ProviderServer
-from tests.fixtures.origin import OriginFactory, RunningOrigin
+from origin import Settings, create_app
+from tests.fixtures.origin import OriginFactory, RunningOrigin, origin_env
+from tests.polling import wait_for
 
 MESSAGES = [{"role": "user", "content": "Tell me about prisms."}]
 
@@ -152,6 +157,60 @@ def test_fifty_concurrent_identical_misses_make_one_provider_call(
     assert len(streams) == 10 and all(s.endswith("data: [DONE]\n\n") for s in streams)
     assert slow.control.stats()["chat_requests"] == 1
     assert origin.metric("prism_origin_coalesced_requests_total") == 49
+
+
+def test_two_hundred_concurrent_identical_misses_make_exactly_one_provider_call(
+    redis_url: str, api_key: str, provider: ProviderServer
+) -> None:
+    # A Redis timeout well above this busy test process's event-loop stalls: a lookup
+    # that timed out would be a bypass, and this test is about coalescing, not Redis.
+    settings = Settings.from_env(origin_env(redis_url, provider.url))
+    app = create_app(dataclasses.replace(settings, redis_timeout=10.0))
+
+    # No added latency: the burst outlasts the call, so requests also arrive while the
+    # answer is being written to Redis (they missed it, and must not call again).
+    async def burst(http: httpx.AsyncClient, content: str) -> list[httpx.Response]:
+        body = {"model": "demo", "messages": [{"role": "user", "content": content}]}
+        stream_body = {**body, "stream": True}
+        return await asyncio.gather(
+            *[
+                http.post("/v1/chat/completions", json=stream_body if i % 4 == 0 else body)
+                for i in range(200)
+            ]
+        )
+
+    async def run(url: str) -> None:
+        for round in range(4):
+            # New connections each round: a kept-alive one idle past uvicorn's keep-alive
+            # timeout (a slow round on a busy machine) may be closed as it is reused.
+            async with httpx.AsyncClient(
+                base_url=url,
+                headers={"authorization": f"Bearer {api_key}"},
+                timeout=60,
+                limits=httpx.Limits(max_connections=200),
+            ) as http:
+                before = provider.control.stats()["chat_requests"]
+                responses = await burst(http, f"exactly once, round {round}")
+                assert [r.status_code for r in responses] == [200] * 200
+                calls = provider.control.stats()["chat_requests"] - before
+                layers = collections.Counter(
+                    r.headers["x-prism-edge-cache-layer"] for r in responses
+                )
+                assert calls == 1, f"round {round}: {calls} provider calls; {layers}"
+                contents = {
+                    r.json()["choices"][0]["message"]["content"]
+                    for r in responses
+                    if "json" in r.headers["content-type"]
+                }
+                assert len(contents) == 1
+                streams = [r.text for r in responses if "event-stream" in r.headers["content-type"]]
+                assert len(streams) == 50 and all(s.endswith("data: [DONE]\n\n") for s in streams)
+
+    with ThreadedServer(app) as server:
+        asyncio.run(run(server.url))
+        gateway = app.gateway
+        wait_for(lambda: gateway.background_tasks == 0)
+        assert len(gateway.flights) == 0
 
 
 def test_model_listing_and_unknown_routes(client: httpx.Client) -> None:

@@ -141,8 +141,10 @@ def test_openai_sdk_reassembles_replayed_tool_calls(replay_server: str) -> None:
     }
 
 
-def assemble(stream: bytes, chunk_size: int) -> StreamAssembler:
-    decoder, assembler = SSEDecoder(), StreamAssembler()
+def assemble(
+    stream: bytes, chunk_size: int, assembler: StreamAssembler | None = None
+) -> StreamAssembler:
+    decoder, assembler = SSEDecoder(), assembler or StreamAssembler()
     for start in range(0, len(stream), chunk_size):
         for data in decoder.feed(stream[start : start + chunk_size]):
             if data == b"[DONE]":
@@ -163,12 +165,51 @@ def test_assembly_inverts_replay_at_any_chunking(chunk_size: int) -> None:
         assert rebuilt["id"] == completion["id"]
 
 
-def test_stream_without_done_or_finish_is_incomplete() -> None:
+def without_done(stream: bytes) -> bytes:
+    assert stream.endswith(b"data: [DONE]\n\n")
+    return stream.removesuffix(b"data: [DONE]\n\n")
+
+
+def test_a_stream_that_ends_without_done_is_complete_once_every_choice_finished() -> None:
+    # Some providers close the body after the last finish_reason and never send [DONE].
+    assembler = assemble(without_done(replay(TEXT_COMPLETION)), 7, StreamAssembler(choices=2))
+    assert assembler.complete and not assembler.done
+    assert assembler.completion()["choices"] == TEXT_COMPLETION["choices"]
+
+
+def test_a_stream_without_done_or_finish_is_incomplete() -> None:
     stream = replay(TEXT_COMPLETION)
-    assert not assemble(stream.replace(b"data: [DONE]\n\n", b""), 7).complete
-    cut = stream[: stream.index(b'"finish_reason":"stop"')]
-    cut = cut[: cut.rindex(b"\n\n") + 2] + b"data: [DONE]\n\n"
-    assert not assemble(cut, 7).complete
+    cut = stream[: stream.index(b'"finish_reason":"length"')]
+    cut = cut[: cut.rindex(b"\n\n") + 2]
+    assert not assemble(cut, 7).complete  # choice 1 never finished
+    assert not assemble(cut + b"data: [DONE]\n\n", 7).complete  # [DONE] does not finish it
+
+
+def test_without_done_every_choice_asked_for_must_have_come() -> None:
+    only_first = {**TEXT_COMPLETION, "choices": TEXT_COMPLETION["choices"][:1]}
+    stream = without_done(replay(only_first))
+    assert assemble(stream, 7, StreamAssembler(choices=1)).complete
+    assert not assemble(stream, 7, StreamAssembler(choices=2)).complete
+    # [DONE] is the provider saying the answer is whole: trusted as before
+    assert assemble(replay(only_first), 7, StreamAssembler(choices=2)).complete
+
+
+def test_without_done_a_promised_usage_chunk_must_have_come() -> None:
+    with_usage = replay(TEXT_COMPLETION, include_usage=True)
+    before_usage = with_usage[: with_usage.index(b'"usage":{')]
+    before_usage = before_usage[: before_usage.rindex(b"\n\n") + 2]
+    asked = StreamAssembler(choices=2, usage=True)
+    assert not assemble(before_usage, 7, asked).complete
+    assert assemble(without_done(with_usage), 7, StreamAssembler(choices=2, usage=True)).complete
+    # Not asked by the request, but announced by the provider (OpenAI's "usage": null on
+    # every chunk when a usage chunk will follow): still awaited.
+    announced = before_usage.replace(
+        b'"finish_reason":"length"}]', b'"finish_reason":"length"}],"usage":null'
+    )
+    assert b'"usage":null' in announced
+    assert not assemble(announced, 7, StreamAssembler(choices=2)).complete
+    # Neither asked nor announced: whole once every choice finished.
+    assert assemble(without_done(replay(TEXT_COMPLETION)), 7, StreamAssembler(choices=2)).complete
 
 
 def test_decoder_handles_crlf_multiline_and_comments() -> None:
