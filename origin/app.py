@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -78,6 +79,7 @@ def create_app(
         writer = gateway.kv_writer
         body = {
             "status": "ok" if redis_ok else "degraded",
+            "version": os.environ.get("PRISM_RELEASE", "dev"),  # set per release by the deploy
             "redis": {"ok": redis_ok},
             "providers": {
                 name: {
