@@ -199,8 +199,8 @@ export DEBIAN_FRONTEND=noninteractive
 
 # shellcheck source=/dev/null
 . /etc/os-release
-if [ "$${ID:-}-$${VERSION_ID:-}" != "ubuntu-24.04" ]; then
-    echo "prism: this user-data is for Ubuntu 24.04 LTS, not $${PRETTY_NAME:-unknown}" >&2
+if [ "${ID:-}-${VERSION_ID:-}" != "ubuntu-24.04" ]; then
+    echo "prism: this user-data is for Ubuntu 24.04 LTS, not ${PRETTY_NAME:-unknown}" >&2
     exit 1
 fi
 
