@@ -263,16 +263,17 @@ def edge(
         bool,
         typer.Option(
             "--dry-run",
-            help="Look the namespace up and bundle with `wrangler deploy --dry-run`; "
-            "create, upload and set nothing.",
+            help="Stage and bundle with `wrangler deploy --dry-run`, offline: no API call, "
+            "no token; create, upload and set nothing.",
         ),
     ] = False,
     json_output: JsonOption = False,
 ) -> None:
     """Deploy the edge Worker to Cloudflare: KV namespace, bundle, secrets, wrangler deploy.
 
-    CLOUDFLARE_API_TOKEN, PRISM_KEY_SECRET and PRISM_FORWARD_SECRET are read from
-    the environment; the secrets reach wrangler on stdin only. Set
+    CLOUDFLARE_API_TOKEN (not needed by --dry-run), PRISM_KEY_SECRET and
+    PRISM_FORWARD_SECRET are read from the environment; the secrets reach wrangler
+    on stdin only. pywrangler (the newest wrangler) needs Node.js 22.12+. Set
     PRISM_CLOUDFLARE_API_URL to use another API base URL and PRISM_WRANGLER to
     choose the wrangler command (default: pywrangler if installed, else the
     repo's pinned node_modules/.bin/wrangler).
@@ -293,6 +294,7 @@ def edge(
             namespace_title=namespace,
             name=name,
             routes=route or (),
+            dry_run=dry_run,
         )
     except EdgeConfigError as error:
         _fail(str(error), code=2, secrets=masked)
