@@ -180,7 +180,8 @@ class Deployer:
             )
             self.associate(allocation_id, instance_id)
             action = "replaced" if serving is not None else "created"
-        if not store.history() or store.history()[-1].id != ref.id:
+        history = store.history()
+        if not history or history[-1].id != ref.id:
             store.record(ref)
         stale = tuple(i["InstanceId"] for i in instances if i["InstanceId"] != instance_id)
         if stale:
