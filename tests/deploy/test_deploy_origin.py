@@ -662,8 +662,42 @@ def test_cli_builds_this_checkout_into_the_same_release_and_hides_secrets(
     assert shown["action"] == "created" and shown["region"] == "eu-west-1"
     # Built again from the same tree: the same bytes, so the same release.
     assert shown["release"] == releases[0].id
+
+    back = CliRunner().invoke(cli, [*args, "--rollback"], env=cli_env())
+
+    assert back.exit_code == 1
+    assert error_lines(back.stderr) == [
+        f"error: nothing to roll back to: release {releases[0].id} is the only one"
+    ]
     assert [i["InstanceId"] for i in live_instances(aws, "eu-west-1")] == [shown["instance_id"]]
     assert all(value not in result.output for value in SECRETS.values())
+
+
+def test_cli_says_why_an_unhealthy_release_did_not_take_over(
+    aws: MockAws,
+    cli: typer.Typer,
+    instances: Instances,
+    releases: list[Release],
+    instance_lock: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    serving, _ = run(make_config(), aws, instances, releases[1])
+    ReleaseStore(aws.client("s3"), serving.bucket, "origin/main/", lambda _: None).store_lock(
+        lock_key(REPO, TARGET), instance_lock
+    )
+    instances.failing.add(releases[0].id)  # this checkout's release
+    monkeypatch.setattr(deploy, "apply", functools.partial(apply, health_check=instances))
+
+    result = CliRunner().invoke(
+        cli, ["deploy", "origin", "--ami", AMI, "--source", str(REPO)], env=cli_env()
+    )
+
+    assert result.exit_code == 1
+    [line] = error_lines(result.stderr)
+    assert f"(release {releases[0].id}) failed its health check: /healthz answered 503" in line
+    assert f"{serving.instance_id} keeps serving" in line
+    assert [i["InstanceId"] for i in live_instances(aws)] == [serving.instance_id]
+    assert eip_target(aws, serving) == serving.instance_id
 
 
 def test_cli_missing_forward_secret_exits_2_before_any_aws_call(
