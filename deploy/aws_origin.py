@@ -4,65 +4,90 @@ One stack is a (name, region) pair; every resource is tagged ``prism:stack``,
 ``prism:role=origin`` and ``prism:region`` and found again by those tags, so
 ``apply`` is idempotent and a second region is an independent stack.
 
+- Release: a wheel of this checkout and a hash-checked lock for the instance's
+  Python (:mod:`deploy.release`), stored in the region's bucket
+  ``prism-releases-<account>-<region>`` under ``origin/<name>/releases/<id>/``;
+  the instance fetches them with its role and installs them with
+  ``pip install --require-hashes``. The lock is reused (``origin/<name>/locks/``)
+  while the dependencies and the target are unchanged, so the same tree is the
+  same release.
+- Image: Ubuntu 24.04 LTS (Python 3.12), from Canonical's SSM public
+  parameter unless ``--ami`` names one; tagged ``prism:image`` and
+  ``prism:python`` with the release (``prism:release``).
 - Security group ``prism-origin-<name>``: TCP 443 from 0.0.0.0/0 and ::/0,
-  nothing else (no SSH, no 80). Certificates come from ACME TLS-ALPN-01, which
-  Caddy answers on 443; the HTTP-01 challenge is disabled in the Caddyfile.
+  nothing else (no SSH, no 80: Session Manager instead). Certificates come from
+  ACME TLS-ALPN-01, which Caddy answers on 443.
 - Secrets: one ``SecureString`` parameter per secret under
-  ``<prefix><name>/`` (scoped by stack name so two stacks in a region never
-  read or prune each other's). Parameters no longer configured are deleted.
-- IAM role + instance profile ``prism-origin-<name>-<region>`` that may read
-  only that parameter path (the AWS-managed ``aws/ssm`` key needs no KMS grant).
-- Elastic IP: a stable address for the domain's DNS record across instance
-  replacement and stop/start. Without ``--domain`` Caddy serves
-  ``https://<elastic ip>`` with ``tls internal`` (self-signed): fine for a
-  smoke test, but the edge needs a domain with a public certificate.
-- Updates: the instance carries a hash of its launch spec (user-data,
-  instance type, explicit AMI). Same hash: parameters are synced and, if any
-  changed, the instance reboots so the unit's ``ExecStartPre`` refetches
-  them (no SSM agent or ``send_command`` needed). Different hash: a new
-  instance is launched, the Elastic IP moves to it, the old one is
-  terminated (brief downtime while the new one installs; the origin is
-  stateless, Redis holds the cache).
+  ``<prefix><name>/``. A secret this deploy does not set is kept, never
+  dropped (``--remove-secret`` deletes one).
+- IAM role + instance profile ``prism-origin-<name>-<region>``: may read only
+  that parameter path and the stack's release objects, plus Session Manager.
+- Elastic IP: a stable address for the domain's DNS record.
+- Updates are blue/green: a new launch spec (release, image, type, user-data)
+  means a new instance; the Elastic IP moves to it only once it answers
+  ``/healthz`` over HTTPS with the expected version, then the old one is
+  terminated. A new instance that never gets healthy is terminated and the old
+  one keeps serving. Same spec and changed secrets: the instance reboots (the
+  unit refetches them at start). Nothing changed: nothing is touched.
+  ``rollback`` relaunches the release that served before the current one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
+import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
-from deploy.aws_userdata import ami_parameters, render_user_data
+from deploy.aws_userdata import (
+    IMAGE,
+    ami_parameters,
+    architecture,
+    render_user_data,
+)
+from deploy.release import TARGETS, Release, Target
+from prism import parse_key_secrets
 
 if TYPE_CHECKING:
     import boto3
     from mypy_boto3_ec2.type_defs import TagTypeDef
 
 __all__ = [
+    "BASE_SECRETS",
     "DEFAULT_INSTANCE_TYPE",
     "DEFAULT_NAME",
-    "DEFAULT_PACKAGE",
     "DEFAULT_PARAMETER_PREFIX",
     "DEFAULT_REGION",
-    "REQUIRED_SECRETS",
+    "PROVIDER_KEYS",
+    "Action",
     "DeployConfigError",
     "DeployError",
     "DeployPlan",
     "DeployResult",
+    "HealthCheck",
     "OriginDeployConfig",
     "PlanStep",
+    "ReleaseBuilder",
+    "ReleaseRef",
     "apply",
     "plan",
+    "required_secrets",
 ]
 
 DEFAULT_REGION = "ap-south-1"
 DEFAULT_NAME = "main"
 DEFAULT_INSTANCE_TYPE = "t3.small"
-DEFAULT_PACKAGE = "prism-gateway"
 DEFAULT_PARAMETER_PREFIX = "/prism/origin/"
-REQUIRED_SECRETS = ("REDIS_URL", "PRISM_KEY_SECRET")
+# What the origin refuses to start without (origin/settings.py); REDIS_URL because the
+# instance runs no Redis of its own.
+BASE_SECRETS = ("REDIS_URL", "PRISM_KEY_SECRET", "PRISM_FORWARD_SECRET")
+# Without PRISM_PROVIDERS_FILE the origin configures a provider per key that is set.
+PROVIDER_KEYS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")
+_MIN_FORWARD_SECRET = 16  # origin/settings.py's rule
 _TAG_STACK, _TAG_ROLE, _TAG_REGION = "prism:stack", "prism:role", "prism:region"
 _MAX_SECRET_BYTES = 8192  # the SSM Advanced tier limit; Intelligent-Tiering picks the tier
 
@@ -72,11 +97,15 @@ _INSTANCE_TYPE_RE = re.compile(r"^[a-z0-9-]+\.[a-z0-9]+$")
 _DOMAIN_RE = re.compile(r"^(?=.{1,253}$)(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$")
 _AMI_RE = re.compile(r"^ami-[0-9a-f]{8,17}$")
 _PREFIX_RE = re.compile(r"^/(?:[A-Za-z0-9_.-]+/)*$")
-_URL_CREDENTIALS = re.compile(r"://[^/\s]*@")
 _SECRET_NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
 Progress = Callable[[str], None]
-Action = Literal["created", "updated", "replaced"]
+Action = Literal["created", "updated", "replaced", "unchanged"]
+#: ``(address, expected release id) -> None`` when ``https://address/healthz`` answers
+#: healthy with that version, else why not. Injected so tests can play the instance.
+HealthCheck = Callable[[str, str], str | None]
+#: Given the stored lock for the checkout's dependencies (or None), the release to ship.
+ReleaseBuilder = Callable[[str | None], Release]
 
 
 class DeployError(Exception):
@@ -85,6 +114,60 @@ class DeployError(Exception):
 
 class DeployConfigError(DeployError, ValueError):
     """The deploy configuration is invalid."""
+
+
+def required_secrets(secrets: Mapping[str, str]) -> tuple[str, ...]:
+    """The secrets the origin needs given these: the base ones plus the provider keys.
+
+    With ``PRISM_PROVIDERS_FILE`` (its content), every ``api_key_env`` it names;
+    without, at least one of :data:`PROVIDER_KEYS` (checked by the caller).
+    """
+    providers = secrets.get("PRISM_PROVIDERS_FILE")
+    if not providers:
+        return BASE_SECRETS
+    try:
+        tables = tomllib.loads(providers).get("providers", {})
+    except tomllib.TOMLDecodeError as error:
+        raise DeployConfigError(f"PRISM_PROVIDERS_FILE is not valid TOML: {error}") from None
+    if not isinstance(tables, dict) or not tables:
+        raise DeployConfigError("PRISM_PROVIDERS_FILE has no [providers.NAME] tables")
+    keys = [t.get("api_key_env") for t in tables.values() if isinstance(t, dict)]
+    return (*BASE_SECRETS, *sorted({k for k in keys if isinstance(k, str) and k}))
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseRef:
+    """A stored release: enough to render user-data and check the instance's version."""
+
+    id: str
+    wheel_name: str
+    files: Mapping[str, str]  # object name -> sha256, as the instance checks them
+    python: str
+    image: str
+
+    @classmethod
+    def of(cls, release: Release) -> ReleaseRef:
+        requirements = hashlib.sha256(release.requirements.encode()).hexdigest()
+        return cls(
+            id=release.id,
+            wheel_name=release.wheel_name,
+            files={release.wheel_name: release.wheel_sha256, "requirements.txt": requirements},
+            python=release.target.python,
+            image=release.target.os,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "files": dict(self.files)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ReleaseRef:
+        return cls(
+            id=str(data["id"]),
+            wheel_name=str(data["wheel_name"]),
+            files={str(k): str(v) for k, v in dict(data["files"]).items()},
+            python=str(data["python"]),
+            image=str(data["image"]),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,8 +180,8 @@ class OriginDeployConfig:
     instance_type: str = DEFAULT_INSTANCE_TYPE
     domain: str | None = None
     ami: str | None = None
-    package: str = DEFAULT_PACKAGE
     parameter_prefix: str = DEFAULT_PARAMETER_PREFIX
+    remove_secrets: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         checks = (
@@ -118,20 +201,30 @@ class OriginDeployConfig:
                 raise DeployConfigError(f"invalid domain: {self.domain!r}")
         if self.ami is not None and not _AMI_RE.match(self.ami):
             raise DeployConfigError(f"invalid AMI id: {self.ami!r}")
-        if _URL_CREDENTIALS.search(self.package):
-            # The spec lands in user-data, which anyone who can describe the instance reads.
-            raise DeployConfigError("package spec must not embed credentials (user:token@)")
-        # A leading '-' would make pip read the spec as an option.
-        if not self.package.strip() or self.package.startswith("-") or "\n" in self.package:
-            raise DeployConfigError("package spec must be one non-empty line not starting with '-'")
         self._check_secrets()
         # Freeze a private copy so later changes to the caller's dict cannot leak in.
         object.__setattr__(self, "secrets", MappingProxyType(dict(self.secrets)))
+        object.__setattr__(self, "remove_secrets", tuple(self.remove_secrets))
 
     def _check_secrets(self) -> None:
-        missing = [name for name in REQUIRED_SECRETS if not self.secrets.get(name)]
+        required = required_secrets(self.secrets)
+        missing = [name for name in required if not self.secrets.get(name)]
         if missing:
             raise DeployConfigError(f"missing required secret(s): {', '.join(missing)}")
+        if "PRISM_PROVIDERS_FILE" not in self.secrets and not any(
+            self.secrets.get(k) for k in PROVIDER_KEYS
+        ):
+            raise DeployConfigError(
+                f"no provider key: set {' or '.join(PROVIDER_KEYS)}, or PRISM_PROVIDERS_FILE"
+            )
+        try:
+            parse_key_secrets(self.secrets["PRISM_KEY_SECRET"])
+        except ValueError as error:
+            raise DeployConfigError(f"invalid PRISM_KEY_SECRET: {error}") from None
+        if len(self.secrets["PRISM_FORWARD_SECRET"]) < _MIN_FORWARD_SECRET:
+            raise DeployConfigError(
+                f"PRISM_FORWARD_SECRET must be at least {_MIN_FORWARD_SECRET} characters"
+            )
         for name, value in self.secrets.items():
             if not _SECRET_NAME_RE.match(name):
                 raise DeployConfigError(f"invalid secret name: {name!r}")
@@ -139,6 +232,11 @@ class OriginDeployConfig:
                 raise DeployConfigError(f"secret {name} is empty")
             if len(value.encode()) > _MAX_SECRET_BYTES:
                 raise DeployConfigError(f"secret {name} is larger than {_MAX_SECRET_BYTES} bytes")
+        for name in self.remove_secrets:
+            if not _SECRET_NAME_RE.match(name):
+                raise DeployConfigError(f"invalid secret name: {name!r}")
+            if name in self.secrets or name in required:
+                raise DeployConfigError(f"cannot both set and remove secret {name}")
 
     @property
     def parameter_path(self) -> str:
@@ -147,7 +245,7 @@ class OriginDeployConfig:
 
     @property
     def parameter_names(self) -> tuple[str, ...]:
-        """Full SSM parameter names, sorted."""
+        """Full SSM parameter names of the secrets this deploy sets, sorted."""
         return tuple(f"{self.parameter_path}/{name}" for name in sorted(self.secrets))
 
     @property
@@ -160,8 +258,18 @@ class OriginDeployConfig:
         return f"prism-origin-{self.name}-{self.region}"
 
     @property
+    def release_prefix(self) -> str:
+        """The stack's key prefix in the region's release bucket."""
+        return f"origin/{self.name}/"
+
+    @property
+    def target(self) -> Target:
+        """The instance's image, Python and platform (from the instance type's architecture)."""
+        return TARGETS["aarch64" if architecture(self.instance_type) == "arm64" else "x86_64"]
+
+    @property
     def ami_source(self) -> str:
-        """The explicit AMI, or the SSM public parameters it will be looked up from."""
+        """The explicit AMI, or the SSM public parameter it will be looked up from."""
         return self.ami or " or ".join(ami_parameters(self.instance_type))
 
     def tags(self) -> list[TagTypeDef]:
@@ -171,15 +279,18 @@ class OriginDeployConfig:
             {"Key": _TAG_REGION, "Value": self.region},
         ]
 
-    def user_data(self, site: str) -> str:
+    def user_data(self, site: str, bucket: str, release: ReleaseRef) -> str:
         """Cloud-init script serving ``site`` (the domain, or the Elastic IP without one)."""
         return render_user_data(
             region=self.region,
             parameter_path=self.parameter_path,
-            required=REQUIRED_SECRETS,
-            package=self.package,
+            required=required_secrets(self.secrets),
             site=site,
             acme=self.domain is not None,
+            bucket=bucket,
+            prefix=f"{self.release_prefix}releases/{release.id}/",
+            release=release.id,
+            files=release.files,
         )
 
 
@@ -200,6 +311,8 @@ class DeployPlan:
     name: str
     site: str
     tls: str
+    image: str
+    python: str
     steps: tuple[PlanStep, ...]
 
     def to_dict(self) -> dict[str, Any]:
@@ -220,9 +333,14 @@ class DeployResult:
     security_group_id: str
     allocation_id: str
     instance_profile: str
+    release: str
+    previous_release: str | None
+    bucket: str
     parameter_names: tuple[str, ...]
     parameters_changed: tuple[str, ...]
+    parameters_kept: tuple[str, ...]
     restarted: bool
+    rolled_back: bool = False
     terminated_instance_ids: tuple[str, ...] = ()
 
     @property
@@ -233,9 +351,32 @@ class DeployResult:
         return asdict(self)
 
 
-def plan(config: OriginDeployConfig) -> DeployPlan:
-    """Describe what ``apply`` would do, without calling AWS."""
+def plan(config: OriginDeployConfig, *, source: str = ".", rollback: bool = False) -> DeployPlan:
+    """Describe what ``apply`` would do, without calling AWS, building or reading the network."""
     path = config.parameter_path
+    target = config.target
+    bucket = f"prism-releases-<account>-{config.region}"
+    kept = "keep stored parameters this deploy does not set"
+    if config.remove_secrets:
+        kept += f"; delete {', '.join(config.remove_secrets)}"
+    if rollback:
+        release_steps = [
+            PlanStep("release", "previous", "the release that served before the current one"),
+        ]
+    else:
+        release_steps = [
+            PlanStep("wheel", source, "build a reproducible wheel of the checkout (uv build)"),
+            PlanStep(
+                "lock",
+                f"{bucket}/{config.release_prefix}locks/",
+                f"reuse, or pin with hashes for Python {target.python} on {target.platform}",
+            ),
+            PlanStep(
+                "s3-object",
+                f"{bucket}/{config.release_prefix}releases/<release id>/",
+                "upload the wheel and requirements.txt unless stored",
+            ),
+        ]
     steps = [
         PlanStep(
             "security-group",
@@ -243,22 +384,26 @@ def plan(config: OriginDeployConfig) -> DeployPlan:
             "create or reuse; allow only tcp/443 from 0.0.0.0/0 and ::/0, revoke anything else",
         ),
         *(
-            PlanStep("ssm-parameter", name, "put SecureString (overwrite if changed)")
+            PlanStep("ssm-parameter", f"{name} = ***", "put SecureString (overwrite if changed)")
             for name in config.parameter_names
         ),
-        PlanStep("ssm-parameter", f"{path}/*", "delete parameters not listed above"),
+        PlanStep("ssm-parameter", f"{path}/*", kept),
+        *release_steps,
         PlanStep(
             "iam-role",
             config.role_name,
-            f"create or reuse role + instance profile; may read only {path}/*",
+            f"create or reuse role + instance profile; may read only {path}/* and the "
+            "stack's release objects; Session Manager",
         ),
         PlanStep("elastic-ip", config.security_group_name, "allocate or reuse"),
         PlanStep(
             "instance",
             f"{_TAG_STACK}={config.name}",
-            f"launch {config.instance_type} from {config.ami_source} with package "
-            f"{config.package!r}; if it exists: reboot when secrets changed, replace "
-            "when user-data, package, instance type or AMI changed",
+            f"launch {config.instance_type} ({IMAGE}, Python {target.python}) from "
+            f"{config.ami_source} when the release or launch spec changed; move the Elastic "
+            "IP once it answers /healthz over HTTPS with the release, then terminate the old "
+            "one (an unhealthy new one is terminated instead); reboot when only secrets "
+            "changed; otherwise nothing",
         ),
     ]
     return DeployPlan(
@@ -266,6 +411,8 @@ def plan(config: OriginDeployConfig) -> DeployPlan:
         name=config.name,
         site=config.domain or "the stack's Elastic IP",
         tls=_tls_mode(config),
+        image=IMAGE,
+        python=target.python,
         steps=tuple(steps),
     )
 
@@ -275,13 +422,33 @@ def apply(
     session: boto3.Session,
     progress: Progress = lambda _: None,
     *,
+    release: ReleaseBuilder | None = None,
+    lock_key: str = "",
+    rollback: bool = False,
+    health_check: HealthCheck | None = None,
+    keep_failed: bool = False,
     sleep: Callable[[float], None] = time.sleep,
 ) -> DeployResult:
-    """Create or update the stack for ``config`` and return where the origin runs."""
+    """Create or update the stack for ``config`` and return where the origin runs.
+
+    ``release`` builds the release (given the stored lock for ``lock_key``, if
+    any); with ``rollback`` the previous release is relaunched instead.
+    """
     # Imported here: aws_resources imports this module's config, result and errors.
     from deploy.aws_resources import Deployer
+    from deploy.origin_health import check_health
 
-    return Deployer(config, session, progress, sleep).run()
+    if (release is None) == (not rollback):
+        raise DeployConfigError("give either a release to build or rollback, not both")
+    deployer = Deployer(
+        config,
+        session,
+        progress,
+        sleep,
+        health_check=health_check or check_health,
+        keep_failed=keep_failed,
+    )
+    return deployer.run(release, lock_key, rollback=rollback)
 
 
 def _tls_mode(config: OriginDeployConfig) -> str:

@@ -1,22 +1,28 @@
-"""The AWS steps of ``prism deploy origin``, one per resource, run in order by ``Deployer``."""
+"""The AWS steps of ``prism deploy origin``, run in order by ``Deployer``: secrets, release,
+address, and the blue/green instance swap (the access steps are in :mod:`deploy.aws_access`)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from botocore.exceptions import ClientError, WaiterError
 
+from deploy.aws_access import AccessSteps
 from deploy.aws_origin import (
     Action,
     DeployError,
     DeployResult,
+    HealthCheck,
     OriginDeployConfig,
     Progress,
+    ReleaseBuilder,
+    ReleaseRef,
 )
-from deploy.aws_userdata import ami_parameters
+from deploy.aws_releases import ReleaseStore, bucket_name
+from deploy.aws_userdata import IMAGE, ami_parameters
 
 if TYPE_CHECKING:
     import boto3
@@ -25,19 +31,17 @@ if TYPE_CHECKING:
     from mypy_boto3_ec2.type_defs import (
         FilterTypeDef,
         InstanceTypeDef,
-        IpPermissionTypeDef,
         TagSpecificationTypeDef,
         TagTypeDef,
     )
+    from mypy_boto3_s3 import S3Client
     from mypy_boto3_ssm import SSMClient
 
 __all__ = ["Deployer"]
 
-_TAG_LAUNCH = "prism:launch"  # hash of the launch spec; a new hash means replace
+_TAG_LAUNCH = "prism:launch"  # hash of the launch spec; a new hash means a new instance
+_TAG_RELEASE = "prism:release"  # the release id the instance runs
 _LIVE_STATES = ["pending", "running", "stopping", "stopped"]
-_HTTPS_RULES = frozenset(
-    {("tcp", 443, 443, "cidr", "0.0.0.0/0"), ("tcp", 443, 443, "cidr6", "::/0")}
-)
 
 
 def _code(error: ClientError) -> str:
@@ -49,42 +53,19 @@ def _tag(instance: InstanceTypeDef, key: str) -> str | None:
 
 
 def _launch_hash(config: OriginDeployConfig, user_data: str) -> str:
-    # The looked-up "latest" AMI is left out on purpose: a new Debian build
+    # The looked-up "latest" AMI is left out on purpose: a new Ubuntu 24.04 build
     # alone should not replace a healthy instance.
-    spec = {"user_data": user_data, "type": config.instance_type, "ami": config.ami or "latest"}
+    spec = {
+        "user_data": user_data,
+        "type": config.instance_type,
+        "ami": config.ami or "latest",
+        "image": IMAGE,
+        "python": config.target.python,
+    }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
-_Rule = tuple[str, int, int, str, str]
-
-
-def _rules(permissions: list[Any]) -> Iterator[_Rule]:
-    """Flatten ingress permissions to one (proto, from, to, kind, source) per source."""
-    for p in permissions:
-        head = (p["IpProtocol"], p.get("FromPort", -1), p.get("ToPort", -1))
-        yield from ((*head, "cidr", r["CidrIp"]) for r in p.get("IpRanges", []))
-        yield from ((*head, "cidr6", r["CidrIpv6"]) for r in p.get("Ipv6Ranges", []))
-        yield from ((*head, "group", g["GroupId"]) for g in p.get("UserIdGroupPairs", []))
-        yield from ((*head, "prefix", x["PrefixListId"]) for x in p.get("PrefixListIds", []))
-
-
-def _permission(rule: _Rule) -> IpPermissionTypeDef:
-    proto, low, high, kind, source = rule
-    perm: IpPermissionTypeDef = {"IpProtocol": proto}
-    if proto != "-1":
-        perm["FromPort"], perm["ToPort"] = low, high
-    if kind == "cidr":
-        perm["IpRanges"] = [{"CidrIp": source, "Description": "HTTPS"}]
-    elif kind == "cidr6":
-        perm["Ipv6Ranges"] = [{"CidrIpv6": source, "Description": "HTTPS"}]
-    elif kind == "group":
-        perm["UserIdGroupPairs"] = [{"GroupId": source}]
-    else:
-        perm["PrefixListIds"] = [{"PrefixListId": source}]
-    return perm
-
-
-class Deployer:
+class Deployer(AccessSteps):
     """One ``apply`` run: the clients, the config and the progress sink, shared by the steps."""
 
     def __init__(
@@ -93,48 +74,70 @@ class Deployer:
         session: boto3.Session,
         progress: Progress,
         sleep: Callable[[float], None],
+        *,
+        health_check: HealthCheck,
+        keep_failed: bool = False,
     ) -> None:
         self.config, self.progress, self.sleep = config, progress, sleep
+        self.health_check, self.keep_failed = health_check, keep_failed
         self.ec2: EC2Client = session.client("ec2", region_name=config.region)
         self.ssm: SSMClient = session.client("ssm", region_name=config.region)
+        self.s3: S3Client = session.client("s3", region_name=config.region)
         # No IAM/STS stubs are installed; these two stay untyped.
         self.iam: Any = session.client("iam", region_name=config.region)
         self.sts: Any = session.client("sts", region_name=config.region)
 
-    def run(self) -> DeployResult:
+    def run(self, build: ReleaseBuilder | None, lock_key: str, *, rollback: bool) -> DeployResult:
         config, progress = self.config, self.progress
         progress("Checking AWS credentials")
         arn: str = self.sts.get_caller_identity()["Arn"]
+        partition, account = arn.split(":")[1], arn.split(":")[4]
         group_id = self.security_group()
-        changed = self.parameters()
-        profile, profile_is_new = self.instance_profile(
-            partition=arn.split(":")[1], account=arn.split(":")[4]
+        changed, kept = self.parameters()
+        store = ReleaseStore(
+            self.s3, bucket_name(account, config.region), config.release_prefix, progress
+        )
+        store.ensure_bucket(
+            config.region, [{"Key": t["Key"], "Value": t["Value"]} for t in config.tags()]
         )
         allocation_id, public_ip = self.elastic_ip()
-
-        user_data = config.user_data(config.domain or public_ip)
-        launch = _launch_hash(config, user_data)
-        progress("Looking for an existing origin instance")
         instances = self.instances()
-        current = [i for i in instances if _tag(i, _TAG_LAUNCH) == launch]
-        action: Action = "updated" if current else "replaced" if instances else "created"
-        restarted = False
-        if current:
-            instance_id = current[-1]["InstanceId"]
-            restarted = self.refresh(current[-1], secrets_changed=bool(changed))
+        serving = self.serving(instances, allocation_id)
+        serving_release = _tag(serving, _TAG_RELEASE) if serving else None
+        if rollback:
+            ref = self.previous(store, serving_release)
         else:
-            if instances:
-                progress("Launch spec changed (user-data, package, type or AMI): replacing")
-            ami = config.ami or self.resolve_ami()
-            instance_id = self.launch(
-                ami, group_id, profile, user_data, launch, retry=profile_is_new
+            assert build is not None
+            ref = self.release(store, build, lock_key)
+        profile, profile_is_new = self.instance_profile(
+            partition=partition, account=account, bucket=store.bucket
+        )
+        user_data = config.user_data(config.domain or public_ip, store.bucket, ref)
+        launch = _launch_hash(config, user_data)
+
+        restarted = False
+        action: Action = "unchanged"
+        if serving is not None and _tag(serving, _TAG_LAUNCH) == launch:
+            instance_id = serving["InstanceId"]
+            progress(f"Release {ref.id} already serves on {instance_id}")
+            restarted = self.refresh(serving, secrets_changed=bool(changed))
+            if changed or restarted:
+                action = "updated"
+        else:
+            instance_id = self.bring_up(
+                instances, ref, launch, group_id, profile, user_data, retry=profile_is_new
             )
-        self.wait("instance_running", instance_id)
-        self.associate(allocation_id, instance_id)
+            self.associate(allocation_id, instance_id)
+            action = "replaced" if serving is not None else "created"
+        history = store.history()
+        if not history or history[-1].id != ref.id:
+            store.record(ref)
         stale = tuple(i["InstanceId"] for i in instances if i["InstanceId"] != instance_id)
         if stale:
             progress(f"Terminating previous instance(s) {', '.join(stale)}")
             self.ec2.terminate_instances(InstanceIds=list(stale))
+            if action == "unchanged":
+                action = "updated"
 
         final = self.ec2.describe_instances(InstanceIds=[instance_id])
         instance = final["Reservations"][0]["Instances"][0]
@@ -150,10 +153,107 @@ class Deployer:
             security_group_id=group_id,
             allocation_id=allocation_id,
             instance_profile=profile,
+            release=ref.id,
+            previous_release=serving_release if serving_release != ref.id else None,
+            bucket=store.bucket,
             parameter_names=config.parameter_names,
             parameters_changed=tuple(changed),
+            parameters_kept=tuple(kept),
             restarted=restarted,
+            rolled_back=rollback,
             terminated_instance_ids=stale,
+        )
+
+    def release(self, store: ReleaseStore, build: ReleaseBuilder, lock_key: str) -> ReleaseRef:
+        """Build this checkout's release (reusing the stored lock) and store it."""
+        target = self.config.target
+        cached = store.lock(lock_key) if lock_key else None
+        if cached is None:
+            self.progress(
+                f"Building the wheel and pinning its dependencies for Python {target.python} "
+                f"on {target.platform}"
+            )
+        else:
+            self.progress(f"Building the wheel (dependencies unchanged: reusing lock {lock_key})")
+        release = build(cached)
+        if cached is None and lock_key:
+            store.store_lock(lock_key, release.lock)
+        if not store.store(release):
+            self.progress(f"Release {release.id} is already stored")
+        return ReleaseRef.of(release)
+
+    def previous(self, store: ReleaseStore, serving: str | None) -> ReleaseRef:
+        """The release that served before ``serving`` (for ``--rollback``)."""
+        if serving is None:
+            raise DeployError(f"nothing to roll back: no origin {self.config.name} serves")
+        earlier = [r for r in store.history() if r.id != serving]
+        if not earlier:
+            raise DeployError(f"nothing to roll back to: release {serving} is the only one")
+        ref = earlier[-1]
+        if not store.stored(ref):
+            raise DeployError(f"release {ref.id} is no longer stored in s3://{store.bucket}")
+        self.progress(f"Rolling back from release {serving} to {ref.id}")
+        return ref
+
+    def serving(
+        self, instances: list[InstanceTypeDef], allocation_id: str
+    ) -> InstanceTypeDef | None:
+        """The instance the Elastic IP points at (the newest one if it points nowhere)."""
+        address = self.ec2.describe_addresses(AllocationIds=[allocation_id])["Addresses"][0]
+        attached = address.get("InstanceId")
+        for instance in instances:
+            if instance["InstanceId"] == attached:
+                return instance
+        return None
+
+    def bring_up(
+        self,
+        instances: list[InstanceTypeDef],
+        ref: ReleaseRef,
+        launch: str,
+        group_id: str,
+        profile: str,
+        user_data: str,
+        *,
+        retry: bool,
+    ) -> str:
+        """A running, healthy instance of ``ref`` (launched unless one is already up)."""
+        config, progress = self.config, self.progress
+        waiting = [i for i in instances if _tag(i, _TAG_LAUNCH) == launch]
+        if waiting:
+            instance_id = waiting[-1]["InstanceId"]
+            progress(f"Resuming {instance_id}, launched earlier for release {ref.id}")
+            if waiting[-1]["State"]["Name"] in ("stopping", "stopped"):
+                self.wait("instance_stopped", instance_id)
+                self.ec2.start_instances(InstanceIds=[instance_id])
+        else:
+            if instances:
+                progress(f"Launch spec changed (release {ref.id}): starting a new instance")
+            ami = config.ami or self.resolve_ami()
+            instance_id = self.launch(ami, group_id, profile, user_data, launch, ref, retry=retry)
+        self.wait("instance_running", instance_id)
+        found = self.ec2.describe_instances(InstanceIds=[instance_id])
+        address = found["Reservations"][0]["Instances"][0].get("PublicIpAddress")
+        problem = "it has no public address to check"
+        if address:
+            progress(f"Waiting for https://{address}/healthz to report release {ref.id}")
+            problem = self.health_check(address, ref.id) or ""
+        if not problem:
+            progress(f"{instance_id} is healthy with release {ref.id}")
+            return instance_id
+        if self.keep_failed:
+            fate = (
+                f"kept it for inspection (aws ssm start-session --target {instance_id}; "
+                "journalctl -u prism-origin -u caddy)"
+            )
+        else:
+            self.ec2.terminate_instances(InstanceIds=[instance_id])
+            fate = "terminated it"
+        serving = [i["InstanceId"] for i in instances if i["InstanceId"] != instance_id]
+        still = f"; {', '.join(serving)} keeps serving" if serving else "; nothing serves yet"
+        raise DeployError(
+            f"new instance {instance_id} (release {ref.id}) failed its health check: "
+            f"{problem}; {fate}{still}"
         )
 
     def tags(self, *extra: TagTypeDef) -> list[TagTypeDef]:
@@ -161,47 +261,8 @@ class Deployer:
         name: TagTypeDef = {"Key": "Name", "Value": self.config.security_group_name}
         return [*self.config.tags(), name, *extra]
 
-    def security_group(self) -> str:
-        """Find or create the group; leave exactly tcp/443 from anywhere open."""
-        config, ec2 = self.config, self.ec2
-        vpcs = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
-        if not vpcs:
-            raise DeployError(f"no default VPC in {config.region} (aws ec2 create-default-vpc)")
-        name, vpc_id = config.security_group_name, vpcs[0]["VpcId"]
-        groups = ec2.describe_security_groups(
-            Filters=[
-                {"Name": "group-name", "Values": [name]},
-                {"Name": "vpc-id", "Values": [vpc_id]},
-            ]
-        )["SecurityGroups"]
-        if groups:
-            group_id, permissions = groups[0]["GroupId"], groups[0].get("IpPermissions", [])
-            self.progress(f"Reusing security group {name} ({group_id})")
-        else:
-            self.progress(f"Creating security group {name}")
-            spec: TagSpecificationTypeDef = {"ResourceType": "security-group", "Tags": self.tags()}
-            group_id = ec2.create_security_group(
-                GroupName=name,
-                Description="Prism origin: HTTPS only",
-                VpcId=vpc_id,
-                TagSpecifications=[spec],
-            )["GroupId"]
-            permissions = []
-        have = set(_rules(list(permissions)))
-        if extra := have - _HTTPS_RULES:
-            self.progress(f"Revoking {len(extra)} extra ingress rule(s) from {name}")
-            ec2.revoke_security_group_ingress(
-                GroupId=group_id, IpPermissions=[_permission(r) for r in sorted(extra)]
-            )
-        if missing := _HTTPS_RULES - have:
-            self.progress(f"Allowing tcp/443 from anywhere in {name}")
-            ec2.authorize_security_group_ingress(
-                GroupId=group_id, IpPermissions=[_permission(r) for r in sorted(missing)]
-            )
-        return group_id
-
-    def parameters(self) -> list[str]:
-        """Make the stack's SSM path hold exactly the configured secrets; return names changed."""
+    def parameters(self) -> tuple[list[str], list[str]]:
+        """Store the configured secrets; keep the others. Return (names changed, names kept)."""
         config, ssm = self.config, self.ssm
         wanted = {f"{config.parameter_path}/{k}": v for k, v in config.secrets.items()}
         names, current = sorted(wanted), dict[str, tuple[str, str]]()
@@ -230,64 +291,23 @@ class Deployer:
                 # Raised afresh: the original's request context holds the value.
                 raise DeployError(f"could not store SSM parameter {name}: {_code(error)}") from None
             changed.append(name)
+        removed = {f"{config.parameter_path}/{n}" for n in config.remove_secrets}
+        kept: list[str] = []
         pages = ssm.get_paginator("get_parameters_by_path").paginate(Path=config.parameter_path)
-        for stale in (p["Name"] for page in pages for p in page["Parameters"]):
-            if stale not in wanted:
-                self.progress(f"Deleting SSM parameter {stale} (no longer configured)")
-                ssm.delete_parameter(Name=stale)
-                changed.append(stale)
+        for stored in sorted(p["Name"] for page in pages for p in page["Parameters"]):
+            if stored in wanted:
+                continue
+            if stored in removed:
+                self.progress(f"Deleting SSM parameter {stored} (--remove-secret)")
+                ssm.delete_parameter(Name=stored)
+                changed.append(stored)
+            else:
+                # A re-deploy without a secret in its environment never drops it.
+                self.progress(f"Keeping stored SSM parameter {stored} (not set in this deploy)")
+                kept.append(stored)
         if not changed:
             self.progress(f"SSM parameters under {config.parameter_path} are up to date")
-        return changed
-
-    def instance_profile(self, *, partition: str, account: str) -> tuple[str, bool]:
-        """Role + profile that may read only the stack's parameters; (name, newly usable)."""
-        config, iam, name = self.config, self.iam, self.config.role_name
-        tags = [{"Key": t["Key"], "Value": t["Value"]} for t in config.tags()]
-        base = f"arn:{partition}:ssm:{config.region}:{account}:parameter{config.parameter_path}"
-        trust = {
-            "Effect": "Allow",
-            "Principal": {"Service": "ec2.amazonaws.com"},
-            "Action": "sts:AssumeRole",
-        }
-        read = {
-            "Sid": "ReadOriginParameters",
-            "Effect": "Allow",
-            "Resource": [base, f"{base}/*"],
-            "Action": ["ssm:GetParametersByPath", "ssm:GetParameters", "ssm:GetParameter"],
-        }
-        if self._exists(lambda: iam.get_role(RoleName=name)):
-            self.progress(f"Reusing IAM role {name}")
-        else:
-            self.progress(f"Creating IAM role {name}")
-            iam.create_role(
-                RoleName=name,
-                Tags=tags,
-                Description="Prism origin",
-                AssumeRolePolicyDocument=_policy(trust),
-            )
-        iam.put_role_policy(
-            RoleName=name, PolicyName="prism-origin-read-parameters", PolicyDocument=_policy(read)
-        )
-        profile = self._exists(lambda: iam.get_instance_profile(InstanceProfileName=name))
-        if not profile:
-            self.progress(f"Creating instance profile {name}")
-            iam.create_instance_profile(InstanceProfileName=name, Tags=tags)
-        roles = profile["InstanceProfile"]["Roles"] if profile else []
-        if any(r["RoleName"] == name for r in roles):
-            return name, False
-        iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=name)
-        return name, True
-
-    @staticmethod
-    def _exists(get: Callable[[], Any]) -> Any:
-        """``get()``'s response, or None when IAM says NoSuchEntity."""
-        try:
-            return get()
-        except ClientError as error:
-            if _code(error) != "NoSuchEntity":
-                raise
-            return None
+        return changed, kept
 
     def elastic_ip(self) -> tuple[str, str]:
         """The stack's Elastic IP (allocation id, address), allocated once."""
@@ -340,7 +360,7 @@ class Deployer:
         return False
 
     def resolve_ami(self) -> str:
-        """Latest Debian 12, else Ubuntu 24.04, from the SSM public parameters."""
+        """The current Ubuntu 24.04 LTS AMI, from Canonical's SSM public parameter."""
         candidates = ami_parameters(self.config.instance_type)
         found = self.ssm.get_parameters(Names=list(candidates))["Parameters"]
         values = {p["Name"]: p["Value"] for p in found}
@@ -348,17 +368,29 @@ class Deployer:
             if name in values:
                 self.progress(f"Using AMI {values[name]} from {name}")
                 return values[name]
-        raise DeployError(
-            f"no Debian 12 or Ubuntu 24.04 AMI found via SSM in {self.config.region}; pass --ami"
-        )
+        raise DeployError(f"no Ubuntu 24.04 AMI found via SSM in {self.config.region}; pass --ami")
 
     def launch(
-        self, ami: str, group_id: str, profile: str, user_data: str, launch: str, *, retry: bool
+        self,
+        ami: str,
+        group_id: str,
+        profile: str,
+        user_data: str,
+        launch: str,
+        ref: ReleaseRef,
+        *,
+        retry: bool,
     ) -> str:
         config = self.config
-        self.progress(f"Launching {config.instance_type} instance from {ami}")
+        self.progress(f"Launching {config.instance_type} instance from {ami} ({ref.image})")
+        identity: list[TagTypeDef] = [
+            {"Key": _TAG_LAUNCH, "Value": launch},
+            {"Key": _TAG_RELEASE, "Value": ref.id},
+            {"Key": "prism:image", "Value": ref.image},
+            {"Key": "prism:python", "Value": ref.python},
+        ]
         specs: list[TagSpecificationTypeDef] = [
-            {"ResourceType": "instance", "Tags": self.tags({"Key": _TAG_LAUNCH, "Value": launch})},
+            {"ResourceType": "instance", "Tags": self.tags(*identity)},
             {"ResourceType": "volume", "Tags": self.tags()},
         ]
         attempts = 8 if retry else 1
@@ -369,7 +401,15 @@ class Deployer:
                     InstanceType=cast("InstanceTypeType", config.instance_type),
                     MinCount=1,
                     MaxCount=1,
-                    SecurityGroupIds=[group_id],
+                    # A public address of its own: the health check dials it before
+                    # the Elastic IP moves.
+                    NetworkInterfaces=[
+                        {
+                            "DeviceIndex": 0,
+                            "AssociatePublicIpAddress": True,
+                            "Groups": [group_id],
+                        }
+                    ],
                     IamInstanceProfile={"Name": profile},
                     UserData=user_data,
                     MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled"},
@@ -390,7 +430,3 @@ class Deployer:
             self.ec2.associate_address(
                 AllocationId=allocation_id, InstanceId=instance_id, AllowReassociation=True
             )
-
-
-def _policy(statement: dict[str, Any]) -> str:
-    return json.dumps({"Version": "2012-10-17", "Statement": [statement]})

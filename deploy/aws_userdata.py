@@ -1,33 +1,47 @@
-"""Render the origin instance's cloud-init user-data (a bash script).
+"""Render the origin instance's cloud-init user-data (a bash script for Ubuntu 24.04 LTS).
 
-The script installs Python, the gateway package and Caddy, and writes:
+The image is pinned: Ubuntu 24.04 LTS (its ``python3`` is 3.12, the Python the
+release's lock is resolved for). The script only installs apt packages, writes
+files and starts two independent units, so a failure shows in the journal of
+the unit it belongs to:
 
-- ``/opt/prism/bin/prism-fetch-env``: run as the unit's ``ExecStartPre``; reads
-  the secrets from SSM Parameter Store with the instance role and writes
-  ``/run/prism-origin/origin.env`` (mode 0600). Secrets are fetched at every
-  start, so a restart (or reboot) picks up new values.
-- ``prism-origin.service``: ``prism origin serve --host 127.0.0.1 --port 8080
-  --admin-port 9090``.
-- ``/etc/caddy/Caddyfile``: HTTPS on 443 reverse-proxying to the origin's public
-  port only; the admin port (detailed /healthz, /metrics) stays on loopback, for
-  an agent on the instance or an SSM port forward.
+- ``caddy.service`` (Ubuntu's package): HTTPS on 443. Until the origin answers,
+  every request gets a 503 JSON error, never a closed port.
+- ``prism-origin.service``: ``ExecStartPre=+prism-install`` fetches the release
+  (wheel + ``requirements.txt``) from S3 with the instance role and installs it
+  with ``pip install --require-hashes`` into ``/opt/prism/venv`` (skipped when
+  that release is already installed); ``ExecStartPre=prism-fetch-env`` reads
+  the secrets from SSM into ``/run/prism-origin/origin.env`` (mode 0600) at
+  every start; then ``prism origin serve`` on 127.0.0.1 (the public port, which
+  Caddy proxies, and the admin port 9090 with the detailed /healthz and /metrics,
+  which stays on loopback for an agent on the instance or an SSM port forward). ``Restart=always``
+  with no start limit: a failed first start is retried, and
+  ``journalctl -u prism-origin`` says why it failed.
+
+There is no SSH: reach the instance with Session Manager (the Ubuntu image
+runs the SSM agent; the role carries ``AmazonSSMManagedInstanceCore``).
 
 User-data is readable by anyone who can describe the instance, so it carries
-only the region, the parameter path and parameter *names*, never a value.
+only the region, bucket and object names, the parameter path and parameter
+*names*, never a value.
 """
 
 from __future__ import annotations
 
 import re
-import shlex
 import string
 from collections.abc import Mapping
+
+from deploy.release import RELEASE_DIR
 
 __all__ = [
     "ADMIN_PORT",
     "ENV_FILE",
     "FILE_SECRETS",
+    "HEALTH_HOST",
+    "IMAGE",
     "ORIGIN_PORT",
+    "VENV",
     "ami_parameters",
     "render_caddyfile",
     "render_user_data",
@@ -36,20 +50,18 @@ __all__ = [
 ORIGIN_PORT = 8080
 ADMIN_PORT = 9090
 ENV_FILE = "/run/prism-origin/origin.env"
+VENV = "/opt/prism/venv"
+IMAGE = "ubuntu-24.04"
+# The name the deployer's health check sends (SNI and Host) when it dials a new
+# instance's own address, before the Elastic IP (and the domain) points at it.
+HEALTH_HOST = "prism-origin.internal"
 # Secrets whose value is a file's content: written next to the env file and
 # the variable is pointed at that copy.
 FILE_SECRETS: Mapping[str, str] = {"PRISM_PROVIDERS_FILE": "providers.toml"}
 
-# The script needs apt, systemd and Python 3.11+: Debian 12 first, else Ubuntu 24.04.
 _AMI_PARAMETERS = {
-    "amd64": (
-        "/aws/service/debian/release/12/latest/amd64",
-        "/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/ebs-gp3/ami-id",
-    ),
-    "arm64": (
-        "/aws/service/debian/release/12/latest/arm64",
-        "/aws/service/canonical/ubuntu/server/24.04/stable/current/arm64/hvm/ebs-gp3/ami-id",
-    ),
+    "amd64": "/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/ebs-gp3/ami-id",
+    "arm64": "/aws/service/canonical/ubuntu/server/24.04/stable/current/arm64/hvm/ebs-gp3/ami-id",
 }
 _ARM_FAMILY = re.compile(r"^[a-z]+\d+g[a-z]*$")  # Graviton: t4g, m7g, c6gn, ...
 _SAFE = re.compile(r"^[A-Za-z0-9_.:/@+=,\[\]-]*$")
@@ -61,7 +73,7 @@ class _Template(string.Template):
 
 
 _FETCH_ENV = '''\
-#!/opt/prism/venv/bin/python
+#!/usr/bin/python3
 """Fetch the origin's secrets from SSM into /run/prism-origin (mode 0600)."""
 import os
 import sys
@@ -84,7 +96,7 @@ def write_private(path, text):
 
 
 def quote(value):
-    # systemd EnvironmentFile double-quote escapes: \\ \\" \\$ \\`
+    # systemd EnvironmentFile double-quote escapes: \\\\ \\" \\$ \\`
     for ch in ("\\\\", '"', "$", "`"):
         value = value.replace(ch, "\\\\" + ch)
     return '"' + value + '"'
@@ -112,34 +124,116 @@ write_private(
 print(f"prism-fetch-env: loaded {len(env)} parameters from {PARAMETER_PATH}")
 '''
 
+_INSTALL = '''\
+#!/usr/bin/python3
+"""Install release @@release_py into the venv: S3 objects, then pip --require-hashes."""
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+
+REGION = @@region_py
+BUCKET = @@bucket_py
+PREFIX = @@prefix_py
+RELEASE = @@release_py
+FILES = @@files_py
+RELEASE_DIR = @@release_dir_py
+VENV = @@venv_py
+
+
+def sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fetch(folder):
+    missing = [name for name in FILES if not os.path.isfile(os.path.join(folder, name))]
+    if not missing:
+        return
+    import boto3
+
+    s3 = boto3.client("s3", region_name=REGION)
+    for name in missing:
+        tmp = os.path.join(folder, name + ".part")
+        s3.download_file(BUCKET, PREFIX + name, tmp)
+        os.replace(tmp, os.path.join(folder, name))
+
+
+def main():
+    marker = os.path.join(VENV, "prism-release")
+    if os.path.isfile(marker) and open(marker).read().strip() == RELEASE:
+        print(f"prism-install: release {RELEASE} is installed")
+        return
+    folder = os.path.join(RELEASE_DIR, RELEASE)
+    os.makedirs(folder, mode=0o755, exist_ok=True)
+    fetch(folder)
+    for name, digest in FILES.items():
+        if sha256(os.path.join(folder, name)) != digest:
+            os.remove(os.path.join(folder, name))
+            sys.exit(f"prism-install: {name} does not match its hash; removed, retrying")
+    # One instance runs one release (a new release is a new instance): start clean.
+    shutil.rmtree(VENV, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
+    pip = [os.path.join(VENV, "bin", "python"), "-m", "pip", "--disable-pip-version-check"]
+    requirements = os.path.join(folder, "requirements.txt")
+    subprocess.run(
+        [*pip, "install", "--no-input", "--require-hashes", "-r", requirements], check=True
+    )
+    subprocess.run([*pip, "check"], check=True)
+    with open(marker, "w") as f:
+        f.write(RELEASE + "\\n")
+    print(f"prism-install: installed release {RELEASE} into {VENV}")
+
+
+if __name__ == "__main__":
+    main()
+'''
+
 _USER_DATA = _Template("""\
 #!/bin/bash
-# Prism origin bootstrap, rendered by `prism deploy origin`.
-# Holds SSM parameter names and the region only; secrets are fetched at start.
+# Prism origin bootstrap for Ubuntu 24.04 LTS, rendered by `prism deploy origin`.
+# Release @@release; holds object and SSM parameter names only, never a secret.
+# Why something is down: journalctl -u caddy -u prism-origin (via Session Manager).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 
+# shellcheck source=/dev/null
+. /etc/os-release
+if [ "${ID:-}-${VERSION_ID:-}" != "ubuntu-24.04" ]; then
+    echo "prism: this user-data is for Ubuntu 24.04 LTS, not ${PRETTY_NAME:-unknown}" >&2
+    exit 1
+fi
+
 apt-get update
 apt-get install -y --no-install-recommends \\
-    ca-certificates git python3 python3-venv caddy
-python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' \\
-    || { echo "prism: Python 3.11+ required (Debian 12 / Ubuntu 24.04)" >&2; exit 1; }
+    ca-certificates caddy python3 python3-venv python3-boto3
+
+# Caddy first and on its own: 443 answers (a 503 JSON) while the origin installs.
+cat > /etc/caddy/Caddyfile <<'PRISM_EOF'
+@@caddyfile
+PRISM_EOF
+systemctl enable caddy.service
+systemctl restart caddy.service
 
 id prism >/dev/null 2>&1 \\
     || useradd --system --home-dir /opt/prism --shell /usr/sbin/nologin prism
-install -d -m 0755 /opt/prism /opt/prism/bin
-python3 -m venv /opt/prism/venv
-/opt/prism/venv/bin/pip install --upgrade pip
-/opt/prism/venv/bin/pip install @@package_sh
+install -d -m 0755 /opt/prism /opt/prism/bin @@release_dir
 
+cat > /opt/prism/bin/prism-install <<'PRISM_EOF'
+@@install
+PRISM_EOF
 cat > /opt/prism/bin/prism-fetch-env <<'PRISM_EOF'
 @@fetch_env
 PRISM_EOF
-chmod 0755 /opt/prism/bin/prism-fetch-env
+chmod 0755 /opt/prism/bin/prism-install /opt/prism/bin/prism-fetch-env
 
 cat > /etc/systemd/system/prism-origin.service <<'PRISM_EOF'
 [Unit]
-Description=Prism origin (OpenAI-compatible LLM gateway)
+Description=Prism origin (OpenAI-compatible LLM gateway), release @@release
 Wants=network-online.target
 After=network-online.target
 # Keep retrying: at first boot the instance role may not be usable for a while.
@@ -151,11 +245,15 @@ Group=prism
 RuntimeDirectory=prism-origin
 RuntimeDirectoryMode=0700
 UMask=0077
+# `+`: as root (it writes the venv); a no-op once this release is installed.
+ExecStartPre=+/opt/prism/bin/prism-install
 ExecStartPre=/opt/prism/bin/prism-fetch-env
 # `-`: the file does not exist until ExecStartPre has written it.
 EnvironmentFile=-@@env_file
-ExecStart=/opt/prism/venv/bin/prism origin serve --host 127.0.0.1 --port @@port \\
+Environment=PRISM_RELEASE=@@release
+ExecStart=@@venv/bin/prism origin serve --host 127.0.0.1 --port @@port \\
     --admin-host 127.0.0.1 --admin-port @@admin_port
+TimeoutStartSec=20min
 Restart=always
 RestartSec=5
 NoNewPrivileges=yes
@@ -167,41 +265,54 @@ ProtectHome=yes
 WantedBy=multi-user.target
 PRISM_EOF
 
-cat > /etc/caddy/Caddyfile <<'PRISM_EOF'
-@@caddyfile
-PRISM_EOF
-
 systemctl daemon-reload
-systemctl enable --now prism-origin.service
-systemctl restart caddy.service
+systemctl enable prism-origin.service
+# --no-block: the first start installs the release; user-data is done once it is queued.
+systemctl start --no-block prism-origin.service
 """)
 
 
 def ami_parameters(instance_type: str) -> tuple[str, ...]:
-    """SSM public parameters naming the latest supported AMI for ``instance_type``, in order."""
+    """The SSM public parameter naming the current Ubuntu 24.04 AMI for ``instance_type``."""
+    return (_AMI_PARAMETERS[architecture(instance_type)],)
+
+
+def architecture(instance_type: str) -> str:
+    """``arm64`` for Graviton families, else ``amd64``."""
     family = instance_type.split(".", 1)[0]
-    return _AMI_PARAMETERS["arm64" if _ARM_FAMILY.match(family) else "amd64"]
+    return "arm64" if _ARM_FAMILY.match(family) else "amd64"
+
+
+_UNAVAILABLE = (
+    '{"error":{"message":"The origin is starting or unavailable; retry shortly.",'
+    '"type":"server_error","param":null,"code":"origin_unavailable"}}'
+)
 
 
 def render_caddyfile(site: str, *, acme: bool) -> str:
-    """Caddyfile for ``site``: a domain (public ACME certificate) or an IP (``tls internal``)."""
+    """Caddyfile for ``site`` (a domain with a public certificate, or an IP with
+    ``tls internal``) and for :data:`HEALTH_HOST` (the pre-traffic health check)."""
     if acme:
         # Port 80 stays closed, so only TLS-ALPN-01 (on 443) can answer ACME.
-        global_block = ""
         tls = "\ttls {\n\t\tissuer acme {\n\t\t\tdisable_http_challenge\n\t\t}\n\t}\n"
     else:
-        # Clients dialling an IP send no SNI; default_sni picks the IP's certificate.
-        global_block = f"{{\n\tdefault_sni {site}\n}}\n\n"
         tls = "\ttls internal\n"
+    # Clients dialling an IP send no SNI; default_sni picks the site's certificate.
     return (
-        f"{global_block}"
-        f"https://{site} {{\n"
-        f"{tls}"
+        f"{{\n\tdefault_sni {site}\n}}\n\n"
+        "(origin) {\n"
         f"\treverse_proxy 127.0.0.1:{ORIGIN_PORT} {{\n"
         # Stream SSE chunks through as they arrive.
         "\t\tflush_interval -1\n"
         "\t}\n"
-        "}"
+        # The origin is not up (installing, restarting): a JSON 503, not a bare 502.
+        "\thandle_errors {\n"
+        "\t\theader Content-Type application/json\n"
+        f"\t\trespond `{_UNAVAILABLE}` 503\n"
+        "\t}\n"
+        "}\n\n"
+        f"https://{site} {{\n{tls}\timport origin\n}}\n\n"
+        f"https://{HEALTH_HOST} {{\n\ttls internal\n\timport origin\n}}"
     )
 
 
@@ -210,26 +321,48 @@ def render_user_data(
     region: str,
     parameter_path: str,
     required: tuple[str, ...],
-    package: str,
     site: str,
     acme: bool,
+    bucket: str,
+    prefix: str,
+    release: str,
+    files: Mapping[str, str],
 ) -> str:
-    """The instance's user-data; every argument is a name, never a secret value."""
-    for label, value in (("region", region), ("parameter path", parameter_path), ("site", site)):
+    """The instance's user-data; every argument is a name or a hash, never a secret value."""
+    for label, value in (
+        ("region", region),
+        ("parameter path", parameter_path),
+        ("site", site),
+        ("bucket", bucket),
+        ("prefix", prefix),
+        ("release", release),
+        *(("file name", name) for name in files),
+    ):
         if not _SAFE.match(value):
             raise ValueError(f"unsafe {label} for user-data: {value!r}")
-    if "\n" in package:
-        raise ValueError("package spec must be a single line")
     fetch_env = _Template(_FETCH_ENV).substitute(
         region_py=repr(region),
         path_py=repr(parameter_path),
         required_py=repr(tuple(required)),
         files_py=repr(dict(FILE_SECRETS)),
     )
+    release_dir = RELEASE_DIR
+    install = _Template(_INSTALL).substitute(
+        region_py=repr(region),
+        bucket_py=repr(bucket),
+        prefix_py=repr(prefix),
+        release_py=repr(release),
+        files_py=repr(dict(files)),
+        release_dir_py=repr(release_dir),
+        venv_py=repr(VENV),
+    )
     return _USER_DATA.substitute(
-        package_sh=shlex.quote(package),
+        release=release,
+        release_dir=release_dir,
+        install=install.rstrip("\n"),
         fetch_env=fetch_env.rstrip("\n"),
         env_file=ENV_FILE,
+        venv=VENV,
         port=str(ORIGIN_PORT),
         admin_port=str(ADMIN_PORT),
         caddyfile=render_caddyfile(site, acme=acme),

@@ -3,7 +3,8 @@
 Steps, in order (:func:`deploy_edge`):
 
 1. KV namespace: find it by title or create it (:func:`ensure_namespace`, with
-   the official ``cloudflare`` SDK). A dry run only looks it up.
+   the official ``cloudflare`` SDK). A dry run stays offline: it calls no API
+   and needs neither a token nor an account id.
 2. Bundle: :func:`deploy.edge_bundle.build_edge` stages a self-contained Worker
    project with the namespace id, ``ORIGIN_URL``, the Worker name and routes in
    its ``wrangler.toml``.
@@ -26,7 +27,10 @@ only that SDK. To switch: install pywrangler, then raise the date in the
 repo's ``wrangler.toml``. :func:`find_wrangler` prefers ``pywrangler`` whenever
 it is installed, and a date that needs it is refused without it. It is not a
 dependency of this project (it fetches a current wrangler with ``npx``, which
-cannot run offline).
+cannot run offline). That newest wrangler needs Node.js 22.12+ (the pinned
+3.91 runs on Node 16.17+): :func:`check_node` refuses an older Node with both
+versions in one line. Only wrangler 4.86+ uploads a vendored ``python_modules/``;
+the pinned 3.91 ignores the folder.
 """
 
 from __future__ import annotations
@@ -58,24 +62,29 @@ __all__ = [
     "DEFAULT_NAMESPACE_TITLE",
     "DEFAULT_STAGING_DIR",
     "EDGE_SECRETS",
+    "NEWEST_WRANGLER_NODE",
     "EdgeConfigError",
     "EdgeDeployConfig",
     "EdgeDeployError",
     "EdgeDeployResult",
     "PlanStep",
     "Route",
+    "check_node",
     "deploy_edge",
     "dry_run_outdir",
     "ensure_namespace",
     "find_namespace",
     "find_wrangler",
     "make_client",
+    "node_requirement",
 ]
 
 DEFAULT_API_URL = CLOUDFLARE_API_URL
 DEFAULT_NAMESPACE_TITLE = "prism-cache"
 DEFAULT_STAGING_DIR = Path(".prism/edge-cloudflare")
 EDGE_SECRETS = ("PRISM_KEY_SECRET", "PRISM_FORWARD_SECRET")
+# What the newest wrangler (pywrangler's, npx's) needs; the pinned 3.91 runs on Node 16.17+.
+NEWEST_WRANGLER_NODE = (22, 12, 0)
 # The first compatibility date at which the `workers` SDK must be vendored (pywrangler).
 _PYWRANGLER_FROM = "2026-04-21"
 _NAMESPACE_EXISTS = 10014  # KV: "a namespace with this account ID and title already exists"
@@ -144,12 +153,14 @@ class EdgeDeployConfig:
     api_url: str = DEFAULT_API_URL
     #: argv prefix of wrangler (or pywrangler); empty: :func:`find_wrangler` at run time.
     wrangler: tuple[str, ...] = ()
+    #: A plan only: no token needed, and the account id may be left out.
+    dry_run: bool = False
 
     def __post_init__(self) -> None:
         problems: list[str] = []
-        if not _ACCOUNT_ID.match(self.account_id):
+        if not _ACCOUNT_ID.match(self.account_id) and (self.account_id or not self.dry_run):
             problems.append(f"invalid account id {self.account_id!r}")
-        if not self.api_token.strip():
+        if not self.api_token.strip() and not self.dry_run:
             problems.append("CLOUDFLARE_API_TOKEN is empty")
         if not self.namespace_title.strip():
             problems.append("the KV namespace title is empty")
@@ -187,15 +198,20 @@ class EdgeDeployConfig:
         name: str | None = None,
         routes: Sequence[str] = (),
         wrangler: Sequence[str] | None = None,
+        dry_run: bool = False,
     ) -> EdgeDeployConfig:
-        """Read the token, account, origin URL, secrets and API URL from ``environ``."""
+        """Read the token, account, origin URL, secrets and API URL from ``environ``
+        (a dry run needs neither the token nor the account)."""
         account = account_id or environ.get("CLOUDFLARE_ACCOUNT_ID", "")
         origin = origin_url or environ.get("PRISM_ORIGIN_URL", "")
+        needed = [
+            ("CLOUDFLARE_API_TOKEN", environ.get("CLOUDFLARE_API_TOKEN")),
+            ("--account-id (or CLOUDFLARE_ACCOUNT_ID)", account),
+        ]
         missing = [
             label
             for label, value in (
-                ("CLOUDFLARE_API_TOKEN", environ.get("CLOUDFLARE_API_TOKEN")),
-                ("--account-id (or CLOUDFLARE_ACCOUNT_ID)", account),
+                *([] if dry_run else needed),
                 ("--origin-url (or PRISM_ORIGIN_URL)", origin),
                 *((secret, environ.get(secret)) for secret in EDGE_SECRETS),
             )
@@ -206,7 +222,7 @@ class EdgeDeployConfig:
         command = tuple(wrangler) if wrangler is not None else find_wrangler(environ)
         return cls(
             account_id=account.strip(),
-            api_token=environ["CLOUDFLARE_API_TOKEN"].strip(),
+            api_token=environ.get("CLOUDFLARE_API_TOKEN", "").strip(),
             origin_url=origin.strip(),
             secrets={name: environ[name] for name in EDGE_SECRETS},
             namespace_title=(namespace_title or DEFAULT_NAMESPACE_TITLE).strip(),
@@ -214,6 +230,7 @@ class EdgeDeployConfig:
             routes=tuple(Route.parse(route) for route in routes),
             api_url=environ.get("PRISM_CLOUDFLARE_API_URL") or DEFAULT_API_URL,
             wrangler=command,
+            dry_run=dry_run,
         )
 
     def masked(self, text: str) -> str:
@@ -301,6 +318,58 @@ def find_wrangler(
     )
 
 
+def _version(text: str) -> tuple[int, ...]:
+    found = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    return tuple(int(part or 0) for part in found.groups()) if found else ()
+
+
+def node_requirement(command: Sequence[str]) -> tuple[str, tuple[int, ...]] | None:
+    """(which wrangler, the Node.js version it needs), or None when not known.
+
+    pywrangler and ``npx wrangler`` run the newest wrangler (Node.js 22.12+); a wrangler
+    installed in ``node_modules`` says what it needs in its ``engines``.
+    """
+    if _uses_pywrangler(command) or any(Path(part).name == "npx" for part in command):
+        return "the newest wrangler", NEWEST_WRANGLER_NODE
+    for part in command:
+        path = Path(part)
+        if path.name == "wrangler" and path.parent.name == ".bin":
+            package = path.parent.parent / "wrangler" / "package.json"
+            try:
+                meta = json.loads(package.read_text())
+            except (OSError, ValueError):
+                return None
+            wanted = _version(str(meta.get("engines", {}).get("node", "")))
+            return (f"wrangler {meta.get('version', '?')}", wanted) if wanted else None
+    return None
+
+
+def check_node(command: Sequence[str], environ: Mapping[str, str] | None = None) -> None:
+    """Refuse, with the versions in one line, a Node.js too old for this wrangler."""
+    needed = node_requirement(command)
+    if needed is None:
+        return
+    which, minimum = needed
+    want = ".".join(map(str, minimum))
+    environ = os.environ if environ is None else environ
+    node = shutil.which("node", path=environ.get("PATH"))
+    if node is None:
+        raise EdgeConfigError(f"{which} needs Node.js >= {want}; node is not on PATH")
+    try:
+        shown = subprocess.run(
+            [node, "--version"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as error:
+        raise EdgeConfigError(f"cannot run {node} --version: {error}") from None
+    if _version(shown) < minimum:
+        hint = (
+            "; install Node.js 22.12+, or use the pinned wrangler 3.91 (npm ci; no PRISM_WRANGLER)"
+            if minimum == NEWEST_WRANGLER_NODE
+            else ""
+        )
+        raise EdgeConfigError(f"{which} needs Node.js >= {want}; this is node {shown}{hint}")
+
+
 def _uses_pywrangler(command: Sequence[str]) -> bool:
     return any(Path(part).name == "pywrangler" for part in command)
 
@@ -311,9 +380,18 @@ def _wrangler_env(config: EdgeDeployConfig) -> dict[str, str]:
     # has no use for the edge secrets: they reach it only on stdin.
     for name in ("CLOUDFLARE_API_KEY", "CLOUDFLARE_EMAIL", *EDGE_SECRETS):
         env.pop(name, None)
+    # A dry run may have neither: wrangler then bundles without authenticating.
     env.update(
-        CLOUDFLARE_API_TOKEN=config.api_token,
-        CLOUDFLARE_ACCOUNT_ID=config.account_id,
+        {
+            name: value
+            for name, value in (
+                ("CLOUDFLARE_API_TOKEN", config.api_token),
+                ("CLOUDFLARE_ACCOUNT_ID", config.account_id),
+            )
+            if value
+        }
+    )
+    env.update(
         WRANGLER_SEND_METRICS="false",
         # Never debug level (request bodies) and never unsanitized logs, whatever
         # the caller's environment says: wrangler writes a log file of every run.
@@ -520,6 +598,8 @@ def deploy_edge(
     client: Cloudflare | None = None,
 ) -> EdgeDeployResult:
     """Run the four steps (see the module docstring); a dry run changes nothing remote."""
+    if config.dry_run and not dry_run:
+        raise EdgeConfigError("this configuration is for a dry run only (no token or account)")
     command = config.wrangler or find_wrangler()
     compatibility_date = str(load_wrangler_config().get("compatibility_date", ""))
     if compatibility_date >= _PYWRANGLER_FROM and not _uses_pywrangler(command):
@@ -532,21 +612,18 @@ def deploy_edge(
     _check_owned_dir(out, _is_staged_worker)
     if dry_run:
         _check_owned_dir(outdir, _is_wrangler_outdir)
-    client = client or make_client(config)
+    check_node(command)
     title = config.namespace_title
 
-    namespace_id: str | None
+    namespace_id: str | None = None
     if dry_run:
-        progress(f"Looking up KV namespace {title!r}")
-        with _api_errors(config, f"looking up KV namespace {title!r}"):
-            namespace_id, created = find_namespace(client, config.account_id, title), False
+        # Offline: no Cloudflare API call, so no token or network is needed.
+        namespace_step = PlanStep("kv namespace", "would find or create", title)
     else:
+        client = client or make_client(config)
         progress(f"Finding or creating KV namespace {title!r}")
         with _api_errors(config, f"finding or creating KV namespace {title!r}"):
             namespace_id, created = ensure_namespace(client, config.account_id, title)
-    if namespace_id is None:
-        namespace_step = PlanStep("kv namespace", "would create", title)
-    else:
         action = "created" if created else "exists"
         namespace_step = PlanStep("kv namespace", action, f"{title} ({namespace_id})")
 

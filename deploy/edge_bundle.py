@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import tomllib
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,14 @@ from typing import Any, Literal
 import edge
 import prism
 
-__all__ = ["EdgeBundle", "Target", "build_edge", "load_wrangler_config"]
+__all__ = [
+    "PRODUCTION_ENTRY_DRIVER",
+    "EdgeBundle",
+    "Target",
+    "build_edge",
+    "load_wrangler_config",
+    "vendor_workers_sdk",
+]
 
 Target = Literal["local", "cloudflare"]
 
@@ -178,3 +186,66 @@ def build_edge(
         )
         files.append("pyproject.toml")
     return EdgeBundle(out=out, target=target, files=sorted(files))
+
+
+# ------------------------------------------------------- the production entry, locally
+
+PRODUCTION_ENTRY_DRIVER = "production_driver.py"
+
+# The pinned local runtime (workerd 2024-11) predates two things the `workers` SDK needs:
+# the runtime-internal modules it imports, and instantiating a WorkerEntrypoint class
+# itself (it calls a module's `on_fetch`). These stand in for both, locally only.
+_LOCAL_RUNTIME_STAND_INS: dict[str, str] = {
+    "_pyodide_entrypoint_helper.py": '''"""Local stand-in for a module of the current runtime."""
+
+cloudflareWorkersModule = None
+cloudflareSocketsModule = None
+
+
+def doAnImport(name):
+    raise ImportError(f"{name} is not available in the local runtime")
+
+
+def patch_env_helper(kwds):
+    yield
+
+
+def patchWaitUntil(ctx):
+    pass
+''',
+    "_cloudflare_compat_flags.py": '''"""Local stand-in: every flag the SDK asks about is off."""
+
+
+def __getattr__(name):
+    return False
+''',
+    PRODUCTION_ENTRY_DRIVER: '''"""Runs the production entry's class as the runtime does."""
+
+from workers import Request
+
+from entry import Default
+
+
+async def on_fetch(request, env, ctx):
+    return await Default(ctx, env).fetch(Request(request))
+''',
+}
+
+
+def vendor_workers_sdk(bundle: EdgeBundle, sdk_wheel: Path) -> str:
+    """Vendor the ``workers`` package of a ``workers-runtime-sdk`` wheel into a
+    ``cloudflare`` bundle so the local runtime runs its production entry; return the
+    entry to start it with (:data:`PRODUCTION_ENTRY_DRIVER`)."""
+    if bundle.target != "cloudflare":
+        raise ValueError("only the cloudflare bundle has the production entry")
+    with zipfile.ZipFile(sdk_wheel) as wheel:
+        for name in wheel.namelist():
+            if name.startswith("workers/") and name.endswith(".py"):
+                target = bundle.root / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(wheel.read(name))
+                bundle.files.append(str(target.relative_to(bundle.out)))
+    for name, text in _LOCAL_RUNTIME_STAND_INS.items():
+        (bundle.root / name).write_text(text)
+        bundle.files.append(f"src/{name}")
+    return PRODUCTION_ENTRY_DRIVER

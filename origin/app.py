@@ -77,8 +77,10 @@ def create_app(
         await gateway.cache.refuse_if_revoked(caller.key_id)
         return Reply(200, {"content-type": "application/json", **_BYPASS}, models_list)
 
+    alive_body = json_reply({"status": "ok", "version": settings.release}).body
+
     async def alive(request: Request) -> Reply:
-        return json_reply({"status": "ok"})
+        return Reply(200, {"content-type": "application/json"}, alive_body)
 
     async def health(request: Request) -> Reply:
         redis_ok = await gateway.cache.ping()
@@ -86,6 +88,7 @@ def create_app(
         return json_reply(
             {
                 "status": "ok" if redis_ok else "degraded",
+                "version": settings.release,
                 "redis": {"ok": redis_ok},
                 "providers": {
                     name: {

@@ -60,6 +60,7 @@ class Settings:
     coalesce: bool = True
     # The whole request (headers and body) must arrive within this; else 408 and close.
     read_timeout: float = 30.0
+    release: str = "dev"  # what /healthz says is running: the deploy's release id
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -118,6 +119,7 @@ class Settings:
             redis_url=env.get("REDIS_URL") or env.get("PRISM_REDIS_URL") or DEFAULT_REDIS_URL,
             redis_client=redis_client,
             kv=kv,
+            release=env.get("PRISM_RELEASE") or "dev",
             limits=Limits(**_numbers(env, max_body_bytes=("PRISM_MAX_BODY_BYTES", int))),
             **numbers,
         )

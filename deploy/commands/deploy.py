@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,17 +15,18 @@ from rich.console import Console
 from rich.markup import escape
 
 from deploy.aws_origin import (
+    BASE_SECRETS,
     DEFAULT_INSTANCE_TYPE,
     DEFAULT_NAME,
-    DEFAULT_PACKAGE,
     DEFAULT_PARAMETER_PREFIX,
     DEFAULT_REGION,
-    REQUIRED_SECRETS,
+    PROVIDER_KEYS,
     DeployConfigError,
     DeployError,
     DeployPlan,
     DeployResult,
     OriginDeployConfig,
+    ReleaseBuilder,
     apply,
     plan,
 )
@@ -39,24 +41,25 @@ from deploy.cloudflare_edge import (
     EdgeDeployResult,
     deploy_edge,
 )
+from deploy.release import ReleaseError, build_release, find_source, find_uv, lock_key
 
 from ._options import JsonOption
 
 if TYPE_CHECKING:
     from botocore.exceptions import ClientError
 
+    from deploy.release import Release
+
 __all__ = ["SECRET_ENV_VARS", "UsageError", "app", "collect_secrets"]
 
 # Everything the origin reads from its environment; only the ones set are stored.
 SECRET_ENV_VARS = (
-    *REQUIRED_SECRETS,
-    "PRISM_FORWARD_SECRET",
+    *BASE_SECRETS,
+    *PROVIDER_KEYS,
     "PRISM_KV_ACCOUNT_ID",
     "PRISM_KV_NAMESPACE_ID",
     "CLOUDFLARE_API_TOKEN",
     "PRISM_PROVIDERS_FILE",
-    "OPENAI_API_KEY",
-    "ANTHROPIC_API_KEY",
     "GROQ_API_KEY",
     "TOGETHER_API_KEY",
     "MISTRAL_API_KEY",
@@ -86,7 +89,7 @@ class UsageError(Exception):
 
 def collect_secrets(environ: Mapping[str, str], extra: Sequence[str] = ()) -> dict[str, str]:
     """The origin's secrets from ``environ``; file-valued ones are read from disk."""
-    missing = [name for name in REQUIRED_SECRETS if not environ.get(name)]
+    missing = [name for name in BASE_SECRETS if not environ.get(name)]
     if missing:
         raise UsageError(f"missing required environment variable(s): {', '.join(missing)}")
     unset = [name for name in extra if not environ.get(name)]
@@ -124,11 +127,12 @@ def origin(
     ] = None,
     ami: Annotated[
         str | None,
-        typer.Option(help="AMI id (Debian/Ubuntu); default: latest Debian 12 via SSM."),
+        typer.Option(help="An Ubuntu 24.04 LTS AMI id; default: Canonical's current one."),
     ] = None,
-    package: Annotated[
-        str, typer.Option(help="pip requirement for the gateway, e.g. a git+https:// URL.")
-    ] = DEFAULT_PACKAGE,
+    source: Annotated[
+        Path | None,
+        typer.Option(help="The checkout to ship; default: the one holding the working directory."),
+    ] = None,
     parameter_prefix: Annotated[
         str, typer.Option(help="SSM path prefix; secrets go under <prefix><name>/.")
     ] = DEFAULT_PARAMETER_PREFIX,
@@ -136,19 +140,35 @@ def origin(
         list[str] | None,
         typer.Option(help="Also store this environment variable (repeatable)."),
     ] = None,
+    remove_secret: Annotated[
+        list[str] | None,
+        typer.Option(help="Delete this stored secret (repeatable); others are kept."),
+    ] = None,
+    rollback: Annotated[
+        bool, typer.Option("--rollback", help="Return to the release that served before.")
+    ] = False,
+    keep_failed: Annotated[
+        bool,
+        typer.Option("--keep-failed", help="Keep a new instance that fails its health check."),
+    ] = False,
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print the plan; make no AWS calls.")
+        bool,
+        typer.Option("--dry-run", help="Print the plan; no AWS call, no build, no network."),
     ] = False,
     json_output: JsonOption = False,
 ) -> None:
-    """Deploy the origin to EC2 behind Caddy (HTTPS on 443 only), or update it in place.
+    """Deploy this checkout to EC2 behind Caddy (HTTPS on 443 only), or update it.
 
-    Secrets are read from the environment (REDIS_URL and PRISM_KEY_SECRET are
-    required) and stored as SSM SecureString parameters, never in user-data.
+    Secrets are read from the environment (REDIS_URL, PRISM_KEY_SECRET,
+    PRISM_FORWARD_SECRET and a provider key are required) and stored as SSM
+    SecureString parameters, never in user-data; a secret not set is kept.
+    A new release runs on a new instance and takes the Elastic IP only once it
+    is healthy.
 
     Example:
 
-    REDIS_URL=rediss://... PRISM_KEY_SECRET=... prism deploy origin --domain origin.example.com
+    REDIS_URL=rediss://... PRISM_KEY_SECRET=... PRISM_FORWARD_SECRET=... OPENAI_API_KEY=...
+    prism deploy origin --domain origin.example.com
     """
     secrets: dict[str, str] = {}
     try:
@@ -160,29 +180,54 @@ def origin(
             instance_type=instance_type,
             domain=domain,
             ami=ami,
-            package=package,
             parameter_prefix=parameter_prefix,
+            remove_secrets=tuple(remove_secret or ()),
         )
-    except (UsageError, DeployConfigError) as error:
+        checkout = None if rollback else find_source(source)
+    except (UsageError, DeployConfigError, ReleaseError) as error:
         _fail(str(error), code=2, secrets=secrets)
     if dry_run:
-        _print_plan(plan(config), json_output)
+        _print_plan(plan(config, source=str(checkout or "-"), rollback=rollback), json_output)
         return
+    builder: ReleaseBuilder | None = None
+    key = ""
+    try:
+        uv = None if rollback else find_uv()
+    except ReleaseError as error:
+        _fail(str(error), code=2, secrets=secrets)
     # boto3 costs a few hundred ms to import: only the command that uses it pays.
     import boto3
     from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-    try:
-        with _progress(f"Deploying origin {config.name} to {config.region}") as progress:
-            result = apply(config, boto3.Session(), progress)
-    except DeployError as error:
-        _fail(str(error), secrets=secrets)
-    except NoCredentialsError:
-        _fail("no AWS credentials found (set AWS_PROFILE or AWS_ACCESS_KEY_ID)", secrets=secrets)
-    except ClientError as error:
-        _fail(_describe_client_error(error), secrets=secrets)
-    except BotoCoreError as error:
-        _fail(f"AWS: {error}", secrets=secrets)
+    with tempfile.TemporaryDirectory(prefix="prism-release-") as workdir:
+        if checkout is not None:
+            source_dir, target = checkout, config.target
+            key = lock_key(source_dir, target)
+
+            def builder(lock: str | None) -> Release:
+                return build_release(source_dir, target, Path(workdir), lock=lock, uv=uv)
+
+        try:
+            with _progress(f"Deploying origin {config.name} to {config.region}") as progress:
+                result = apply(
+                    config,
+                    boto3.Session(),
+                    progress,
+                    release=builder,
+                    lock_key=key,
+                    rollback=rollback,
+                    keep_failed=keep_failed,
+                )
+        except (DeployError, ReleaseError) as error:
+            _fail(str(error), secrets=secrets)
+        except NoCredentialsError:
+            _fail(
+                "no AWS credentials found (set AWS_PROFILE or AWS_ACCESS_KEY_ID)", secrets=secrets
+            )
+        except ClientError as error:
+            _fail(_describe_client_error(error), secrets=secrets)
+        except BotoCoreError as error:
+            _fail(f"AWS: {error}", secrets=secrets)
     _print_result(result, json_output, domain=config.domain)
 
 
@@ -218,16 +263,17 @@ def edge(
         bool,
         typer.Option(
             "--dry-run",
-            help="Look the namespace up and bundle with `wrangler deploy --dry-run`; "
-            "create, upload and set nothing.",
+            help="Stage and bundle with `wrangler deploy --dry-run`, offline: no API call, "
+            "no token; create, upload and set nothing.",
         ),
     ] = False,
     json_output: JsonOption = False,
 ) -> None:
     """Deploy the edge Worker to Cloudflare: KV namespace, bundle, secrets, wrangler deploy.
 
-    CLOUDFLARE_API_TOKEN, PRISM_KEY_SECRET and PRISM_FORWARD_SECRET are read from
-    the environment; the secrets reach wrangler on stdin only. Set
+    CLOUDFLARE_API_TOKEN (not needed by --dry-run), PRISM_KEY_SECRET and
+    PRISM_FORWARD_SECRET are read from the environment; the secrets reach wrangler
+    on stdin only. pywrangler (the newest wrangler) needs Node.js 22.12+. Set
     PRISM_CLOUDFLARE_API_URL to use another API base URL and PRISM_WRANGLER to
     choose the wrangler command (default: pywrangler if installed, else the
     repo's pinned node_modules/.bin/wrangler).
@@ -248,6 +294,7 @@ def edge(
             namespace_title=namespace,
             name=name,
             routes=route or (),
+            dry_run=dry_run,
         )
     except EdgeConfigError as error:
         _fail(str(error), code=2, secrets=masked)
@@ -297,8 +344,9 @@ def _print_plan(deploy_plan: DeployPlan, json_output: bool) -> None:
         typer.echo(json.dumps({"dry_run": True, **deploy_plan.to_dict()}, indent=2))
         return
     typer.echo(f"Plan for origin {deploy_plan.name} in {deploy_plan.region} (dry run, no changes)")
-    typer.echo(f"  site: {deploy_plan.site}")
-    typer.echo(f"  tls:  {deploy_plan.tls}")
+    typer.echo(f"  site:  {deploy_plan.site}")
+    typer.echo(f"  tls:   {deploy_plan.tls}")
+    typer.echo(f"  image: {deploy_plan.image}, Python {deploy_plan.python}")
     for step in deploy_plan.steps:
         typer.echo(f"  {step.resource:<15} {step.name}: {step.action}")
 
@@ -309,12 +357,19 @@ def _print_result(result: DeployResult, json_output: bool, *, domain: str | None
         return
     rows: list[tuple[str, Any]] = [
         ("instance", result.instance_id),
+        (
+            "release",
+            result.release
+            + (f" (was {result.previous_release})" if result.previous_release else "")
+            + (" rolled back" if result.rolled_back else ""),
+        ),
         ("address", f"{result.public_ip} ({result.public_dns or 'no public DNS'})"),
         ("security group", result.security_group_id),
         (
             "secrets",
             f"{len(result.parameter_names)} SSM parameters, "
-            f"{len(result.parameters_changed)} changed",
+            f"{len(result.parameters_changed)} changed, "
+            f"{len(result.parameters_kept)} kept from earlier deploys",
         ),
         ("url", result.url),
     ]

@@ -248,15 +248,22 @@ def test_dry_run_stages_only_the_worker_and_bundles_it(
     out = tmp_path / "stage"
     args = ["deploy", "edge", "--dry-run", "--out", str(out)]
     args += ["--route", "gw.example.com/*@example.com"]
+    # Offline: no token, no account, and an API address where nothing listens.
+    env = edge_env(
+        kv_api,
+        CLOUDFLARE_API_TOKEN=None,
+        CLOUDFLARE_ACCOUNT_ID=None,
+        PRISM_CLOUDFLARE_API_URL="http://127.0.0.1:9",
+    )
 
-    result = CliRunner().invoke(cli, args, env=edge_env(kv_api))
+    result = CliRunner().invoke(cli, args, env=env)
 
     assert result.exit_code == 0, result.output
     staged = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     assert staged and all(STAGED.fullmatch(path) for path in staged), staged
     assert {"src/entry.py", "src/edge/handler.py", "src/prism/keys.py"} <= set(staged)
     config = tomllib.loads((out / "wrangler.toml").read_text())
-    assert config["kv_namespaces"][0]["id"] == kv_api.namespace_id  # found by its title
+    assert config["kv_namespaces"][0]["id"] == "0" * 32  # the placeholder: no lookup
     assert config["vars"]["ORIGIN_URL"] == ORIGIN
     assert config["routes"] == [{"pattern": "gw.example.com/*", "zone_name": "example.com"}]
     assert not set(config["vars"]) & {"PRISM_KEY_SECRET", "PRISM_FORWARD_SECRET"}
@@ -282,7 +289,8 @@ def test_dry_run_json_lists_the_plan_and_creates_nothing(
     shown = json.loads(result.stdout)
     plan = {step["step"]: step for step in shown["plan"]}
     assert shown["dry_run"] is True and shown["name"] == "prism-edge-staging"
-    assert plan["kv namespace"]["action"] == "would create" and shown["namespace_id"] is None
+    assert plan["kv namespace"]["action"] == "would find or create"
+    assert shown["namespace_id"] is None
     assert plan["secrets"] == {
         "step": "secrets",
         "action": "would set",
@@ -373,7 +381,7 @@ def test_a_wrangler_failure_is_one_masked_line_and_exit_1(
 def test_missing_input_exits_2_with_one_line(
     kv_api: KVApi, cli: typer.Typer, tmp_path: Path, unset: str, named: str
 ) -> None:
-    args = ["deploy", "edge", "--dry-run", "--out", str(tmp_path / "stage")]
+    args = ["deploy", "edge", "--out", str(tmp_path / "stage")]
     result = CliRunner().invoke(cli, args, env=edge_env(kv_api, **{unset: None}))
 
     assert result.exit_code == 2
@@ -385,13 +393,13 @@ def test_an_api_error_is_one_line_and_exit_1(
     kv_api_reset: KVApi, cli: typer.Typer, tmp_path: Path
 ) -> None:
     kv_api_reset.fail_next(403, endpoints=["namespaces_list"])
-    args = ["deploy", "edge", "--dry-run", "--out", str(tmp_path / "stage")]
+    args = ["deploy", "edge", "--out", str(tmp_path / "stage")]
 
     result = CliRunner().invoke(cli, args, env=edge_env(kv_api_reset))
 
     assert result.exit_code == 1
     [line] = error_lines(result.stderr)
-    assert line.startswith("error: Cloudflare API 403 while looking up KV namespace")
+    assert line.startswith("error: Cloudflare API 403 while finding or creating KV namespace")
     assert "CLOUDFLARE_API_TOKEN may edit" in line
     assert "Traceback" not in result.output
     assert not (tmp_path / "stage").exists()
@@ -401,7 +409,7 @@ def test_a_wrong_token_is_one_line_without_the_token(
     kv_api: KVApi, cli: typer.Typer, tmp_path: Path
 ) -> None:
     token = "wrong-token-4a7c9e1b"
-    args = ["deploy", "edge", "--dry-run", "--out", str(tmp_path / "stage")]
+    args = ["deploy", "edge", "--out", str(tmp_path / "stage")]
 
     result = CliRunner().invoke(cli, args, env=edge_env(kv_api, CLOUDFLARE_API_TOKEN=token))
 
@@ -423,6 +431,50 @@ def test_refuses_to_replace_a_folder_it_did_not_make(
     [line] = error_lines(result.stderr)
     assert "was not made by prism" in line
     assert precious.read_text() == "keep me"
+
+
+def fake_node(tmp_path: Path, version: str) -> str:
+    """A PATH whose `node` reports ``version`` (and nothing else)."""
+    bin_dir = tmp_path / f"node-{version}"
+    bin_dir.mkdir()
+    node = bin_dir / "node"
+    node.write_text(f"#!/bin/sh\necho {version}\n")
+    node.chmod(0o755)
+    return str(bin_dir)
+
+
+@pytest.mark.parametrize("wrangler", ["npx wrangler@latest", "pywrangler"])
+def test_the_newest_wrangler_on_an_old_node_is_one_line_not_a_stack_trace(
+    kv_api: KVApi, cli: typer.Typer, tmp_path: Path, wrangler: str
+) -> None:
+    args = ["deploy", "edge", "--dry-run", "--out", str(tmp_path / "stage")]
+    env = edge_env(kv_api, PRISM_WRANGLER=wrangler, PATH=fake_node(tmp_path, "v20.19.1"))
+
+    result = CliRunner().invoke(cli, args, env=env)
+
+    assert result.exit_code == 2
+    assert error_lines(result.stderr) == [
+        "error: the newest wrangler needs Node.js >= 22.12.0; this is node v20.19.1; install "
+        "Node.js 22.12+, or use the pinned wrangler 3.91 (npm ci; no PRISM_WRANGLER)"
+    ]
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "stage").exists()
+
+
+def test_node_requirements_come_from_the_wrangler_in_use(tmp_path: Path) -> None:
+    assert cloudflare_edge.node_requirement(("npx", "wrangler@latest")) == (
+        "the newest wrangler",
+        (22, 12, 0),
+    )
+    if WRANGLER.exists():  # the pinned one says what it needs in its engines
+        assert cloudflare_edge.node_requirement((str(WRANGLER),)) == (
+            "wrangler 3.91.0",
+            (16, 17, 0),
+        )
+    assert cloudflare_edge.node_requirement((sys.executable, "fake.py")) is None
+    cloudflare_edge.check_node(("npx", "wrangler"), {"PATH": fake_node(tmp_path, "v22.12.0")})
+    with pytest.raises(EdgeConfigError, match="node is not on PATH"):
+        cloudflare_edge.check_node(("npx", "wrangler"), {"PATH": str(tmp_path / "none")})
 
 
 def test_help_documents_the_options_with_an_example(cli: typer.Typer) -> None:

@@ -17,7 +17,7 @@ CHAT = {"model": "demo", "messages": [{"role": "user", "content": "surface"}]}
 
 def test_public_listener_serves_only_a_bare_liveness_answer(origin: RunningOrigin) -> None:
     health = httpx.get(origin.url + "/healthz")
-    assert health.status_code == 200 and health.json() == {"status": "ok"}
+    assert health.status_code == 200 and health.json() == {"status": "ok", "version": "dev"}
     metrics = httpx.get(origin.url + "/metrics")
     assert metrics.status_code == 404
     assert metrics.json()["error"]["type"] == "not_found_error"
@@ -184,7 +184,7 @@ def test_a_later_request_on_a_kept_alive_connection_has_its_own_deadline(
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         first = b""
-        while not first.endswith(b'{"status":"ok"}'):
+        while not first.endswith(b'"version":"dev"}'):
             first += sock.recv(65536)
         assert first.startswith(b"HTTP/1.1 200 ")
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Le")
