@@ -21,7 +21,7 @@ from .auth import authenticate
 from .chat import ChatCompletions
 from .gateway import Gateway
 from .providers._http import ConnectorFactory
-from .redis_pipe import RedisPipe
+from .redis_client import RedisClient
 from .responses import Reply, json_reply
 from .settings import Settings
 
@@ -48,7 +48,7 @@ class OriginApp(Routes):
 def create_app(
     settings: Settings,
     *,
-    redis: RedisPipe | None = None,
+    redis: RedisClient | None = None,
     connectors: Mapping[str, ConnectorFactory] | None = None,
     kv_transport: httpx.AsyncBaseTransport | None = None,
 ) -> OriginApp:

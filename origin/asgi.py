@@ -39,6 +39,7 @@ __all__ = [
     "Route",
     "Routes",
     "StageTimer",
+    "disconnected",
     "read_body",
     "request_headers",
     "send_reply",
@@ -230,7 +231,7 @@ async def send_reply(reply: Reply, receive: Receive, send: Send) -> None:
     # Stream while watching for the client to go away: then the stream is cancelled at
     # once (its finally releases the upstream call), not at the next chunk.
     streaming = asyncio.ensure_future(_pump(reply.stream, send))
-    watching = asyncio.ensure_future(_disconnected(receive))
+    watching = asyncio.ensure_future(disconnected(receive))
     try:
         await asyncio.wait((streaming, watching), return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -254,6 +255,7 @@ async def _pump(chunks: AsyncIterator[bytes], send: Send) -> None:
             await aclose()
 
 
-async def _disconnected(receive: Receive) -> None:
+async def disconnected(receive: Receive) -> None:
+    """Returns when the client has closed the connection (once the body has been read)."""
     while (await receive())["type"] != "http.disconnect":
         pass

@@ -29,7 +29,7 @@ from prism import (
 from prism import headers as h
 from prism.routes import CHAT_PATH
 
-from .asgi import Request, read_body
+from .asgi import Request, disconnected, read_body
 from .asgi import StageTimer as _Timer
 from .auth import authenticate, check_forwarded_body
 from .flight import Call, ClientStream, Storage
@@ -113,7 +113,7 @@ class ChatCompletions:
         # Join only requests that would accept a cached answer anyway; Redis being down
         # is no reason to call the provider once per identical request.
         key = fp if decision.read and gw.settings.coalesce else None
-        client_gone = functools.partial(_client_gone, receive)
+        client_gone = functools.partial(disconnected, receive)
         async with gw.flights.subscribe(key, call) as subscription:
             stream: ClientStream | None = None
             if chat.stream:
@@ -130,9 +130,3 @@ class ChatCompletions:
             headers[h.PROVIDER] = subscription.provider
         headers[h.SERVER_TIMING] = h.server_timing(timer.stages)
         return Reply(200, {**kind, **headers}, body, stream)
-
-
-async def _client_gone(receive: Receive) -> None:
-    """Returns when the client has closed the connection (the body has been read)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass

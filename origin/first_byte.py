@@ -58,6 +58,11 @@ class StartedEvents:
             self.reported = True
             self._on_error(error)
 
+    def finish(self) -> None:
+        """The answer is whole (``[DONE]`` seen): whatever happens to the rest of the body
+        (read only to free the connection) is not the provider's failure."""
+        self.reported = True
+
     async def aclose(self) -> None:
         self._first = None
         aclose = getattr(self._events, "aclose", None)

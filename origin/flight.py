@@ -42,6 +42,7 @@ from .router import Routed, Router
 
 __all__ = ["Call", "ClientStream", "Flight", "FlightTable", "Storage", "Store", "Subscription"]
 
+_DRAIN_SECONDS = 1.0  # after [DONE]: how long the rest of a body may take to end
 log = logging.getLogger("prism.origin")
 
 
@@ -207,10 +208,13 @@ class Flight:
                 completion = assembler.completion()
                 self._end(result=UpstreamCompletion(orjson.dumps(completion), completion))
                 if assembler.done:
-                    # Read to the end of the body: the connection goes back to the pool.
-                    with contextlib.suppress(PrismError):
-                        async for _ in upstream.events:
-                            pass
+                    # Read to the end of the body, briefly, so the connection goes back to
+                    # the pool; a provider that keeps it open is closed below instead.
+                    self._router.stream_finished(routed)
+                    with contextlib.suppress(PrismError, TimeoutError):
+                        async with asyncio.timeout(_DRAIN_SECONDS):
+                            async for _ in upstream.events:
+                                pass
                 return
         finally:
             with contextlib.suppress(Exception):
@@ -244,7 +248,7 @@ class Flight:
                         code="upstream_malformed",
                     )
                 if not isinstance(chunk, dict) or chunk.get("error"):
-                    return _stream_error(routed.provider, chunk)
+                    return _stream_error(self._router, routed, chunk)
                 assembler.add(chunk)
                 if not chunk.get("choices") and "usage" in chunk:
                     self._usage_frames.add(len(self._frames))
@@ -258,13 +262,14 @@ def _wake(waiter: asyncio.Future[None], _: object) -> None:
         waiter.set_result(None)
 
 
-def _stream_error(provider: str, chunk: Any) -> UpstreamError:
-    """The provider's own mid-stream error, with its message when it gave one."""
+def _stream_error(router: Router, routed: Routed[UpstreamStream], chunk: Any) -> UpstreamError:
+    """The provider's own mid-stream error, with its message (redacted) when it gave one."""
     error = chunk.get("error") if isinstance(chunk, dict) else None
     message = error.get("message") if isinstance(error, dict) else error
-    detail = f": {message[:500]}" if isinstance(message, str) and message else "."
+    detail = f": {router.redact(routed, message)}" if isinstance(message, str) and message else "."
     return UpstreamError(
-        f"Provider '{provider}' reported an error mid-stream{detail}", code="upstream_stream_error"
+        f"Provider '{routed.provider}' reported an error mid-stream{detail}",
+        code="upstream_stream_error",
     )
 
 

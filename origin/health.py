@@ -106,6 +106,7 @@ class Health:
         self.consecutive_failures = 0
         self._probe_successes = 0
         self._next_probe_at = 0.0
+        self._demoted_at = 0.0
         self.last_error: str | None = None
         self.last_error_at: float | None = None  # wall-clock, for people reading /healthz
 
@@ -131,18 +132,24 @@ class Health:
         first_byte: float | None = None,
         stream: bool = False,
         error: str | None = None,
+        started: float | None = None,
+        counted: bool = False,
     ) -> None:
-        """One call's outcome; ``first_byte`` only for a success (its time to first byte)."""
+        """One call's outcome; ``first_byte`` only for a success (its time to first byte).
+        ``started``: when the call began (only calls begun since the demotion can restore
+        it); ``counted``: the call was already recorded (a stream that broke after its
+        first bytes), so this failure replaces its success rather than adding a call."""
         epoch = int(now / self._bucket_seconds)
         index = epoch % len(self._epochs)
         if self._epochs[index] != epoch:
             self._epochs[index], self._calls[index], self._errors[index] = epoch, 0, 0
-        self._calls[index] += 1
+        if not counted:
+            self._calls[index] += 1
         if ok:
             self.consecutive_failures = 0
             if first_byte is not None:
                 self._latency[stream].add(first_byte)
-            if not self.healthy:
+            if not self.healthy and (started is None or started >= self._demoted_at):
                 self._probe_succeeded(now)
             return
         self._errors[index] += 1
@@ -152,6 +159,7 @@ class Health:
             reason = self._verdict(now)
             if reason is not None:
                 self._next_probe_at = now + self.policy.probe_interval
+                self._demoted_at = now
                 self._set(State.DEMOTED, reason)
         else:
             self._probe_successes = 0

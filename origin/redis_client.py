@@ -127,7 +127,7 @@ def _translate(error: Exception) -> RedisClientError:
     it is put back, so READONLY and the like read the same from either client)."""
     if isinstance(error, redis.exceptions.ResponseError):
         message = str(error)
-        if error.status_code:
+        if getattr(error, "status_code", None):  # redis-py 6+; older ones keep the code
             message = f"{error.status_code} {message}"
         return reply_error(message)
     if isinstance(error, (redis.exceptions.TimeoutError, TimeoutError)):

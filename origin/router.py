@@ -26,6 +26,7 @@ from prism import NotFoundError, PrismError
 from .first_byte import StartedEvents, first_token_timeout, open_started
 from .health import Health, HealthPolicy, ProviderHealth, State
 from .metrics import Metrics
+from .providers._http import redact
 from .providers.base import ChatProvider, UpstreamCompletion, UpstreamStream
 from .providers.config import ProviderConfig
 from .race import RouteRequest
@@ -87,10 +88,19 @@ class Router:
         """A stream that broke after it started (cut, malformed, unfinished) counts against
         its target like a failed call (once, however many times it is reported)."""
         events = routed.value.events
-        if isinstance(events, StartedEvents):
-            events.report(error)
-        else:
-            self.health[routed.provider].record(self.clock(), False, error=_detail(error))
+        assert isinstance(events, StartedEvents)  # every stream the router hands out
+        events.report(error)
+
+    def stream_finished(self, routed: Routed[UpstreamStream]) -> None:
+        """The consumer has the whole answer: a failure while the rest of the body is read
+        (to free the connection) no longer counts against the target."""
+        events = routed.value.events
+        assert isinstance(events, StartedEvents)
+        events.finish()
+
+    def redact(self, routed: Routed[Any], message: str) -> str:
+        """A message from ``routed``'s provider, safe to show the client."""
+        return redact(self._providers[routed.provider].spec, message)
 
     def snapshot(self) -> dict[str, dict[str, object]]:
         """Per provider: state, reason, error rate, first-byte percentiles, and its targets."""
@@ -186,8 +196,8 @@ class Router:
             ok = outcome == CLIENT_ERROR  # the provider answered; the request was wrong
             detail = None if ok else _detail(error)
         first_byte = seconds if error is None else None
-        target.health.record(now, ok, first_byte, stream, detail)
-        target.provider_health.record(now, ok, first_byte, stream, detail)
+        target.health.record(now, ok, first_byte, stream, detail, started)
+        target.provider_health.record(now, ok, first_byte, stream, detail, started)
         key = (target.name, ok)
         histogram = self._seconds.get(key)
         if histogram is None:
@@ -211,8 +221,8 @@ class Router:
     def _broken(self, target: Target, error: PrismError) -> None:
         """A stream that failed after its first bytes: no retry (the client has bytes)."""
         now, detail = self.clock(), _detail(error)
-        target.health.record(now, False, error=detail)
-        target.provider_health.record(now, False, error=detail)
+        target.health.record(now, False, error=detail, counted=True)
+        target.provider_health.record(now, False, error=detail, counted=True)
         self._metrics.provider_stream_failures.labels(target.name).inc()
 
     def discard(self, task: asyncio.Task[Any]) -> None:

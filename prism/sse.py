@@ -146,12 +146,10 @@ class StreamAssembler:
         """Every choice finished, and either ``[DONE]`` came, or (for a stream that closed
         cleanly without it) every choice asked for and the usage chunk promised did.
         Ask only once the stream has ended: before that, more may be on its way."""
-        if not self.finished:
-            return False
-        if self.done:
-            return True
-        return len(self._choices) >= self._expected_choices and (
-            self._usage is not None or not self._usage_promised
+        return (
+            self.finished
+            and len(self._choices) >= self._expected_choices
+            and (self._usage is not None or not self._usage_promised)
         )
 
     def completion(self) -> dict[str, Any]:

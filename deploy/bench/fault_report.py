@@ -7,8 +7,6 @@ extra); without it the JSON is still written and the result says the chart was s
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .fault_metrics import RequestRecord
+from .report import write_run
 
 __all__ = ["draw_timeline", "render_fault_table", "write_fault_results"]
 
@@ -139,14 +138,4 @@ def draw_timeline(result: dict[str, Any], path: Path) -> str | None:
 
 def write_fault_results(result: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     """``faults-<time>.json`` / ``.png`` in ``out_dir``, copied to ``latest-faults.*``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = result["meta"]["finished_at"].replace(":", "").replace("-", "")[:15]
-    paths = {"json": out_dir / f"faults-{stamp}.json", "png": out_dir / f"faults-{stamp}.png"}
-    skipped = draw_timeline(result, paths["png"])
-    if skipped:
-        result["chart_skipped"] = skipped
-        del paths["png"]
-    paths["json"].write_text(json.dumps(result) + "\n")
-    for kind, path in list(paths.items()):
-        shutil.copyfile(path, out_dir / f"latest-faults.{kind}")
-    return paths
+    return write_run(result, out_dir, "faults", "latest-faults", draw_timeline)

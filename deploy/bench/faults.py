@@ -203,7 +203,10 @@ class FaultBenchRunner:
         port = free_port()
         origin = HelperServer(
             "origin",
-            [sys.executable, "-m", "deploy.cli", "origin", "serve", "--port", str(port)],
+            [
+                *(sys.executable, "-m", "deploy.cli", "origin", "serve"),
+                *("--port", str(port), "--admin-port", str(free_port())),
+            ],
             self._logs / f"origin-{name}.log",
             self._env,
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["ROWS", "draw_chart", "render_table", "write_results"]
+__all__ = ["ROWS", "draw_chart", "render_table", "write_results", "write_run"]
 
 # (section, key, label, floor?) in the order the table and the chart show them.
 ROWS: tuple[tuple[str, str, str, bool], ...] = (
@@ -234,14 +235,27 @@ def draw_chart(result: dict[str, Any], path: Path) -> str | None:
 
 def write_results(result: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     """``bench-<time>.json`` / ``.png`` in ``out_dir``, copied to ``latest.*``."""
+    return write_run(result, out_dir, "bench", "latest", draw_chart, indent=2)
+
+
+def write_run(
+    result: dict[str, Any],
+    out_dir: Path,
+    prefix: str,
+    latest: str,
+    draw: Callable[[dict[str, Any], Path], str | None],
+    indent: int | None = None,
+) -> dict[str, Path]:
+    """``{prefix}-<time>.json`` and the chart ``draw`` makes (``.png``; the reason in the
+    JSON when it could not), each also copied to ``{latest}.*``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = result["meta"]["finished_at"].replace(":", "").replace("-", "")[:15]
-    paths = {"json": out_dir / f"bench-{stamp}.json", "png": out_dir / f"bench-{stamp}.png"}
-    skipped = draw_chart(result, paths["png"])
+    paths = {"json": out_dir / f"{prefix}-{stamp}.json", "png": out_dir / f"{prefix}-{stamp}.png"}
+    skipped = draw(result, paths["png"])
     if skipped:
         result["chart_skipped"] = skipped
         del paths["png"]
-    paths["json"].write_text(json.dumps(result, indent=2) + "\n")
+    paths["json"].write_text(json.dumps(result, indent=indent) + "\n")
     for kind, path in list(paths.items()):
-        shutil.copyfile(path, out_dir / f"latest.{kind}")
+        shutil.copyfile(path, out_dir / f"{latest}.{kind}")
     return paths

@@ -62,6 +62,18 @@ def evaluate_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
                 added <= 1.0,
             )
         )
+    for case, label in (("redis_hit", "origin Redis hit"), ("miss", "origin miss")):
+        row = origin.get(case, {}).get(high)
+        if row and row["p50_ms"] > 0:
+            ratio = row["p99_ms"] / row["p50_ms"]
+            rows.append(
+                _target(
+                    f"{label} tail (c{high} p99 / p50)",
+                    "≤ 3 x",
+                    f"{row['p99_ms']:.2f} / {row['p50_ms']:.2f} ms = {ratio:.1f} x",
+                    ratio <= 3.0,
+                )
+            )
     streaming = result.get("streaming", {})
     through, direct = streaming.get("edge_origin"), streaming.get("provider_direct")
     if through and direct and through["requests"] and direct["requests"]:

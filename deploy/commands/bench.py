@@ -9,10 +9,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from deploy.bench import BenchConfig, BenchError, BenchRunner, render_table, write_results
@@ -114,18 +114,7 @@ def bench_command(
             raise typer.Exit(130) from None
         finally:
             signal.signal(signal.SIGTERM, previous)
-    paths = write_results(result, out)
-    if as_json:
-        typer.echo(json.dumps(result))
-    else:
-        # Wide enough for the table even when piped (make bench | tee), where rich assumes 80.
-        stdout = Console()
-        if not stdout.is_terminal:
-            stdout = Console(width=150)
-        stdout.print(render_table(result))
-    console.print(
-        "results: " + ", ".join(str(p) for p in paths.values()), highlight=False, soft_wrap=True
-    )
+    _report(console, result, write_results(result, out), render_table(result), as_json)
 
 
 def _pairs(values: list[str], option: str) -> dict[str, str]:
@@ -242,14 +231,25 @@ def faults_command(
             raise typer.Exit(130) from None
         finally:
             signal.signal(signal.SIGTERM, previous)
-    paths = write_fault_results(result, out)
+    _report(console, result, write_fault_results(result, out), render_fault_table(result), as_json)
+
+
+def _report(
+    console: Console,
+    result: dict[str, Any],
+    paths: dict[str, Path],
+    table: RenderableType,
+    as_json: bool,
+) -> None:
+    """The result as JSON on stdout, or its table; then where the files went (stderr)."""
     if as_json:
         typer.echo(json.dumps(result))
     else:
+        # Wide enough for the table even when piped (make bench | tee), where rich assumes 80.
         stdout = Console()
         if not stdout.is_terminal:
             stdout = Console(width=150)
-        stdout.print(render_fault_table(result))
+        stdout.print(table)
     console.print(
         "results: " + ", ".join(str(p) for p in paths.values()), highlight=False, soft_wrap=True
     )

@@ -31,6 +31,7 @@ __all__ = [
     "malformed",
     "parse_body",
     "raise_for_upstream",
+    "redact",
     "transport_error",
 ]
 
@@ -132,6 +133,14 @@ class UpstreamHTTP:
             self._session = None
 
 
+def redact(spec: ProviderSpec, message: str, limit: int = 500) -> str:
+    """A provider's message as the client may see it: the gateway's key for that provider
+    removed (before cutting, so no prefix of it survives), at most ``limit`` characters."""
+    if spec.api_key and spec.api_key in message:
+        message = message.replace(spec.api_key, "[redacted]")
+    return message[:limit]
+
+
 def transport_error(spec: ProviderSpec, error: BaseException) -> PrismError:
     """A transport failure as the client should see it (never the provider's key)."""
     if isinstance(error, aiohttp.ClientConnectorError):
@@ -190,9 +199,7 @@ def _provider_error(spec: ProviderSpec, body: bytes) -> _ProviderError:
         error = {"message": error}
     if not isinstance(error, dict):
         return _NO_DETAIL
-    message = str(error.get("message") or "")[:500]
-    if spec.api_key and spec.api_key in message:
-        message = message.replace(spec.api_key, "[redacted]")
+    message = redact(spec, str(error.get("message") or ""))
     code = _text(error.get("code"))
     if code is None and _CONTEXT_LENGTH.search(message):
         code = CONTEXT_LENGTH_EXCEEDED

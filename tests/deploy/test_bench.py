@@ -93,6 +93,8 @@ def test_quick_bench_writes_every_section_with_sane_numbers(tmp_path: Path) -> N
         "edge KV hit median",
         "origin Redis hit throughput",
         "origin miss overhead",
+        "origin Redis hit tail",
+        "origin miss tail",
         "streaming TTFB added",
         "origin idle RSS",
     }

@@ -247,6 +247,15 @@ def _answers(port: int) -> bool:
         return False
 
 
+def _answer(port: int, status: int) -> httpx.Response | None:
+    """Caddy's answer once it is ``status`` (None while it is starting or still another)."""
+    try:
+        response = _get(port)
+    except httpx.TransportError:
+        return None
+    return response if response.status_code == status else None
+
+
 def _get(port: int) -> httpx.Response:
     with httpx.Client(verify=False, timeout=5) as client:
         return client.get(
@@ -260,13 +269,13 @@ def _get(port: int) -> httpx.Response:
 def test_caddy_answers_a_503_json_until_the_origin_is_up(caddy: tuple[int, int]) -> None:
     https_port, origin_port = caddy
 
-    down = wait_for(lambda: _get(https_port) if _get(https_port).status_code == 503 else None)
+    down = wait_for(lambda: _answer(https_port, 503), timeout=30)
 
     assert down.headers["content-type"] == "application/json"
     assert down.json()["error"]["code"] == "origin_unavailable"
     with _Server(origin_port, {"status": "ok", "version": RELEASE}, tls=None):
-        up = _get(https_port)
-        assert up.status_code == 200 and up.json()["version"] == RELEASE
+        up = wait_for(lambda: _answer(https_port, 200), timeout=30)
+        assert up.json()["version"] == RELEASE
 
 
 # --- the health check ----------------------------------------------------------------

@@ -372,7 +372,7 @@ def test_stall_before_first_byte_trips_a_client_read_timeout(
 def test_stall_mid_stream_sends_the_first_chunk_before_stalling(
     provider: ProviderServer, http: httpx.Client
 ) -> None:
-    provider.control.set_fault("stall_mid_stream", seconds=0.3)
+    provider.control.set_fault("stall_mid_stream", seconds=1.5)
     body = {"model": "gpt-4o-mini", "messages": MESSAGES, "stream": True}
     started = time.monotonic()
     with http.stream("POST", "/v1/chat/completions", json=body) as response:
@@ -382,8 +382,8 @@ def test_stall_mid_stream_sends_the_first_chunk_before_stalling(
         rest = [line[len("data: ") :] for line in lines if line.startswith("data: ")]
     done_at = time.monotonic() - started
     assert orjson.loads(first[len("data: ") :])["choices"][0]["delta"]["role"] == "assistant"
-    assert first_at < 0.2, f"first chunk took {first_at:.3f}s, it must come before the stall"
-    assert done_at >= 0.3
+    assert first_at < 1.0, f"first chunk took {first_at:.3f}s, it must come before the stall"
+    assert done_at >= 1.5
     assert rest[-1] == "[DONE]"
 
 

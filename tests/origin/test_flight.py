@@ -58,6 +58,7 @@ class FakeRouter:
     def __init__(self) -> None:
         self.calls = 0
         self.failed: list[PrismError] = []
+        self.finished = 0
         self.fallback = False
         self.answer = asyncio.Event()  # releases complete()
         self.complete_error: BaseException | None = None
@@ -102,6 +103,12 @@ class FakeRouter:
 
     def stream_failed(self, routed: Routed[UpstreamStream], error: PrismError) -> None:
         self.failed.append(error)
+
+    def stream_finished(self, routed: Routed[UpstreamStream]) -> None:
+        self.finished += 1
+
+    def redact(self, routed: Routed[object], message: str) -> str:
+        return message.replace("sk-secret", "[redacted]")
 
     def send(self, *items: bytes | BaseException | object) -> None:
         for item in items:
@@ -161,12 +168,6 @@ def payloads(sse: bytes) -> list[Any]:
     ]
 
 
-async def settle() -> None:
-    """Let every ready task run (the flight's and the clients')."""
-    for _ in range(5):
-        await asyncio.sleep(0)
-
-
 # -- sharing one call ------------------------------------------------------------------
 
 
@@ -175,7 +176,7 @@ async def test_identical_requests_share_one_call_and_all_get_the_answer(
 ) -> None:
     subscriptions = [table.subscribe(KEY, call(stream=False)) for _ in range(20)]
     waiters = [asyncio.ensure_future(s.answer()) for s in subscriptions]
-    await settle()
+    await async_wait_for(lambda: router.calls == 1)  # the shared call is under way
     router.answer.set()
     answers = await asyncio.gather(*waiters)
     assert {a.body for a in answers if a is not None} == {orjson.dumps(ANSWER)}
@@ -200,8 +201,7 @@ async def test_an_answer_stays_joinable_until_its_redis_write_has_landed(
     assert sse.endswith(b"data: [DONE]\n\n") and b"Hi!" in sse
     assert router.calls == 1 and len(table) == 1
     stores.write.set_result(True)
-    await settle()
-    assert len(table) == 0
+    await async_wait_for(lambda: len(table) == 0)
 
 
 async def test_an_answer_not_stored_is_forgotten_at_once(
@@ -277,7 +277,7 @@ async def test_a_json_client_that_goes_away_leaves_and_cancels_the_call(
     gone = asyncio.Event()
     async with table.subscribe(KEY, call(stream=False)) as subscription:
         waiting = asyncio.ensure_future(subscription.answer(gone.wait))
-        await settle()
+        await async_wait_for(lambda: router.calls == 1)  # the shared call is under way
         gone.set()
         assert await waiting is None
     await async_wait_for(lambda: router.cancelled == 1)
@@ -292,7 +292,7 @@ async def test_a_json_client_going_away_leaves_the_call_to_those_still_waiting(
     stayer = table.subscribe(KEY, call(stream=False))
     leaving = asyncio.ensure_future(leaver.answer(gone.wait))
     staying = asyncio.ensure_future(stayer.answer(asyncio.Event().wait))
-    await settle()
+    await async_wait_for(lambda: router.calls == 1)  # the shared call is under way
     gone.set()
     assert await leaving is None
     leaver.leave()
@@ -308,7 +308,7 @@ async def test_a_streaming_client_gone_before_the_first_event_leaves(
     gone = asyncio.Event()
     async with table.subscribe(KEY, call(stream=True)) as subscription:
         waiting = asyncio.ensure_future(subscription.started(gone.wait))
-        await settle()
+        await async_wait_for(lambda: router.calls == 1)  # the shared call is under way
         gone.set()
         assert await waiting is False
     await async_wait_for(lambda: router.cancelled == 1 and router.closed == 1)
@@ -409,10 +409,10 @@ async def test_a_stream_that_breaks_midway_ends_with_an_error_event_and_no_done(
 async def test_the_provider_message_of_a_mid_stream_error_is_kept(
     table: FlightTable, router: FakeRouter
 ) -> None:
-    router.send(HELLO[0], b'data: {"error": {"message": "model overloaded"}}\n\n')
+    router.send(HELLO[0], b'data: {"error": {"message": "overloaded; key sk-secret"}}\n\n')
     client = await follow(table.subscribe(KEY, call(stream=True)))
     last = payloads(await read_all(client))[-1]
-    assert "model overloaded" in last["error"]["message"]
+    assert "overloaded; key [redacted]" in last["error"]["message"]  # the router redacts
 
 
 # -- streams that end ------------------------------------------------------------------
@@ -431,6 +431,7 @@ async def test_a_late_joiner_gets_the_events_so_far_then_the_live_ones(
     rest = await read_all(late)
     assert rest == HELLO[2] + FINISH + b"data: [DONE]\n\n"
     assert (await read_all(early)).endswith(b"data: [DONE]\n\n")
+    assert router.finished == 1  # told the router the answer is whole before reading on
 
 
 async def test_a_stream_that_closes_cleanly_without_done_is_complete(

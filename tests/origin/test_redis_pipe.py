@@ -207,7 +207,7 @@ async def test_an_unresponsive_server_costs_one_timeout_for_all_waiting_commands
         )
         elapsed = time.monotonic() - started
         assert all(isinstance(r, RedisTimeoutError) for r in results), results
-        assert elapsed < 1.0  # one 0.3 s attempt, not twenty in turn
+        assert elapsed < 3.0  # one 0.3 s attempt, not twenty in turn (6 s)
         assert len(accepted) == 1
     finally:
         await pipe.close()

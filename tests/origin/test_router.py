@@ -15,6 +15,7 @@ import pytest
 from origin.health import Health, HealthPolicy, State
 from origin.hedge import HEDGE_CEILING, HEDGE_FLOOR, HedgeBudget, hedge_delay
 from origin.metrics import Metrics
+from origin.providers._http import redact
 from origin.providers.base import ProviderSpec, UpstreamCompletion, UpstreamStream
 from origin.providers.config import ModelTarget, ProviderConfig, Route, load_provider_config
 from origin.retry import classify
@@ -403,8 +404,7 @@ async def test_a_slow_target_is_hedged_and_the_loser_is_cancelled() -> None:
     f.providers["a"].script.append(forever())
     routed = await f.router.complete(BODY, "m")
     assert (routed.provider, routed.fallback, routed.hedged) == ("b", True, True)
-    await asyncio.sleep(0)  # the loser's cancellation runs on the next loop step
-    assert f.providers["a"].cancelled == 1
+    await async_wait_for(lambda: f.providers["a"].cancelled == 1)  # the loser, cancelled
     assert f.attempts("a", "cancelled") == 1 and f.attempts("b", "ok") == 1
     assert (
         f.metrics.registry.get_sample_value("prism_provider_hedges_total", {"provider": "b"}) == 1
@@ -444,8 +444,7 @@ async def test_the_primary_still_wins_when_it_answers_first() -> None:
     f.providers["b"].script.append(forever())
     routed = await f.router.complete(BODY, "m")
     assert (routed.provider, routed.fallback, routed.hedged) == ("a", False, True)
-    await asyncio.sleep(0)
-    assert f.providers["b"].cancelled == 1
+    await async_wait_for(lambda: f.providers["b"].cancelled == 1)
 
 
 async def test_a_bug_in_a_hedge_task_is_mapped_and_counted_not_raised() -> None:
@@ -514,8 +513,7 @@ async def test_a_stream_hedge_closes_the_losing_stream() -> None:
     a.script.extend([None, forever()])
     routed = await f.router.stream(BODY, "m")
     assert (routed.provider, routed.hedged) == ("b", True)
-    await asyncio.sleep(0)
-    assert a.cancelled == 1 and a.closed == 1
+    await async_wait_for(lambda: a.cancelled == 1 and a.closed == 1)
 
 
 async def test_a_stream_broken_mid_way_is_not_retried_but_counts_once() -> None:
@@ -528,8 +526,39 @@ async def test_a_stream_broken_mid_way_is_not_retried_but_counts_once() -> None:
     f.router.stream_failed(routed, UpstreamError("cut", code="upstream_truncated"))
     assert f.providers["b"].calls == 0
     calls, errors = f.router.health["a"].counts(f.clock())
-    assert (calls, errors) == (2, 1)  # the start, then the break: once, not twice
+    assert (calls, errors) == (1, 1)  # one call: its start, then its break, counted once
     assert f.router.health["a"].last_error == "502 upstream_truncated"
+
+
+async def test_a_failure_after_the_stream_was_declared_whole_does_not_count() -> None:
+    f = make("a")
+    a = f.providers["a"]
+    a.mid_stream_error = UpstreamError("reset after [DONE]", code="upstream_truncated")
+    routed = await f.router.stream(BODY, "m")
+    f.router.stream_finished(routed)  # the consumer saw [DONE] and reads on only to free it
+    with pytest.raises(UpstreamError):
+        await drain(routed)
+    health = f.router.health["a"]
+    assert (health.counts(f.clock()), health.last_error) == ((1, 0), None)
+    failures = f.metrics.registry.get_sample_value(
+        "prism_provider_stream_failures_total", {"provider": "a"}
+    )
+    assert not failures
+
+
+def test_only_calls_begun_after_a_demotion_can_restore_it() -> None:
+    health = Health("t", HealthPolicy())
+    for _ in range(3):
+        health.record(10.0, False, started=9.0)
+    assert health.state is State.DEMOTED
+    # calls that were already on their way when it was demoted prove nothing
+    health.record(10.01, True, 0.1, started=9.5)
+    health.record(10.02, True, 0.1, started=9.6)
+    assert health.state is State.DEMOTED
+    health.start_probe(11.0)
+    health.record(11.1, True, 0.1, started=11.0)
+    health.record(11.2, True, 0.1, started=11.1)
+    assert health.state is State.HEALTHY
 
 
 async def test_a_stream_failure_the_flight_detects_counts_against_the_target() -> None:
@@ -643,3 +672,10 @@ def test_bad_routing_settings_are_refused_at_start_up(
 )
 def test_each_failure_is_classified_for_retry_and_metrics(error: PrismError, outcome: str) -> None:
     assert classify(error) == outcome
+
+
+def test_a_provider_message_never_shows_any_part_of_the_gateways_key() -> None:
+    spec = ProviderSpec("p", "openai", "http://x", api_key="sk-live-0123456789abcdef")
+    message = "x" * 490 + " bad key sk-live-0123456789abcdef"  # the key straddles the cut
+    shown = redact(spec, message)
+    assert len(shown) <= 500 and "sk-live" not in shown and "0123" not in shown

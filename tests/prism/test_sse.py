@@ -190,8 +190,8 @@ def test_without_done_every_choice_asked_for_must_have_come() -> None:
     stream = without_done(replay(only_first))
     assert assemble(stream, 7, StreamAssembler(choices=1)).complete
     assert not assemble(stream, 7, StreamAssembler(choices=2)).complete
-    # [DONE] is the provider saying the answer is whole: trusted as before
-    assert assemble(replay(only_first), 7, StreamAssembler(choices=2)).complete
+    # [DONE] does not make up for a missing choice: a wrong answer is worse than a miss
+    assert not assemble(replay(only_first), 7, StreamAssembler(choices=2)).complete
 
 
 def test_without_done_a_promised_usage_chunk_must_have_come() -> None:
@@ -200,6 +200,9 @@ def test_without_done_a_promised_usage_chunk_must_have_come() -> None:
     before_usage = before_usage[: before_usage.rindex(b"\n\n") + 2]
     asked = StreamAssembler(choices=2, usage=True)
     assert not assemble(before_usage, 7, asked).complete
+    # nor for a promised usage chunk that never came
+    done_early = before_usage + b"data: [DONE]\n\n"
+    assert not assemble(done_early, 7, StreamAssembler(choices=2, usage=True)).complete
     assert assemble(without_done(with_usage), 7, StreamAssembler(choices=2, usage=True)).complete
     # Not asked by the request, but announced by the provider (OpenAI's "usage": null on
     # every chunk when a usage chunk will follow): still awaited.
