@@ -19,24 +19,27 @@ __all__ = ["StartedEvents", "first_token_timeout", "open_started"]
 
 
 class StartedEvents:
-    """``first``, then the rest of ``events``; the first ``PrismError`` goes to ``on_error``.
+    """``first``, then the rest of ``events``; the first ``PrismError`` goes to ``on_error``,
+    unless the consumer said the answer was whole first (``finish``: ``on_finish``).
 
     A class, not an async generator: closing it must close the upstream events even when
     it was never iterated.
     """
 
-    __slots__ = ("_events", "_first", "_on_error", "reported")
+    __slots__ = ("_events", "_first", "_on_error", "_on_finish", "reported")
 
     def __init__(
         self,
         first: bytes,
         events: AsyncIterator[bytes],
         on_error: Callable[[PrismError], None],
+        on_finish: Callable[[], None],
     ) -> None:
         self._first: bytes | None = first
         self._events = events
         self._on_error = on_error
-        self.reported = False
+        self._on_finish = on_finish
+        self.reported = False  # its outcome, broken or whole, has been told
 
     def __aiter__(self) -> StartedEvents:
         return self
@@ -59,9 +62,12 @@ class StartedEvents:
             self._on_error(error)
 
     def finish(self) -> None:
-        """The answer is whole (``[DONE]`` seen): whatever happens to the rest of the body
-        (read only to free the connection) is not the provider's failure."""
-        self.reported = True
+        """The answer is whole: a stream proves its provider healthy only now, and whatever
+        happens to the rest of the body (read only to free the connection) is not the
+        provider's failure."""
+        if not self.reported:
+            self.reported = True
+            self._on_finish()
 
     async def aclose(self) -> None:
         self._first = None
@@ -75,6 +81,7 @@ async def open_started(
     body: dict[str, Any],
     model: str,
     on_error: Callable[[PrismError], None],
+    on_finish: Callable[[], None],
 ) -> UpstreamStream:
     """The provider's stream once its first bytes are here (the caller bounds the wait)."""
     upstream = await provider.stream(body, model)
@@ -90,7 +97,7 @@ async def open_started(
         await upstream.aclose()
         raise
     return UpstreamStream(
-        events=StartedEvents(first, upstream.events, on_error), close=upstream.close
+        events=StartedEvents(first, upstream.events, on_error, on_finish), close=upstream.close
     )
 
 

@@ -207,10 +207,10 @@ class Flight:
             if failure is None and assembler.complete:
                 completion = assembler.completion()
                 self._end(result=UpstreamCompletion(orjson.dumps(completion), completion))
+                self._router.stream_finished(routed)
                 if assembler.done:
                     # Read to the end of the body, briefly, so the connection goes back to
                     # the pool; a provider that keeps it open is closed below instead.
-                    self._router.stream_finished(routed)
                     with contextlib.suppress(PrismError, TimeoutError):
                         async with asyncio.timeout(_DRAIN_SECONDS):
                             async for _ in upstream.events:

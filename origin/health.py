@@ -10,7 +10,10 @@ States: ``healthy`` → ``demoted`` when, over the window, at least ``min_calls`
 failed ``error_rate`` of the time, or ``consecutive`` calls in a row failed. A demoted
 target is skipped while a healthy one remains (else tried last); once a
 ``probe_interval`` it lets one live request through (``probing``); ``probes_to_restore``
-successes in a row restore it. Time is always passed in, so tests need no sleeps.
+successes in a row restore it. A target demoted again within a window of its recovery
+waits twice as long for its next probes each time (up to ``max_probe_interval``), as
+Envoy's outlier ejection does: a provider failing a fixed share of calls is not let back
+to fail a fresh batch every second. Time is always passed in, so tests need no sleeps.
 """
 
 from __future__ import annotations
@@ -42,10 +45,11 @@ class Admission:
 class HealthPolicy:
     window_seconds: float = 30.0
     buckets: int = 10
-    min_calls: int = 5
-    error_rate: float = 0.5
+    min_calls: int = 10
+    error_rate: float = 0.2
     consecutive: int = 3
     probe_interval: float = 1.0
+    max_probe_interval: float = 30.0
     probes_to_restore: int = 2
     latency_samples: int = 64
 
@@ -107,6 +111,9 @@ class Health:
         self._probe_successes = 0
         self._next_probe_at = 0.0
         self._demoted_at = 0.0
+        self._restored_at = float("-inf")
+        self._ejections = 0  # demotions in a row, each soon after the last recovery
+        self._probe_interval = policy.probe_interval
         self.last_error: str | None = None
         self.last_error_at: float | None = None  # wall-clock, for people reading /healthz
 
@@ -120,7 +127,7 @@ class Health:
     def start_probe(self, now: float) -> None:
         """This request is the probe: the next one waits ``probe_interval`` (a probe that
         hangs does not keep the target out of rotation for ever)."""
-        self._next_probe_at = now + self.policy.probe_interval
+        self._next_probe_at = now + self._probe_interval
         self._set(State.PROBING, self.reason)
 
     # -- the record ----------------------------------------------------------------------
@@ -136,9 +143,11 @@ class Health:
         counted: bool = False,
     ) -> None:
         """One call's outcome; ``first_byte`` only for a success (its time to first byte).
-        ``started``: when the call began (only calls begun since the demotion can restore
-        it); ``counted``: the call was already recorded (a stream that broke after its
-        first bytes), so this failure replaces its success rather than adding a call."""
+
+        ``started``: when a successful call began, if it proves the target works (see
+        ``proven``; None: it proves nothing yet, e.g. a stream at its first bytes).
+        ``counted``: the call was already recorded (a stream that broke after its first
+        bytes), so this failure replaces its success rather than adding a call."""
         epoch = int(now / self._bucket_seconds)
         index = epoch % len(self._epochs)
         if self._epochs[index] != epoch:
@@ -149,8 +158,8 @@ class Health:
             self.consecutive_failures = 0
             if first_byte is not None:
                 self._latency[stream].add(first_byte)
-            if not self.healthy and (started is None or started >= self._demoted_at):
-                self._probe_succeeded(now)
+            if started is not None:
+                self.proven(now, started)
             return
         self._errors[index] += 1
         self.consecutive_failures += 1
@@ -158,13 +167,25 @@ class Health:
         if self.state is State.HEALTHY:
             reason = self._verdict(now)
             if reason is not None:
-                self._next_probe_at = now + self.policy.probe_interval
+                relapse = now - self._restored_at < self.policy.window_seconds
+                self._ejections = self._ejections + 1 if relapse else 1
+                self._probe_interval = min(
+                    self.policy.probe_interval * 2 ** (self._ejections - 1),
+                    self.policy.max_probe_interval,
+                )
+                self._next_probe_at = now + self._probe_interval
                 self._demoted_at = now
                 self._set(State.DEMOTED, reason)
         else:
             self._probe_successes = 0
-            self._next_probe_at = max(self._next_probe_at, now + self.policy.probe_interval)
+            self._next_probe_at = max(self._next_probe_at, now + self._probe_interval)
             self._set(State.DEMOTED, self.reason)
+
+    def proven(self, now: float, started: float) -> None:
+        """A call begun at ``started`` has succeeded in full: a probe, if the target is out
+        and the call began after it was put out."""
+        if not self.healthy and started >= self._demoted_at:
+            self._probe_succeeded(now)
 
     def _verdict(self, now: float) -> str | None:
         policy = self.policy
@@ -184,6 +205,7 @@ class Health:
             # A clean slate: the failures that demoted it must not demote it again.
             self._epochs = [-1] * len(self._epochs)
             self._probe_successes = 0
+            self._restored_at = now
             self._set(State.HEALTHY, None)
         else:
             self._next_probe_at = now  # the next request may confirm it at once

@@ -160,7 +160,11 @@ class Router:
             if stream:
                 async with asyncio.timeout(target.spec.first_token_limit):
                     value: Any = await open_started(
-                        target.provider, body, target.model, lambda e: self._broken(target, e)
+                        target.provider,
+                        body,
+                        target.model,
+                        lambda e: self._broken(target, e),
+                        lambda: self._whole(target, started),
                     )
             else:
                 value = await target.provider.complete(body, target.model)
@@ -196,8 +200,10 @@ class Router:
             ok = outcome == CLIENT_ERROR  # the provider answered; the request was wrong
             detail = None if ok else _detail(error)
         first_byte = seconds if error is None else None
-        target.health.record(now, ok, first_byte, stream, detail, started)
-        target.provider_health.record(now, ok, first_byte, stream, detail, started)
+        # A stream proves its target only once it is whole (``_whole``), not at its start.
+        proof = None if stream else started
+        target.health.record(now, ok, first_byte, stream, detail, proof)
+        target.provider_health.record(now, ok, first_byte, stream, detail, proof)
         key = (target.name, ok)
         histogram = self._seconds.get(key)
         if histogram is None:
@@ -217,6 +223,12 @@ class Router:
 
     def count_hedge(self, target: Target) -> None:
         self._metrics.provider_hedges.labels(target.name).inc()
+
+    def _whole(self, target: Target, started: float) -> None:
+        """A stream that ended whole: it may restore a demoted target, as a probe."""
+        now = self.clock()
+        target.health.proven(now, started)
+        target.provider_health.proven(now, started)
 
     def _broken(self, target: Target, error: PrismError) -> None:
         """A stream that failed after its first bytes: no retry (the client has bytes)."""

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from origin.health import Health, HealthPolicy, State
+from origin.health import Admission, Health, HealthPolicy, State
 from origin.hedge import HEDGE_CEILING, HEDGE_FLOOR, HedgeBudget, hedge_delay
 from origin.metrics import Metrics
 from origin.providers._http import redact
@@ -346,7 +346,7 @@ async def test_when_every_target_is_demoted_they_are_still_tried() -> None:
 
 
 def test_error_rate_over_the_window_demotes_and_old_errors_age_out() -> None:
-    policy = HealthPolicy(consecutive=100)
+    policy = HealthPolicy(consecutive=100, min_calls=5, error_rate=0.5)
     health = Health("t", policy)
     now = 0.0
     for ok in (True, False, True, False, True):
@@ -679,3 +679,63 @@ def test_a_provider_message_never_shows_any_part_of_the_gateways_key() -> None:
     message = "x" * 490 + " bad key sk-live-0123456789abcdef"  # the key straddles the cut
     shown = redact(spec, message)
     assert len(shown) <= 500 and "sk-live" not in shown and "0123" not in shown
+
+
+def test_by_default_a_provider_failing_three_calls_in_ten_is_demoted() -> None:
+    health = Health("t", HealthPolicy(consecutive=100))
+    for ok in [True, False, True, True, False, True, True, True, True]:
+        health.record(0.0, ok)
+    assert health.state is State.HEALTHY  # 2 of 9: too few calls to judge, and under 25 %
+    health.record(0.0, False)
+    assert health.state is State.DEMOTED  # 3 of 10
+
+
+def test_a_target_that_relapses_soon_after_recovering_waits_longer_for_its_probes() -> None:
+    health = Health("t", HealthPolicy())
+    now = 0.0
+
+    def demote() -> None:
+        for _ in range(3):
+            health.record(now, False, started=now)
+        assert health.state is State.DEMOTED
+
+    def next_probe() -> float:
+        probe_at = now
+        while health.admission(probe_at) != Admission.PROBE:
+            probe_at += 0.25
+        return probe_at - now
+
+    def restore() -> None:
+        for _ in range(2):
+            health.start_probe(now)
+            health.record(now, True, 0.1, started=now)
+        assert health.state is State.HEALTHY
+
+    waits = []
+    for _ in range(4):
+        demote()
+        waits.append(next_probe())
+        now += waits[-1]
+        restore()
+        now += 1.0  # fails again a second after it came back
+    assert waits == [1.0, 2.0, 4.0, 8.0]
+    now += 60.0  # healthy for longer than the window: a later failure starts afresh
+    demote()
+    assert next_probe() == 1.0
+
+
+async def test_a_streamed_probe_restores_its_target_only_once_the_stream_is_whole() -> None:
+    f = make("a", "b", specs={"a": {"retries": 0}})
+    a = f.providers["a"]
+    a.script.extend([UpstreamError("down")] * 3)
+    for _ in range(3):
+        await f.router.complete(BODY, "m")
+    assert f.router.snapshot()["a"]["state"] == "demoted"
+    for _ in range(2):  # two probes, each a stream
+        f.clock.now += 1.0
+        routed = await f.router.stream(BODY, "m")
+        assert routed.provider == "a"
+        await drain(routed)
+        assert f.router.snapshot()["a"]["state"] != "healthy"  # its first bytes prove nothing
+        f.router.stream_finished(routed)  # the flight found it whole
+    assert f.router.snapshot()["a"]["state"] == "healthy"
