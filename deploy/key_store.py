@@ -328,7 +328,8 @@ class KeyStore:
 
 
 class KVRevocationPublisher:
-    """Writes the whole revoked-id list to the Workers KV key the edge reads.
+    """Writes the whole revoked-id list to the Workers KV key the edge reads (or, with
+    ``key``, any one record: a project's policy is published the same way).
 
     One ``PUT .../values/prism%3Arevoked`` with the JSON list as the raw body; 429
     and 5xx (and network errors) are retried with exponential backoff, at least as
@@ -342,6 +343,7 @@ class KVRevocationPublisher:
         namespace_id: str,
         api_token: str,
         *,
+        key: str = REVOKED_KEY,
         attempts: int = 4,
         backoff: float = 0.2,
         max_delay: float = 10.0,
@@ -351,7 +353,7 @@ class KVRevocationPublisher:
     ) -> None:
         self.url = (
             f"{api_url.rstrip('/')}/accounts/{account_id}/storage/kv/namespaces/"
-            f"{namespace_id}/values/{quote(REVOKED_KEY, safe='')}"
+            f"{namespace_id}/values/{quote(key, safe='')}"
         )
         self._token = api_token
         self._attempts = max(1, attempts)
@@ -364,11 +366,14 @@ class KVRevocationPublisher:
 
     def publish(self, ids: Iterable[str]) -> bool:
         """Whether the list landed in KV (after retries)."""
+        return self.publish_text(json.dumps(sorted(set(ids)), separators=(",", ":")))
+
+    def publish_text(self, body: str) -> bool:
+        """Whether ``body`` landed in KV under this publisher's key (after retries)."""
         self.last_error = None
         if not self._token:
             self.last_error = "CLOUDFLARE_API_TOKEN is not set"
             return False
-        body = json.dumps(sorted(set(ids)), separators=(",", ":"))
         headers = {
             "Authorization": f"Bearer {self._token}",
             "Content-Type": "text/plain; charset=utf-8",
