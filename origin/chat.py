@@ -1,7 +1,8 @@
 """``POST /v1/chat/completions``: auth, parse, fingerprint, Redis, then the provider.
 
 A route handler over plain ASGI (``origin.asgi``). It makes one Redis round trip
-(revocation and entry in one script), serves a hit's stored bytes without parsing
+(revocation, entry and the project's policy in one script), refuses a model the policy
+denies (403) before anything is served, serves a hit's stored bytes without parsing
 them, and on a miss answers as soon as the provider does; the cache writes (Redis
 and Workers KV, in parallel) run after, in the background, never in front of the
 client.
@@ -34,6 +35,7 @@ from .asgi import StageTimer as _Timer
 from .auth import authenticate, check_forwarded_body
 from .flight import Call, ClientStream, Storage
 from .gateway import Gateway
+from .policies import ProjectPolicies
 from .responses import Reply
 
 __all__ = ["ChatCompletions"]
@@ -44,8 +46,9 @@ CLIENT_GONE = 499  # the client closed the connection before the answer (as ngin
 
 
 class ChatCompletions:
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, policies: ProjectPolicies | None = None) -> None:
         self.gw = gateway
+        self.policies = policies or ProjectPolicies()
         self.policy = CachePolicy(default_ttl=gateway.settings.default_ttl)
         self._bodies = RecentBodies()
         self._entries = RecentEntries()
@@ -76,10 +79,14 @@ class ChatCompletions:
         check_forwarded_body(caller, fp, gw.metrics)
         decision = classify(chat, headers.get("cache-control"), self.policy)
         timer.mark("parse")
-        lookup = await gw.cache.lookup(caller.key_id, fp if decision.read else None)
+        lookup = await gw.cache.lookup(caller.key_id, fp if decision.read else None, caller.project)
         timer.mark("redis")
         if lookup.revoked:
             raise AuthenticationError("This API key has been revoked.", code="key_revoked")
+        # The policy came in the same round trip; it is checked before any entry is served.
+        policy = self.policies.resolve(caller.project, lookup)
+        if policy is not None:
+            policy.check_model(chat.model)
         out = {h.REQUEST_ID: request_id, h.CACHE_KEY: fp[: h.CACHE_KEY_PREFIX_LEN]}
         if lookup.entry is not None:
             envelope = self._entries.decode(lookup.entry, time.time())
