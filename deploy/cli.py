@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from .commands import bench, build, deploy, keys, origin, policy
+from .commands.audit import audit_command
 from .commands.dev import dev_command
 from .commands.fingerprint import fingerprint_command
 from .commands.smoke import smoke_command
@@ -28,6 +29,7 @@ app.command("dev")(dev_command)
 app.add_typer(bench.app)
 app.command("smoke")(smoke_command)
 app.command("status")(status_command)
+app.command("audit")(audit_command)
 
 
 def main() -> None:

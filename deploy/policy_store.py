@@ -5,6 +5,9 @@ Redis (the source of truth)::
     prism:policy:<project>   string   the policy's canonical JSON (prism.policy); the
                                       origin reads it with every request's lookup
 
+    prism:audit              stream   every change, before and after (origin/audit.py),
+                                      written in the same transaction as the change
+
 Workers KV (the edge's copy)::
 
     prism:policy:<project>   the same JSON, read by each isolate at most once a minute
@@ -25,8 +28,10 @@ from typing import cast
 
 import redis
 
+from origin.audit import audit_record
 from prism import Policy, policy_key, valid_project_id
 
+from . import audit_log
 from .key_store import KeyStoreError, KVRevocationPublisher, _translated, redact_url
 
 __all__ = ["PolicyChange", "PolicyStore", "check_project", "sync_policy"]
@@ -99,12 +104,17 @@ class PolicyStore:
         draft = Policy(allow=tuple(allow), deny=tuple(deny), updated_by=updated_by)
         return self._change(project, lambda before: _next(draft, before))
 
-    def clear(self, project: str) -> PolicyChange:
+    def clear(self, project: str, *, actor: str | None = None) -> PolicyChange:
         """Remove the project's policy (every model allowed again)."""
         check_project(project)
-        return self._change(project, lambda before: None)
+        return self._change(project, lambda before: None, actor)
 
-    def _change(self, project: str, make: Callable[[Policy | None], Policy | None]) -> PolicyChange:
+    def _change(
+        self,
+        project: str,
+        make: Callable[[Policy | None], Policy | None],
+        actor: str | None = None,
+    ) -> PolicyChange:
         name = policy_key(project)
         change: list[PolicyChange] = []
 
@@ -112,16 +122,33 @@ class PolicyStore:
             raw = cast(str | None, pipe.get(name))
             before = _parsed_or_none(raw)
             after = make(before)
+            prev = audit_log.head(pipe)
             pipe.multi()
             if after is None:
                 pipe.delete(name)
             else:
                 pipe.set(name, after.encode())
+            # The change and its audit record land together, or neither does.
+            fields = audit_record(
+                "policy.set" if after is not None else "policy.clear",
+                project,
+                actor if after is None else after.updated_by,
+                before=_stored(raw, before),
+                after=None if after is None else after.to_dict(),
+            )
+            audit_log.stage(pipe, fields, prev)
             change[:] = [(before, after)]
 
         with _translated(self._location):
-            self._redis.transaction(update, name)
+            self._redis.transaction(update, name, audit_log.AUDIT_HEAD)
         return change[0]
+
+
+def _stored(raw: str | None, parsed: Policy | None) -> object:
+    # What was there before, as the audit log keeps it: a broken record verbatim.
+    if parsed is not None:
+        return parsed.to_dict()
+    return None if raw is None else {"invalid_record": raw[:1000]}
 
 
 def _parsed_or_none(raw: str | None) -> Policy | None:

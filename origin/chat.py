@@ -20,6 +20,7 @@ from prism import (
     CacheDecision,
     CachePolicy,
     ChatRequest,
+    PermissionDeniedError,
     RecentBodies,
     RecentEntries,
     classify,
@@ -32,6 +33,7 @@ from prism.routes import CHAT_PATH
 
 from .asgi import Request, read_body
 from .asgi import StageTimer as _Timer
+from .audit import AuditWriter, audit_record
 from .auth import authenticate, check_forwarded_body
 from .flight import Call, ClientStream, Storage
 from .gateway import Gateway
@@ -49,6 +51,7 @@ class ChatCompletions:
     def __init__(self, gateway: Gateway, policies: ProjectPolicies | None = None) -> None:
         self.gw = gateway
         self.policies = policies or ProjectPolicies()
+        self.audit = AuditWriter(gateway.redis)
         self.policy = CachePolicy(default_ttl=gateway.settings.default_ttl)
         self._bodies = RecentBodies()
         self._entries = RecentEntries()
@@ -84,9 +87,13 @@ class ChatCompletions:
         if lookup.revoked:
             raise AuthenticationError("This API key has been revoked.", code="key_revoked")
         # The policy came in the same round trip; it is checked before any entry is served.
-        policy = self.policies.resolve(caller.project, lookup)
-        if policy is not None:
-            policy.check_model(chat.model)
+        try:
+            policy = self.policies.resolve(caller.project, lookup)
+            if policy is not None:
+                policy.check_model(chat.model)
+        except PermissionDeniedError as refusal:
+            self._audit_refusal(caller.project, caller.key_id, chat.model, refusal.code)
+            raise
         out = {h.REQUEST_ID: request_id, h.CACHE_KEY: fp[: h.CACHE_KEY_PREFIX_LEN]}
         if lookup.entry is not None:
             envelope = self._entries.decode(lookup.entry, time.time())
@@ -102,6 +109,17 @@ class ChatCompletions:
         cacheable = lookup.available and not decision.bypass
         out[h.CACHE_LAYER] = "miss" if cacheable else "bypass"
         return await self._miss(chat, fp, decision, cacheable, out, timer, receive, request_id)
+
+    def _audit_refusal(self, project: str, key_id: str, model: str, code: str) -> None:
+        """Into the audit log after the response, never delaying or failing it."""
+        if self.gw.cache.available and self.audit.admit():
+            record = audit_record(
+                "policy.refuse",
+                project,
+                f"key:{key_id}",
+                detail={"model": model[:200], "code": code},
+            )
+            self.gw.spawn(self.audit.append(record))
 
     async def _miss(
         self,

@@ -301,7 +301,7 @@ def revoke(
     full_key = key_or_id.strip().startswith("sk-")
     ring = key_ring(secret) if full_key and secret else None
     with open_store(redis_url) as store:
-        record = store.revoke(project, key_or_id, ring=ring)
+        record = store.revoke(project, key_or_id, ring=ring, actor=default_user())
         published, problem = publish(
             store, kv_publisher(kv_api_url, kv_account_id, kv_namespace_id, api_token), no_kv
         )

@@ -190,6 +190,10 @@ def show(
 @app.command("clear")
 def clear(
     project: ProjectOption,
+    updated_by: Annotated[
+        str | None,
+        typer.Option("--by", help="Recorded with the change. [default: your login name]"),
+    ] = None,
     redis_url: RedisUrlOption = DEFAULT_REDIS_URL,
     kv_api_url: KVApiOption = DEFAULT_KV_API,
     kv_account_id: KVAccountOption = "",
@@ -203,7 +207,7 @@ def clear(
     Example: prism policy clear --project acme
     """
     with open_store(redis_url, project) as store:
-        change = store.clear(project)
+        change = store.clear(project, actor=updated_by or default_user())
         _publish(
             store,
             project,
