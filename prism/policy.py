@@ -32,6 +32,7 @@ FORMAT_VERSION = 1
 MAX_PATTERNS = 64
 MAX_PATTERN_LEN = 200
 _MAX_TEXT = 100
+_MAX_DECIDED = 1024  # models remembered per policy: a client cycling names cannot grow it
 _RESERVED = ("budget", "rate_limits", "cache")
 _FIELDS = ("allow", "deny", "revision", "updated_at", "updated_by", "v")
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
@@ -87,6 +88,8 @@ class Policy:
     updated_by: str | None = None
     _allow: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
     _deny: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
+    # model -> allowed, for the models this policy has been asked about (bounded)
+    _decided: dict[str, bool] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         allow = _patterns("allow", self.allow)
@@ -147,9 +150,15 @@ class Policy:
         return _ENCODER.encode(self.to_dict()).encode()
 
     def allows(self, model: str) -> bool:
-        if self._deny is not None and self._deny.match(model) is not None:
-            return False
-        return self._allow is None or self._allow.match(model) is not None
+        decided = self._decided.get(model)
+        if decided is None:
+            decided = (self._deny is None or self._deny.match(model) is None) and (
+                self._allow is None or self._allow.match(model) is not None
+            )
+            if len(self._decided) >= _MAX_DECIDED:
+                self._decided.clear()
+            self._decided[model] = decided
+        return decided
 
     def check_model(self, model: str) -> None:
         """Raise ``PermissionDeniedError`` (403 ``model_not_allowed``) for a refused model."""
