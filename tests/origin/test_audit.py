@@ -225,3 +225,32 @@ def test_seal_chains_and_hashes_every_field_but_hash() -> None:
     second = seal({"action": "b", "project": "p"}, first["hash"])
     assert second["prev"] == first["hash"] and record_hash(second) == second["hash"]
     assert record_hash({**second, "project": "q"}) != second["hash"]
+
+
+def test_follow_prints_records_as_they_arrive(redis_url: str, admin: redis.Redis) -> None:
+    import queue
+    import subprocess
+    import sys
+
+    audit_log.append(admin, audit_record("policy.set", "acme", "before-follow"))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "deploy.cli", "audit", "--follow", "--json", "-p", "acme"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={"REDIS_URL": redis_url, "PATH": "/usr/bin:/bin"},
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    assert process.stdout is not None
+    reader = threading.Thread(
+        target=lambda: [lines.put(line) for line in process.stdout], daemon=True
+    )  # type: ignore[union-attr]
+    reader.start()
+    try:
+        assert json.loads(lines.get(timeout=30))["actor"] == "before-follow"
+        audit_log.append(admin, audit_record("policy.set", "globex", "elsewhere"))  # filtered
+        audit_log.append(admin, audit_record("policy.clear", "acme", "while-following"))
+        followed = json.loads(lines.get(timeout=30))
+        assert (followed["action"], followed["actor"]) == ("policy.clear", "while-following")
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
