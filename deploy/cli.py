@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from .commands import bench, build, deploy, keys, origin
+from .commands import bench, build, deploy, keys, origin, policy
+from .commands.audit import audit_command
 from .commands.dev import dev_command
 from .commands.fingerprint import fingerprint_command
 from .commands.smoke import smoke_command
@@ -19,6 +20,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(keys.app)
+app.add_typer(policy.app)
 app.add_typer(origin.app)
 app.add_typer(deploy.app)
 app.add_typer(build.app)
@@ -27,6 +29,7 @@ app.command("dev")(dev_command)
 app.add_typer(bench.app)
 app.command("smoke")(smoke_command)
 app.command("status")(status_command)
+app.command("audit")(audit_command)
 
 
 def main() -> None:

@@ -9,6 +9,8 @@ Redis (the source of truth)::
     prism:projects         set    projects that have (had) managed keys
     prism:revoked          set    revoked key ids of every project; the origin runs
                                   SISMEMBER on it for every request
+    prism:audit            stream every creation and revocation (origin/audit.py), written
+                                  in the same transaction as the change
 
 Workers KV (the edge's copy)::
 
@@ -38,8 +40,11 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from origin.audit import audit_record
 from prism import REVOKED_KEY, KeyRing, PrismError, key_hash
 from prism.routes import CLOUDFLARE_API_URL, DEFAULT_REDIS_URL
+
+from . import audit_log
 
 __all__ = [
     "DEFAULT_KV_API",
@@ -223,14 +228,30 @@ class KeyStore:
                 created_at=_now(),
                 created_by=created_by,
             )
-            with _translated(self._location):
-                pipe = self._redis.pipeline(transaction=True)
-                pipe.hsetnx(keys_key(project), record.key_id, record.to_json())
-                pipe.sadd(PROJECTS_KEY, project)
-                added, _ = pipe.execute()
+            added = self._add(record, created_by)
             if added:
                 return CreatedKey(key=key, record=record)
         raise KeyStoreError("could not allocate an unused key id; try again")
+
+    def _add(self, record: KeyRecord, actor: str | None) -> bool:
+        """Store a new record and its audit record together; False if the id is taken."""
+        hash_name = keys_key(record.project)
+        added: builtins.list[bool] = [False]
+
+        def update(pipe: redis.client.Pipeline) -> None:
+            if pipe.hexists(hash_name, record.key_id):
+                return  # a clash: nothing written, the caller mints another id
+            prev = audit_log.head(pipe)
+            pipe.multi()
+            pipe.hset(hash_name, record.key_id, record.to_json())
+            pipe.sadd(PROJECTS_KEY, record.project)
+            fields = audit_record("key.create", record.project, actor, after=record.to_dict())
+            audit_log.stage(pipe, fields, prev)
+            added[0] = True
+
+        with _translated(self._location):
+            self._redis.transaction(update, hash_name, audit_log.AUDIT_HEAD)
+        return added[0]
 
     def get(self, project: str, key_id: str) -> KeyRecord | None:
         with _translated(self._location):
@@ -254,7 +275,14 @@ class KeyStore:
         with _translated(self._location):
             return sorted(cast(set[str], self._redis.smembers(REVOKED_KEY)))
 
-    def revoke(self, project: str, key_or_id: str, *, ring: KeyRing | None = None) -> KeyRecord:
+    def revoke(
+        self,
+        project: str,
+        key_or_id: str,
+        *,
+        ring: KeyRing | None = None,
+        actor: str | None = None,
+    ) -> KeyRecord:
         """Mark a key revoked and add its id to ``prism:revoked``; idempotent.
 
         ``key_or_id`` is a key id, or a full key: a full key is matched by its hash
@@ -271,17 +299,24 @@ class KeyStore:
             raw = cast(str | None, pipe.hget(hash_name, key_id))
             if raw is None:
                 raise UnknownKeyError(f"project {project!r} has no key with id {key_id!r}")
-            record = KeyRecord.from_json(raw)
+            before = KeyRecord.from_json(raw)
+            record = before
             if record.revoked_at is None:
                 record = replace(record, revoked_at=_now())
+            prev = audit_log.head(pipe)
             pipe.multi()
-            # The record and the set change together, so they never disagree.
+            # The record, the set and the audit log change together, so they never disagree.
             pipe.hset(hash_name, key_id, record.to_json())
             pipe.sadd(REVOKED_KEY, key_id)
+            if record is not before:  # revoking again changes nothing worth a record
+                fields = audit_record(
+                    "key.revoke", project, actor, before=before.to_dict(), after=record.to_dict()
+                )
+                audit_log.stage(pipe, fields, prev)
             revoked[:] = [record]
 
         with _translated(self._location):
-            self._redis.transaction(update, hash_name)
+            self._redis.transaction(update, hash_name, audit_log.AUDIT_HEAD)
         return revoked[0]
 
     def _resolve(self, project: str, key_or_id: str, ring: KeyRing | None) -> str:
@@ -328,7 +363,8 @@ class KeyStore:
 
 
 class KVRevocationPublisher:
-    """Writes the whole revoked-id list to the Workers KV key the edge reads.
+    """Writes the whole revoked-id list to the Workers KV key the edge reads (or, with
+    ``key``, any one record: a project's policy is published the same way).
 
     One ``PUT .../values/prism%3Arevoked`` with the JSON list as the raw body; 429
     and 5xx (and network errors) are retried with exponential backoff, at least as
@@ -342,6 +378,7 @@ class KVRevocationPublisher:
         namespace_id: str,
         api_token: str,
         *,
+        key: str = REVOKED_KEY,
         attempts: int = 4,
         backoff: float = 0.2,
         max_delay: float = 10.0,
@@ -351,7 +388,7 @@ class KVRevocationPublisher:
     ) -> None:
         self.url = (
             f"{api_url.rstrip('/')}/accounts/{account_id}/storage/kv/namespaces/"
-            f"{namespace_id}/values/{quote(REVOKED_KEY, safe='')}"
+            f"{namespace_id}/values/{quote(key, safe='')}"
         )
         self._token = api_token
         self._attempts = max(1, attempts)
@@ -364,11 +401,14 @@ class KVRevocationPublisher:
 
     def publish(self, ids: Iterable[str]) -> bool:
         """Whether the list landed in KV (after retries)."""
+        return self.publish_text(json.dumps(sorted(set(ids)), separators=(",", ":")))
+
+    def publish_text(self, body: str) -> bool:
+        """Whether ``body`` landed in KV under this publisher's key (after retries)."""
         self.last_error = None
         if not self._token:
             self.last_error = "CLOUDFLARE_API_TOKEN is not set"
             return False
-        body = json.dumps(sorted(set(ids)), separators=(",", ":"))
         headers = {
             "Authorization": f"Bearer {self._token}",
             "Content-Type": "text/plain; charset=utf-8",

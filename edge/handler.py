@@ -1,7 +1,8 @@
 """The edge's request logic, runtime-neutral: it sees the Worker only through ``Platform``.
 
 route (a fixed table) → auth (signature, no I/O; revocation memoized) → body
-(bytes, bounded in size and time) → parse →
+(bytes, bounded in size and time) → parse → the project's model policy (memoized;
+a denied model is a 403 here, before any entry is read) →
 fingerprint → KV read (bounded) → hit: answer at the PoP; miss: forward to the
 origin, signed, and stream its answer back untouched. When the origin answered
 from Redis, the entry is written to KV in the background so the next request
@@ -40,6 +41,7 @@ from prism import headers as h
 from prism.routes import CHAT_PATH
 
 from .platform import EdgeRequest, EdgeResponse, Platform
+from .policies import PolicyCache
 from .revocation import RevocationSet
 from .routes import ROUTES, canonical_path
 from .settings import EdgeSettings
@@ -60,6 +62,7 @@ class EdgeHandler:
     def __init__(self, settings: EdgeSettings) -> None:
         self.settings = settings
         self.revoked = RevocationSet(settings.revocation_ttl)
+        self.policies = PolicyCache(settings.policy_ttl)
         self._bodies = RecentBodies(size=256)
         self._entries = RecentEntries(size=64)
         # Request ids need to be unique, not secret: a random prefix per isolate and a counter.
@@ -134,6 +137,14 @@ class EdgeHandler:
         decision = classify(chat, request.headers.get("cache-control"))
         # CPU only, and the Workers clock stands still while code runs: I/O stages only.
         timings.append(("parse", _ms(started, platform.now())))
+        try:
+            async with asyncio.timeout(self.settings.kv_timeout):
+                policy = await self.policies.get(project, platform.now(), platform.kv_get)
+        except Exception as error:  # KV failing: the last known policy; the origin checks too
+            _failed("policy", error, request_id, platform, timings)
+            policy = self.policies.last(project)
+        if policy is not None:
+            policy.check_model(chat.model)  # before any entry: a denied model is never served
         headers = {h.CACHE_KEY: fp[: h.CACHE_KEY_PREFIX_LEN]}
         if decision.read:
             started = platform.now()

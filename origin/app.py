@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 
 import httpx
 
+from prism import AuthenticationError, Policy
 from prism import headers as h
 from prism.routes import CHAT_PATH, MODELS_PATH
 
@@ -20,6 +21,7 @@ from .asgi import Request, Route, Routes
 from .auth import authenticate
 from .chat import ChatCompletions
 from .gateway import Gateway
+from .policies import ProjectPolicies
 from .providers._http import ConnectorFactory
 from .redis_client import RedisClient
 from .responses import Reply, json_reply
@@ -55,15 +57,12 @@ def create_app(
     """The origin ASGI app. ``connectors`` swap a provider's connection pool (by name)."""
     gateway = Gateway(settings, redis=redis, connectors=connectors, kv_transport=kv_transport)
     started = time.time()
-    models_list = json_reply(
-        {
-            "object": "list",
-            "data": [
-                {"id": name, "object": "model", "created": int(started), "owned_by": "prism"}
-                for name in settings.providers.public_models()
-            ],
-        }
-    ).body
+    models_list = _models_body(settings.providers.public_models(), started)
+
+    policies = ProjectPolicies()
+    public_models = settings.providers.public_models()
+    # The list as each policy allows it, rendered once per policy (policies are few).
+    allowed_lists: dict[Policy, bytes] = {}
 
     async def models(request: Request) -> Reply:
         caller = authenticate(
@@ -74,8 +73,20 @@ def create_app(
             MODELS_PATH,
             gateway.metrics,
         )
-        await gateway.cache.refuse_if_revoked(caller.key_id)
-        return Reply(200, {"content-type": "application/json", **_BYPASS}, models_list)
+        lookup = await gateway.cache.lookup(caller.key_id, None, caller.project)
+        if lookup.revoked:
+            raise AuthenticationError("This API key has been revoked.", code="key_revoked")
+        policy = policies.resolve(caller.project, lookup)
+        body = models_list
+        if policy is not None:
+            body = allowed_lists.get(policy) or b""
+            if not body:
+                if len(allowed_lists) >= 256:
+                    allowed_lists.clear()
+                body = allowed_lists[policy] = _models_body(
+                    [name for name in public_models if policy.allows(name)], started
+                )
+        return Reply(200, {"content-type": "application/json", **_BYPASS}, body)
 
     alive_body = json_reply({"status": "ok", "version": settings.release}).body
 
@@ -111,9 +122,21 @@ def create_app(
         return Reply(200, {"content-type": "text/plain; version=0.0.4"}, gateway.metrics.render())
 
     api = [
-        Route(CHAT_PATH, ChatCompletions(gateway), frozenset({"POST"}), name="chat"),
+        Route(CHAT_PATH, ChatCompletions(gateway, policies), frozenset({"POST"}), name="chat"),
         Route(MODELS_PATH, models, name="models"),
         Route("/healthz", alive),
     ]
     admin = Routes([Route("/healthz", health), Route("/metrics", metrics)])
     return OriginApp(gateway, api, admin)
+
+
+def _models_body(names: Iterable[str], created: float) -> bytes:
+    return json_reply(
+        {
+            "object": "list",
+            "data": [
+                {"id": name, "object": "model", "created": int(created), "owned_by": "prism"}
+                for name in names
+            ],
+        }
+    ).body

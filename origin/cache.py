@@ -1,8 +1,9 @@
 """The exact cache in Redis, the source of truth, with a breaker so a dead Redis costs nothing.
 
-One command per request: the revocation check and the entry read run as one
-server-side script (EVALSHA), and every request's command shares one auto-pipelined
-connection (``RedisPipe``, or redis-py's pool: any ``RedisClient``). When Redis fails or
+One command per request: the revocation check, the entry read and the project's
+policy read run as one server-side script (EVALSHA), and every request's command
+shares one auto-pipelined connection (``RedisPipe``, or redis-py's pool: any
+``RedisClient``). When Redis fails or
 stalls, the cache steps aside for ``retry_after`` seconds (requests are answered as
 ``bypass``), drops the connection, and then tries again: Redis coming back needs no
 restart.
@@ -20,7 +21,7 @@ import logging
 import time
 from typing import Any, NamedTuple
 
-from prism import REVOKED_KEY, AuthenticationError, entry_key
+from prism import REVOKED_KEY, AuthenticationError, entry_key, policy_key
 
 from .metrics import Metrics
 from .redis_client import NoScriptError, PreparedCommand, RedisClient, RedisClientError
@@ -34,14 +35,22 @@ class Lookup(NamedTuple):  # a tuple: made on every request, and cheaper than a 
     available: bool  # False: Redis was not asked or failed; only `revoked` is known
     revoked: bool = False
     entry: bytes | None = None
+    policy: bytes | None = None  # the project's policy record as stored (None: no policy)
 
 
 UNAVAILABLE = Lookup(available=False)
 REVOKED_WHILE_UNAVAILABLE = Lookup(available=False, revoked=True)
 
-# KEYS[1] = the revoked set, KEYS[2] = the entry; ARGV[1] = the key id. A missing entry
-# comes back as false (nil), which keeps its place in the reply.
-_LOOKUP = "return {redis.call('SISMEMBER', KEYS[1], ARGV[1]), redis.call('GET', KEYS[2])}"
+# KEYS[1] = the revoked set, KEYS[2] = the entry, KEYS[3] = the project's policy, either
+# "" when not wanted; ARGV[1] = the key id. A missing value comes back as false (nil),
+# which keeps its place in the reply. Revoked: nothing else is read.
+_LOOKUP = """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return {1} end
+local entry, policy = false, false
+if KEYS[2] ~= '' then entry = redis.call('GET', KEYS[2]) end
+if KEYS[3] ~= '' then policy = redis.call('GET', KEYS[3]) end
+return {0, entry, policy}
+"""
 
 
 _FAILED_OVER = ("READONLY", "MASTERDOWN")
@@ -83,30 +92,36 @@ class RedisCache:
     def _unavailable(self, key_id: str) -> Lookup:
         return REVOKED_WHILE_UNAVAILABLE if key_id in self._revoked else UNAVAILABLE
 
-    async def lookup(self, key_id: str, fingerprint: str | None) -> Lookup:
-        """Is ``key_id`` revoked, and the entry for ``fingerprint`` (when given)."""
+    async def lookup(
+        self, key_id: str, fingerprint: str | None, project: str | None = None
+    ) -> Lookup:
+        """Is ``key_id`` revoked, the entry for ``fingerprint`` and the policy of
+        ``project`` (each when given): one command, whatever is asked."""
         if not self.available:
             return self._unavailable(key_id)
         try:
-            if fingerprint is None:
+            if fingerprint is None and project is None:
                 reply: Any = (await self.redis.execute("SISMEMBER", REVOKED_KEY, key_id),)
             else:
-                key = entry_key(fingerprint)
+                entry = "" if fingerprint is None else entry_key(fingerprint)
+                policy = "" if project is None else policy_key(project)
                 reply = None
                 if self._lookup_script is not None:
                     with contextlib.suppress(NoScriptError):  # Redis restarted or was flushed
-                        reply = await self.redis.run(self._lookup_script, key, key_id)
+                        reply = await self.redis.run(self._lookup_script, entry, policy, key_id)
                 if reply is None:  # first use, or the script is gone: load it
                     sha = await self.redis.execute("SCRIPT", "LOAD", _LOOKUP)
-                    self._lookup_script = PreparedCommand("EVALSHA", sha, 2, REVOKED_KEY)
-                    reply = await self.redis.run(self._lookup_script, key, key_id)
+                    self._lookup_script = PreparedCommand("EVALSHA", sha, 3, REVOKED_KEY)
+                    reply = await self.redis.run(self._lookup_script, entry, policy, key_id)
         except RedisClientError as error:
             self._failed("lookup", error)
             return self._unavailable(key_id)
         if reply[0]:
             self._revoked.add(key_id)
             return Lookup(True, True)
-        return Lookup(True, False, reply[1] if len(reply) > 1 else None)
+        if len(reply) < 3:
+            return Lookup(True, False)
+        return Lookup(True, False, reply[1], reply[2])
 
     async def refuse_if_revoked(self, key_id: str) -> None:
         """Raise ``key_revoked`` when ``key_id`` is revoked (Redis's answer, or while Redis

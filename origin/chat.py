@@ -1,7 +1,8 @@
 """``POST /v1/chat/completions``: auth, parse, fingerprint, Redis, then the provider.
 
 A route handler over plain ASGI (``origin.asgi``). It makes one Redis round trip
-(revocation and entry in one script), serves a hit's stored bytes without parsing
+(revocation, entry and the project's policy in one script), refuses a model the policy
+denies (403) before anything is served, serves a hit's stored bytes without parsing
 them, and on a miss answers as soon as the provider does; the cache writes (Redis
 and Workers KV, in parallel) run after, in the background, never in front of the
 client.
@@ -19,6 +20,7 @@ from prism import (
     CacheDecision,
     CachePolicy,
     ChatRequest,
+    PermissionDeniedError,
     RecentBodies,
     RecentEntries,
     classify,
@@ -31,9 +33,11 @@ from prism.routes import CHAT_PATH
 
 from .asgi import Request, disconnected, read_body
 from .asgi import StageTimer as _Timer
+from .audit import AuditWriter, audit_record
 from .auth import authenticate, check_forwarded_body
 from .flight import Call, ClientStream, Storage
 from .gateway import Gateway
+from .policies import ProjectPolicies
 from .responses import Reply
 
 __all__ = ["ChatCompletions"]
@@ -44,8 +48,10 @@ CLIENT_GONE = 499  # the client closed the connection before the answer (as ngin
 
 
 class ChatCompletions:
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, policies: ProjectPolicies | None = None) -> None:
         self.gw = gateway
+        self.policies = policies or ProjectPolicies()
+        self.audit = AuditWriter(gateway.redis)
         self.policy = CachePolicy(default_ttl=gateway.settings.default_ttl)
         self._bodies = RecentBodies()
         self._entries = RecentEntries()
@@ -76,10 +82,18 @@ class ChatCompletions:
         check_forwarded_body(caller, fp, gw.metrics)
         decision = classify(chat, headers.get("cache-control"), self.policy)
         timer.mark("parse")
-        lookup = await gw.cache.lookup(caller.key_id, fp if decision.read else None)
+        lookup = await gw.cache.lookup(caller.key_id, fp if decision.read else None, caller.project)
         timer.mark("redis")
         if lookup.revoked:
             raise AuthenticationError("This API key has been revoked.", code="key_revoked")
+        # The policy came in the same round trip; it is checked before any entry is served.
+        try:
+            policy = self.policies.resolve(caller.project, lookup)
+            if policy is not None:
+                policy.check_model(chat.model)
+        except PermissionDeniedError as refusal:
+            self._audit_refusal(caller.project, caller.key_id, chat.model, refusal.code)
+            raise
         out = {h.REQUEST_ID: request_id, h.CACHE_KEY: fp[: h.CACHE_KEY_PREFIX_LEN]}
         if lookup.entry is not None:
             envelope = self._entries.decode(lookup.entry, time.time())
@@ -95,6 +109,17 @@ class ChatCompletions:
         cacheable = lookup.available and not decision.bypass
         out[h.CACHE_LAYER] = "miss" if cacheable else "bypass"
         return await self._miss(chat, fp, decision, cacheable, out, timer, receive, request_id)
+
+    def _audit_refusal(self, project: str, key_id: str, model: str, code: str) -> None:
+        """Into the audit log after the response, never delaying or failing it."""
+        if self.gw.cache.available and self.audit.admit():
+            record = audit_record(
+                "policy.refuse",
+                project,
+                f"key:{key_id}",
+                detail={"model": model[:200], "code": code},
+            )
+            self.gw.spawn(self.audit.append(record))
 
     async def _miss(
         self,

@@ -13,6 +13,7 @@ from .errors import (
     InvalidRequestError,
     MethodNotAllowedError,
     NotFoundError,
+    PermissionDeniedError,
     PrismError,
     RateLimitError,
     RequestTimeoutError,
@@ -34,6 +35,7 @@ from .keys import (
     parse_key_secrets,
     valid_project_id,
 )
+from .policy import POLICY_KEY_PREFIX, Policy, PolicyMemo, policy_key
 from .recent import RecentBodies, RecentEntries
 from .request import ChatRequest, Limits, parse_chat_request
 from .sse import SSEDecoder, StreamAssembler, replay
@@ -41,6 +43,7 @@ from .sse import SSEDecoder, StreamAssembler, replay
 __all__ = [
     "EXCLUDED_FIELDS",
     "MIN_TTL",
+    "POLICY_KEY_PREFIX",
     "REVOKED_KEY",
     "AuthenticationError",
     "CacheDecision",
@@ -55,6 +58,9 @@ __all__ = [
     "Limits",
     "MethodNotAllowedError",
     "NotFoundError",
+    "PermissionDeniedError",
+    "Policy",
+    "PolicyMemo",
     "PrismError",
     "RateLimitError",
     "RecentBodies",
@@ -78,6 +84,7 @@ __all__ = [
     "key_hash",
     "parse_chat_request",
     "parse_key_secrets",
+    "policy_key",
     "replay",
     "sign_forward",
     "valid_project_id",

@@ -5,6 +5,7 @@ PrismError                       500 server_error
 │   ├── RequestTimeoutError      408 invalid_request_error
 │   └── RequestTooLargeError     413 invalid_request_error
 ├── AuthenticationError          401 authentication_error
+├── PermissionDeniedError        403 permission_error
 ├── NotFoundError                404 not_found_error
 ├── MethodNotAllowedError        405 invalid_request_error
 ├── RateLimitError               429 rate_limit_error
@@ -23,6 +24,7 @@ __all__ = [
     "InvalidRequestError",
     "MethodNotAllowedError",
     "NotFoundError",
+    "PermissionDeniedError",
     "PrismError",
     "RateLimitError",
     "RequestTimeoutError",
@@ -80,6 +82,14 @@ class AuthenticationError(PrismError):
     status = 401
     type = "authentication_error"
     default_code = "invalid_api_key"
+
+
+class PermissionDeniedError(PrismError):
+    """A valid key asked for something its project's policy does not allow."""
+
+    status = 403
+    type = "permission_error"
+    default_code = "model_not_allowed"
 
 
 class NotFoundError(PrismError):

@@ -26,11 +26,11 @@ from deploy.key_store import (
     KVRevocationPublisher,
     sync_revocations,
 )
-from prism import KeyRing, PrismError, parse_key_secrets
+from prism import REVOKED_KEY, KeyRing, PrismError, parse_key_secrets
 
 from ._options import JsonOption
 
-__all__ = ["app"]
+__all__ = ["app", "default_user", "fail"]
 
 app = typer.Typer(name="keys", help="Mint, verify and manage Prism API keys.", no_args_is_help=True)
 
@@ -197,11 +197,12 @@ def open_store(redis_url: str) -> Iterator[KeyStore]:
 
 
 def kv_publisher(
-    api_url: str, account_id: str, namespace_id: str, api_token: str
+    api_url: str, account_id: str, namespace_id: str, api_token: str, key: str = REVOKED_KEY
 ) -> KVRevocationPublisher | None:
+    """The publisher of one KV record (the revoked set unless ``key`` says another)."""
     if not (account_id and namespace_id):
         return None
-    return KVRevocationPublisher(api_url, account_id, namespace_id, api_token)
+    return KVRevocationPublisher(api_url, account_id, namespace_id, api_token, key=key)
 
 
 def publish(
@@ -217,7 +218,7 @@ def publish(
     return False, f"Workers KV write failed: {publisher.last_error}"
 
 
-def _default_user() -> str | None:
+def default_user() -> str | None:
     try:
         return getpass.getuser()
     except (KeyError, OSError):  # no login name in some containers
@@ -249,7 +250,7 @@ def create(
     with open_store(redis_url) as store:
         try:
             created = store.create(
-                ring, project, name=name, created_by=created_by or _default_user()
+                ring, project, name=name, created_by=created_by or default_user()
             )
         except ValueError as error:
             raise fail(str(error), 2) from None
@@ -300,7 +301,7 @@ def revoke(
     full_key = key_or_id.strip().startswith("sk-")
     ring = key_ring(secret) if full_key and secret else None
     with open_store(redis_url) as store:
-        record = store.revoke(project, key_or_id, ring=ring)
+        record = store.revoke(project, key_or_id, ring=ring, actor=default_user())
         published, problem = publish(
             store, kv_publisher(kv_api_url, kv_account_id, kv_namespace_id, api_token), no_kv
         )

@@ -62,11 +62,13 @@ class FakeRedis:
         if self.failure is not None:
             raise self.failure
         match (*command.leading, *args):
-            case ("EVALSHA", sha, 2, set_key, key, key_id):
+            case ("EVALSHA", sha, 3, set_key, key, policy, key_id):
                 assert set_key == REVOKED_KEY
                 if (sha.decode() if isinstance(sha, bytes) else sha) not in self.scripts:
                     raise NoScriptError("NOSCRIPT No matching script.")
-                return [int(key_id in self.revoked), self.strings.get(str(key))]
+                if key_id in self.revoked:
+                    return [1]
+                return [0, self.strings.get(str(key)), self.strings.get(str(policy))]
         raise AssertionError(f"unexpected command {command.leading} {args}")
 
     def reset(self) -> None:

@@ -1,0 +1,243 @@
+"""`prism policy`: set, show, clear and publish a project's model policy.
+
+The logic lives in deploy.policy_store (and the policy itself in prism.policy); this
+module only parses options and prints. Publishing to Workers KV reuses `prism keys`'s
+publisher and options.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated
+
+import typer
+
+from deploy.key_store import DEFAULT_KV_API, DEFAULT_REDIS_URL, KeyStoreError
+from deploy.policy_store import PolicyChange, PolicyStore, check_project, sync_policy
+from prism import Policy, policy_key
+
+from ._options import JsonOption
+from .keys import (
+    KVAccountOption,
+    KVApiOption,
+    KVNamespaceOption,
+    KVTokenOption,
+    NoKVOption,
+    ProjectOption,
+    RedisUrlOption,
+    default_user,
+    fail,
+    kv_publisher,
+)
+
+__all__ = ["app"]
+
+app = typer.Typer(
+    name="policy", help="Set and show each project's model policy.", no_args_is_help=True
+)
+
+PROPAGATION = (
+    "origin: enforced from now on (it reads the policy with every request).\n"
+    "edge:   every PoP enforces it within about a minute (each isolate re-reads a project's "
+    "policy at most once a minute) plus Workers KV propagation (up to about a minute more)."
+)
+
+
+@contextmanager
+def open_store(redis_url: str, project: str) -> Iterator[PolicyStore]:
+    """A PolicyStore for the command; bad input exits 2, store failures exit 1."""
+    try:
+        check_project(project)
+        store = PolicyStore.from_url(redis_url)
+    except ValueError as error:
+        raise fail(str(error), 2) from None
+    try:
+        yield store
+    except KeyStoreError as error:
+        raise fail(str(error)) from None
+    finally:
+        store.close()
+
+
+def _describe(policy: Policy | None) -> str:
+    if policy is None:
+        return "none (every model is allowed)"
+    allow = ", ".join(policy.allow) or "every model"
+    deny = ", ".join(policy.deny) or "nothing"
+    return f"allow {allow}; deny {deny} (revision {policy.revision})"
+
+
+def _as_dict(policy: Policy | None) -> dict[str, object] | None:
+    return None if policy is None else policy.to_dict()
+
+
+def _publish(
+    store: PolicyStore,
+    project: str,
+    change: PolicyChange,
+    kv: tuple[str, str, str, str],
+    no_kv: bool,
+    as_json: bool,
+) -> None:
+    """Tell the edge, print the outcome, and exit 1 when the edge could not be told."""
+    problem: str | None = None
+    if not no_kv:
+        api_url, account_id, namespace_id, token = kv
+        publisher = kv_publisher(api_url, account_id, namespace_id, token, policy_key(project))
+        if publisher is None:
+            problem = "PRISM_KV_ACCOUNT_ID / PRISM_KV_NAMESPACE_ID are not set (or pass --no-kv)"
+        elif not sync_policy(store, project, publisher):
+            problem = f"Workers KV write failed: {publisher.last_error}"
+    before, after = change
+    if as_json:
+        edge = {"published": problem is None and not no_kv, "skipped": no_kv, "error": problem}
+        typer.echo(
+            json.dumps(
+                {
+                    "project": project,
+                    "before": _as_dict(before),
+                    "after": _as_dict(after),
+                    "edge": edge,
+                }
+            )
+        )
+    else:
+        typer.echo(f"Policy of project {project}: {_describe(after)}.")
+        typer.echo(PROPAGATION if not no_kv else PROPAGATION.splitlines()[0])
+    if problem is not None:
+        typer.echo(
+            f"Warning: saved in Redis (the origin enforces it now), but the edge was not "
+            f"told: {problem}. Run `prism policy sync --project {project}` to publish it.",
+            err=True,
+        )
+        raise typer.Exit(1)
+
+
+@app.command("set")
+def set_policy(
+    project: ProjectOption,
+    allow: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow", help="Model glob the project may use (repeatable). [default: every model]"
+        ),
+    ] = None,
+    deny: Annotated[
+        list[str] | None,
+        typer.Option("--deny", help="Model glob the project may not use (repeatable; wins)."),
+    ] = None,
+    updated_by: Annotated[
+        str | None,
+        typer.Option("--by", help="Recorded with the change. [default: your login name]"),
+    ] = None,
+    redis_url: RedisUrlOption = DEFAULT_REDIS_URL,
+    kv_api_url: KVApiOption = DEFAULT_KV_API,
+    kv_account_id: KVAccountOption = "",
+    kv_namespace_id: KVNamespaceOption = "",
+    api_token: KVTokenOption = "",
+    no_kv: NoKVOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Replace PROJECT's model policy: at once at the origin, within ~2 min at the edge.
+
+    Patterns are case-sensitive globs (*, ?, [...]). A model is allowed when no --deny
+    matches it and --allow is empty or one --allow matches it. A refused model is a
+    403 `model_not_allowed`. An invalid policy changes nothing.
+
+    Example: prism policy set --project acme --allow 'gpt-4o*' --deny 'o1*'
+    """
+    if not allow and not deny:
+        raise fail("give at least one --allow or --deny (`prism policy clear` removes it)", 2)
+    with open_store(redis_url, project) as store:
+        try:
+            change = store.set(
+                project, allow=allow or (), deny=deny or (), updated_by=updated_by or default_user()
+            )
+        except ValueError as error:
+            raise fail(f"invalid policy: {error}", 2) from None
+        _publish(
+            store,
+            project,
+            change,
+            (kv_api_url, kv_account_id, kv_namespace_id, api_token),
+            no_kv,
+            as_json,
+        )
+
+
+@app.command("show")
+def show(
+    project: ProjectOption,
+    redis_url: RedisUrlOption = DEFAULT_REDIS_URL,
+    as_json: JsonOption = False,
+) -> None:
+    """Show PROJECT's model policy (from Redis, the source of truth).
+
+    Example: prism policy show --project acme
+    """
+    with open_store(redis_url, project) as store:
+        policy = store.get(project)
+    if as_json:
+        typer.echo(json.dumps({"project": project, "policy": _as_dict(policy)}))
+        return
+    typer.echo(f"Policy of project {project}: {_describe(policy)}.")
+    if policy is not None:
+        typer.echo(f"Updated {policy.updated_at or '?'} by {policy.updated_by or '?'}.")
+
+
+@app.command("clear")
+def clear(
+    project: ProjectOption,
+    updated_by: Annotated[
+        str | None,
+        typer.Option("--by", help="Recorded with the change. [default: your login name]"),
+    ] = None,
+    redis_url: RedisUrlOption = DEFAULT_REDIS_URL,
+    kv_api_url: KVApiOption = DEFAULT_KV_API,
+    kv_account_id: KVAccountOption = "",
+    kv_namespace_id: KVNamespaceOption = "",
+    api_token: KVTokenOption = "",
+    no_kv: NoKVOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Remove PROJECT's model policy: every model is allowed again.
+
+    Example: prism policy clear --project acme
+    """
+    with open_store(redis_url, project) as store:
+        change = store.clear(project, actor=updated_by or default_user())
+        _publish(
+            store,
+            project,
+            change,
+            (kv_api_url, kv_account_id, kv_namespace_id, api_token),
+            no_kv,
+            as_json,
+        )
+
+
+@app.command("sync")
+def sync(
+    project: ProjectOption,
+    redis_url: RedisUrlOption = DEFAULT_REDIS_URL,
+    kv_api_url: KVApiOption = DEFAULT_KV_API,
+    kv_account_id: KVAccountOption = "",
+    kv_namespace_id: KVNamespaceOption = "",
+    api_token: KVTokenOption = "",
+) -> None:
+    """Publish PROJECT's policy from Redis to Workers KV again (after a failed KV write).
+
+    Example: prism policy sync --project acme
+    """
+    with open_store(redis_url, project) as store:
+        policy = store.get(project)
+        _publish(
+            store,
+            project,
+            (policy, policy),
+            (kv_api_url, kv_account_id, kv_namespace_id, api_token),
+            no_kv=False,
+            as_json=False,
+        )

@@ -1,0 +1,196 @@
+"""A project's policy: which models its keys may use (and, later, its budget and limits).
+
+One record per project, canonical JSON, stored in Redis at ``prism:policy:{project}``
+(the origin reads it in the same round trip as the entry) and published under the same
+key to Workers KV (each edge isolate reads it at most once a minute). ::
+
+    {"allow": ["gpt-4o*"], "deny": ["o1*"], "revision": 3,
+     "updated_at": "2026-11-30T22:50:00.000Z", "updated_by": "ops", "v": 1}
+
+Model patterns are globs (``fnmatch``, case-sensitive): ``*``, ``?`` and ``[...]``.
+A model is allowed when no ``deny`` pattern matches it and either ``allow`` is empty
+or an ``allow`` pattern matches it: deny wins. No record at all allows every model.
+
+Reserved names, refused until they are implemented so a policy never claims a limit
+that nothing enforces: ``budget``, ``rate_limits``, ``cache`` (and per-key policies).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import PermissionDeniedError
+
+__all__ = ["POLICY_KEY_PREFIX", "Policy", "PolicyMemo", "policy_key"]
+
+POLICY_KEY_PREFIX = "prism:policy:"
+FORMAT_VERSION = 1
+MAX_PATTERNS = 64
+MAX_PATTERN_LEN = 200
+_MAX_TEXT = 100
+_MAX_DECIDED = 1024  # models remembered per policy: a client cycling names cannot grow it
+_RESERVED = ("budget", "rate_limits", "cache")
+_FIELDS = ("allow", "deny", "revision", "updated_at", "updated_by", "v")
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def policy_key(project: str) -> str:
+    """Where ``project``'s policy lives, in Redis and in Workers KV alike."""
+    return POLICY_KEY_PREFIX + project
+
+
+def _patterns(name: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{name}: must be a list of model patterns")
+    if len(value) > MAX_PATTERNS:
+        raise ValueError(f"{name}: at most {MAX_PATTERNS} patterns (got {len(value)})")
+    seen: list[str] = []
+    for index, pattern in enumerate(value):
+        where = f"{name}[{index}]"
+        if not isinstance(pattern, str) or not pattern:
+            raise ValueError(f"{where}: must be a non-empty string")
+        if len(pattern) > MAX_PATTERN_LEN:
+            raise ValueError(f"{where}: at most {MAX_PATTERN_LEN} characters")
+        if not pattern.isprintable() or any(c.isspace() for c in pattern):
+            raise ValueError(f"{where}: {pattern[:40]!r} has whitespace or control characters")
+        if pattern not in seen:
+            seen.append(pattern)
+    return tuple(seen)
+
+
+def _text(name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > _MAX_TEXT or not value.isprintable():
+        raise ValueError(f"{name}: must be at most {_MAX_TEXT} printable characters, or null")
+    return value
+
+
+def _matcher(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
+    # One regex per list, built once per policy: a check is one match per list.
+    if not patterns:
+        return None
+    return re.compile("|".join(fnmatch.translate(p) for p in patterns))
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """A project's model policy; immutable, and checked without I/O."""
+
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    revision: int = 0  # +1 on every change (the store sets it)
+    updated_at: str | None = None  # ISO 8601 UTC
+    updated_by: str | None = None
+    _allow: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
+    _deny: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
+    # model -> allowed, for the models this policy has been asked about (bounded)
+    _decided: dict[str, bool] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        allow = _patterns("allow", self.allow)
+        deny = _patterns("deny", self.deny)
+        if isinstance(self.revision, bool) or not isinstance(self.revision, int):
+            raise ValueError("revision: must be a whole number")
+        if self.revision < 0:
+            raise ValueError("revision: must not be negative")
+        _text("updated_at", self.updated_at)
+        _text("updated_by", self.updated_by)
+        object.__setattr__(self, "allow", allow)
+        object.__setattr__(self, "deny", deny)
+        object.__setattr__(self, "_allow", _matcher(allow))
+        object.__setattr__(self, "_deny", _matcher(deny))
+
+    @classmethod
+    def parse(cls, raw: str | bytes) -> Policy:
+        """A policy from its JSON; ``ValueError`` naming the field for anything invalid."""
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ValueError(f"policy: not valid JSON ({error})") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Policy:
+        if not isinstance(data, dict):
+            raise ValueError("policy: must be a JSON object")
+        for name in data:
+            if name in _RESERVED:
+                raise ValueError(f"{name}: reserved for a later version; not supported yet")
+            if name not in _FIELDS:
+                known = ", ".join(f for f in _FIELDS if f != "v")
+                raise ValueError(f"{str(name)[:40]}: unknown field (known: {known})")
+        version = data.get("v", FORMAT_VERSION)
+        if version != FORMAT_VERSION or isinstance(version, bool):
+            raise ValueError(f"v: unsupported policy format {version!r} (this Prism reads 1)")
+        return cls(
+            allow=data.get("allow", ()),
+            deny=data.get("deny", ()),
+            revision=data.get("revision", 0),
+            updated_at=data.get("updated_at"),
+            updated_by=data.get("updated_by"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "allow": list(self.allow),
+            "deny": list(self.deny),
+            "revision": self.revision,
+            "updated_at": self.updated_at,
+            "updated_by": self.updated_by,
+            "v": FORMAT_VERSION,
+        }
+
+    def encode(self) -> bytes:
+        """Canonical JSON: equal policies, equal bytes."""
+        return _ENCODER.encode(self.to_dict()).encode()
+
+    def allows(self, model: str) -> bool:
+        decided = self._decided.get(model)
+        if decided is None:
+            decided = (self._deny is None or self._deny.match(model) is None) and (
+                self._allow is None or self._allow.match(model) is not None
+            )
+            if len(self._decided) >= _MAX_DECIDED:
+                self._decided.clear()
+            self._decided[model] = decided
+        return decided
+
+    def check_model(self, model: str) -> None:
+        """Raise ``PermissionDeniedError`` (403 ``model_not_allowed``) for a refused model."""
+        if not self.allows(model):
+            raise PermissionDeniedError(
+                f"Model '{model[:200]}' is not allowed for this project.",
+                param="model",
+                code="model_not_allowed",
+            )
+
+
+class PolicyMemo:
+    """Parsed policies by their exact bytes: a record is parsed once, however often it is
+    read (the origin reads it on every request). Bounded: cleared when full. A record that
+    does not parse raises its ``ValueError`` every time, parsed once too."""
+
+    __slots__ = ("_items", "_size")
+
+    def __init__(self, size: int = 256) -> None:
+        self._items: dict[bytes | str, Policy | ValueError] = {}
+        self._size = size
+
+    def get(self, raw: bytes | str) -> Policy:
+        found = self._items.get(raw)
+        if found is None:
+            try:
+                found = Policy.parse(raw)
+            except ValueError as error:
+                found = error
+            if len(self._items) >= self._size:
+                self._items.clear()
+            self._items[raw] = found
+        if isinstance(found, ValueError):
+            raise found
+        return found

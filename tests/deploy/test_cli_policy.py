@@ -1,0 +1,139 @@
+"""`prism policy set | show | clear | sync` against a real Redis and the KV stand-in."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis
+from typer.testing import CliRunner, Result
+
+from deploy.cli import app
+from prism import Policy, policy_key
+from tests.fixtures.workers import KVApi
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def env(redis_url: str, kv_api_reset: KVApi) -> dict[str, str]:
+    kv_api_reset.bulk_delete([policy_key("acme")])
+    return {
+        "REDIS_URL": redis_url,
+        "PRISM_KV_API_URL": kv_api_reset.url,
+        "PRISM_KV_ACCOUNT_ID": kv_api_reset.account_id,
+        "PRISM_KV_NAMESPACE_ID": kv_api_reset.namespace_id,
+        "CLOUDFLARE_API_TOKEN": kv_api_reset.api_token,
+    }
+
+
+def policy(env: dict[str, str], *args: str) -> Result:
+    return runner.invoke(app, ["policy", *args], env=env)
+
+
+def in_redis(redis_url: str, project: str = "acme") -> bytes | None:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        raw: bytes | None = client.get(policy_key(project))
+        return raw
+    finally:
+        client.close()
+
+
+def test_set_show_clear_reach_redis_and_kv(
+    env: dict[str, str], redis_url: str, kv_api_reset: KVApi
+) -> None:
+    result = policy(
+        env, "set", "--project", "acme", "--allow", "gpt-4o*", "--allow", "demo",
+        "--deny", "o1*", "--by", "ops",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "allow gpt-4o*, demo; deny o1* (revision 1)" in result.stdout
+    assert "within about a minute" in result.stdout
+    stored = in_redis(redis_url)
+    assert stored is not None
+    first = Policy.parse(stored)
+    assert (first.allow, first.deny, first.revision, first.updated_by) == (
+        ("gpt-4o*", "demo"),
+        ("o1*",),
+        1,
+        "ops",
+    )
+    assert stored == first.encode()  # canonical
+    assert kv_api_reset.get_text(policy_key("acme")) == stored.decode()  # the edge's copy
+
+    shown = policy(env, "show", "--project", "acme", "--json")
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout)["policy"] == first.to_dict()
+
+    second = policy(env, "set", "-p", "acme", "--deny", "gpt-4o-mini", "--json")
+    assert second.exit_code == 0, second.output
+    change = json.loads(second.stdout)
+    assert change["before"] == first.to_dict()
+    assert change["after"]["deny"] == ["gpt-4o-mini"] and change["after"]["allow"] == []
+    assert change["after"]["revision"] == 2
+    assert change["edge"] == {"published": True, "skipped": False, "error": None}
+
+    cleared = policy(env, "clear", "--project", "acme")
+    assert cleared.exit_code == 0, cleared.output
+    assert in_redis(redis_url) is None
+    assert Policy.parse(kv_api_reset.get_text(policy_key("acme")) or "") == Policy()
+    text = policy(env, "show", "--project", "acme")
+    assert "none (every model is allowed)" in text.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["set", "--project", "Acme!", "--deny", "o1*"], "--project: 'Acme!' is not a project id"),
+        (["set", "--project", "acme"], "give at least one --allow or --deny"),
+        (["set", "--project", "acme", "--allow", ""], "invalid policy: allow[0]: must be a non-empty"),
+        (["set", "--project", "acme", "--deny", "o1 *"], "invalid policy: deny[0]: 'o1 *' has whitespace"),
+        (["set", "--project", "acme", *[a for i in range(65) for a in ("--deny", f"m{i}")]], "deny: at most 64"),
+        (["set", "--project", "acme", "--allow", "x" * 201], "allow[0]: at most 200 characters"),
+        (["set", "--project", "acme", "--by", "\x07", "--deny", "o1"], "updated_by: must be at most"),
+        (["show", "--project", ""], "--project: '' is not a project id"),
+        (["clear", "--project", "a" * 64], "is not a project id"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_clear_line_and_changes_nothing(
+    env: dict[str, str], redis_url: str, kv_api_reset: KVApi, args: list[str], message: str
+) -> None:
+    assert policy(env, "set", "--project", "acme", "--deny", "keep*").exit_code == 0
+    before_redis, before_kv = in_redis(redis_url), kv_api_reset.get_text(policy_key("acme"))
+    result = policy(env, *args)
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
+    assert in_redis(redis_url) == before_redis
+    assert kv_api_reset.get_text(policy_key("acme")) == before_kv
+
+
+def test_without_kv_settings_redis_is_saved_and_the_command_says_the_edge_was_not_told(
+    redis_url: str,
+) -> None:
+    env = {"REDIS_URL": redis_url, "PRISM_KV_ACCOUNT_ID": "", "PRISM_KV_NAMESPACE_ID": ""}
+    result = policy(env, "set", "--project", "acme", "--deny", "o1*")
+    assert result.exit_code == 1
+    assert "the edge was not told" in result.stderr and "prism policy sync" in result.stderr
+    assert in_redis(redis_url) is not None
+    origin_only = policy(env, "set", "--project", "acme", "--deny", "o3*", "--no-kv")
+    assert origin_only.exit_code == 0, origin_only.output
+
+
+def test_sync_republishes_the_redis_record(
+    env: dict[str, str], redis_url: str, kv_api_reset: KVApi
+) -> None:
+    assert policy(env, "set", "--project", "acme", "--deny", "o1*").exit_code == 0
+    kv_api_reset.bulk_delete([policy_key("acme")])  # as if the KV write had failed
+    assert policy(env, "sync", "--project", "acme").exit_code == 0
+    assert kv_api_reset.get_text(policy_key("acme")) == (in_redis(redis_url) or b"").decode()
+
+
+def test_an_unreachable_redis_is_one_line(env: dict[str, str]) -> None:
+    from deploy.local.ports import free_port
+
+    env = {**env, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    result = policy(env, "show", "--project", "acme")
+    assert result.exit_code == 1
+    assert "cannot reach Redis" in result.stderr and "Traceback" not in result.stderr
