@@ -27,6 +27,7 @@ from prism import (
     RequestTimeoutError,
     RequestTooLargeError,
     UpstreamError,
+    UpstreamTimeoutError,
     bearer_token,
     classify,
     encode_envelope,
@@ -243,9 +244,16 @@ class EdgeHandler:
             headers[h.REQUEST_ID] = request.headers[h.REQUEST_ID]
         started = platform.now()
         try:
-            reply = await platform.fetch_origin(
-                method, self.settings.origin_url + path, headers, body
-            )
+            async with asyncio.timeout(self.settings.origin_timeout):
+                reply = await platform.fetch_origin(
+                    method, self.settings.origin_url + path, headers, body
+                )
+        except TimeoutError:
+            raise UpstreamTimeoutError(
+                "The Prism origin did not start its answer in time "
+                f"({self.settings.origin_timeout:g} s).",
+                code="origin_timeout",
+            ) from None
         except Exception:
             raise UpstreamError(
                 "The Prism origin is unreachable from this edge.", code="origin_unreachable"

@@ -17,6 +17,10 @@ class EdgeSettings:
     origin_url: str
     kv_timeout: float = 0.5  # a slow KV read falls through to the origin
     body_timeout: float = 10.0  # a request body that takes longer is a 408
+    # The origin's first byte (a whole answer, for a JSON miss) may take this long; then 504.
+    # Under the 100 s Cloudflare allows a response to start, and over the providers' own
+    # first-byte limit (60 s), so the origin's own answer (a 504 it chose) comes first.
+    origin_timeout: float = 90.0
     revocation_ttl: float = 60.0  # how stale the revocation set may be per isolate
     policy_ttl: float = 60.0  # how stale a project's policy may be per isolate
     limits: Limits = field(default_factory=Limits)
@@ -38,18 +42,24 @@ class EdgeSettings:
         ]
         if missing:
             raise ValueError(f"edge is missing bindings: {', '.join(missing)}")
-        kv_timeout_ms = get("PRISM_KV_TIMEOUT_MS")
-        body_timeout_ms = get("PRISM_BODY_TIMEOUT_MS")
+        # Only the bindings that are set: the dataclass holds every default, once.
+        optional: dict[str, object] = {}
+        for name, binding, scale in (
+            ("kv_timeout", "PRISM_KV_TIMEOUT_MS", 1000),
+            ("body_timeout", "PRISM_BODY_TIMEOUT_MS", 1000),
+            ("origin_timeout", "PRISM_ORIGIN_TIMEOUT_MS", 1000),
+            ("revocation_ttl", "PRISM_REVOCATION_TTL_SECONDS", 1),
+            ("policy_ttl", "PRISM_POLICY_TTL_SECONDS", 1),
+        ):
+            value = get(binding)
+            if value:
+                optional[name] = float(value) / scale
         max_body = get("PRISM_MAX_BODY_BYTES")
-        revocation_ttl = get("PRISM_REVOCATION_TTL_SECONDS")
-        policy_ttl = get("PRISM_POLICY_TTL_SECONDS")
+        if max_body:
+            optional["limits"] = Limits(max_body_bytes=int(max_body))
         return cls(
             key_ring=parse_key_secrets(secret),
             forward_secret=forward.encode(),
             origin_url=origin.rstrip("/"),
-            kv_timeout=float(kv_timeout_ms) / 1000 if kv_timeout_ms else 0.5,
-            body_timeout=float(body_timeout_ms) / 1000 if body_timeout_ms else 10.0,
-            revocation_ttl=float(revocation_ttl) if revocation_ttl else 60.0,
-            policy_ttl=float(policy_ttl) if policy_ttl else 60.0,
-            limits=Limits(max_body_bytes=int(max_body)) if max_body else Limits(),
+            **optional,  # type: ignore[arg-type]
         )

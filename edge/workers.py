@@ -95,10 +95,20 @@ class WorkersPlatform:
     async def fetch_origin(
         self, method: str, url: str, headers: Mapping[str, str], body: bytes | None
     ) -> _OriginReply:
-        init: dict[str, Any] = {"method": method, "headers": dict(headers)}
+        # Aborted when the handler stops waiting (its time limit), not left running.
+        controller = js.AbortController.new()
+        init: dict[str, Any] = {
+            "method": method,
+            "headers": dict(headers),
+            "signal": controller.signal,
+        }
         if body is not None:
             init["body"] = to_js(body)  # a Uint8Array
-        return _OriginReply(await js.fetch(url, _js_object(init)))
+        try:
+            return _OriginReply(await js.fetch(url, _js_object(init)))
+        except asyncio.CancelledError:
+            controller.abort()
+            raise
 
     def wait_until(self, work: Coroutine[Any, Any, Any]) -> None:
         """Keep ``work`` alive after the response, the way that works in Pyodide.

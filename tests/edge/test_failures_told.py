@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import time
 from collections.abc import Coroutine, Mapping
 from typing import Any
 
@@ -63,6 +64,22 @@ def test_an_unreadable_revocation_record_is_logged_and_the_request_still_served(
         )
     finally:
         edge.kv.bulk_put([{"key": REVOKED_KEY, "value": json.dumps([])}])
+
+
+def test_an_origin_that_never_answers_is_a_504_in_bounded_time(
+    edge: EdgeStack, api_key: str
+) -> None:
+    started = time.monotonic()
+    response = httpx.post(
+        edge.extra("silent_origin") + CHAT,
+        json=body(),
+        headers={"authorization": f"Bearer {api_key}"},
+        timeout=30,
+    )
+    assert response.status_code == 504
+    assert response.json()["error"]["code"] == "origin_timeout"
+    assert response.headers["x-prism-edge-cache-layer"] == "bypass"
+    assert time.monotonic() - started < 20  # its 0.5 s limit, not the client's 30 s
 
 
 class _BrokenOrigin:
