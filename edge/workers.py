@@ -48,12 +48,14 @@ class _OriginReply:
 
 
 class WorkersPlatform:
-    __slots__ = ("_ctx", "_kv", "_request")
+    __slots__ = ("_body", "_body_js", "_ctx", "_kv", "_request")
 
     def __init__(self, request: Any, env: Any, ctx: Any) -> None:
         self._request = request
         self._kv = getattr(env, KV_BINDING, None)
         self._ctx = ctx
+        self._body: bytes | None = None  # the body read whole, and its JS ArrayBuffer
+        self._body_js: Any = None
 
     async def read_body(self, limit: int, length: int | None) -> bytes:
         """Bytes, never text: decoding here would turn invalid UTF-8 into U+FFFD (another
@@ -63,7 +65,9 @@ class WorkersPlatform:
             # runtime delivers at most that many bytes, so one read is bounded.
             if length == 0:
                 return b""
-            return bytes((await self._request.arrayBuffer()).to_bytes())
+            buffer = await self._request.arrayBuffer()
+            self._body, self._body_js = buffer.to_bytes(), buffer
+            return self._body
         stream = self._request.body
         if stream is None:
             return b""
@@ -95,20 +99,13 @@ class WorkersPlatform:
     async def fetch_origin(
         self, method: str, url: str, headers: Mapping[str, str], body: bytes | None
     ) -> _OriginReply:
-        # Aborted when the handler stops waiting (its time limit), not left running.
-        controller = js.AbortController.new()
-        init: dict[str, Any] = {
-            "method": method,
-            "headers": dict(headers),
-            "signal": controller.signal,
-        }
+        # A fetch the handler stops waiting for (its time limit) ends with the request: the
+        # runtime cancels what is still pending, and not in waitUntil, once it has answered.
+        init: dict[str, Any] = {"method": method, "headers": dict(headers)}
         if body is not None:
-            init["body"] = to_js(body)  # a Uint8Array
-        try:
-            return _OriginReply(await js.fetch(url, _js_object(init)))
-        except asyncio.CancelledError:
-            controller.abort()
-            raise
+            # The request's own buffer when it is that body: no copy back into JS.
+            init["body"] = self._body_js if body is self._body else to_js(body)
+        return _OriginReply(await js.fetch(url, _js_object(init)))
 
     def wait_until(self, work: Coroutine[Any, Any, Any]) -> None:
         """Keep ``work`` alive after the response, the way that works in Pyodide.

@@ -161,6 +161,9 @@ def verify_chain(
     return count, None
 
 
+_APPEND_ATTEMPTS = 100
+
+
 class AuditWriter:
     """The origin's appender, for refusals: best effort, off the request path.
 
@@ -199,7 +202,9 @@ class AuditWriter:
 
     async def _append(self, fields: Mapping[str, str]) -> None:
         prev = self._head or GENESIS
-        for _ in range(8):
+        # Each failed try means another writer appended: the chain moved on, so this one
+        # converges while writers are few; a bound keeps a pathological case finite.
+        for _ in range(_APPEND_ATTEMPTS):
             sealed = seal(fields, prev)
             flat = [item for pair in sealed.items() for item in pair]
             reply = await self._redis.execute(

@@ -56,6 +56,7 @@ class KVWriter:
 
     def submit(self, key: str, value: bytes, ttl: int) -> bool:
         """Queue one entry; never waits. False (and counted) when the queue is full."""
+        self._metrics.kv_submitted.inc()
         try:
             self._queue.put_nowait(_Entry(key, value.decode(), max(MIN_TTL, ttl)))
         except asyncio.QueueFull:

@@ -95,6 +95,11 @@ class Metrics:
             "Entries in the bulk call being sent right now.",
             registry=registry,
         )
+        self.kv_submitted = Counter(
+            "prism_kv_writer_submitted",
+            "New entries handed to the KV writer (each is later sent or dropped).",
+            registry=registry,
+        )
         self.kv_sent = Counter(
             "prism_kv_writer_sent", "Entries written to Workers KV.", registry=registry
         )

@@ -1,7 +1,7 @@
 """The KV writer, seen from outside: the origin's /metrics (on its admin listener)
 before and after a miss run.
 
-Every miss the origin answers queues one new entry for Workers KV. After the
+Every entry the origin stores is handed to its KV writer (counted). After the
 run, this waits until each of those entries is accounted for (sent or dropped)
 and reports how many went, in how many REST calls, and how fast, counting the
 drain time after the load in the rate.
@@ -20,6 +20,7 @@ import httpx
 __all__ = ["measure_replication", "read_metrics", "wait_writer_idle"]
 
 _SENT = "prism_kv_writer_sent_total"
+_SUBMITTED = "prism_kv_writer_submitted_total"  # each new entry, whatever became of it
 _DROPPED = "prism_kv_writer_dropped_total"
 
 
@@ -38,18 +39,6 @@ def read_metrics(admin_url: str) -> dict[str, float]:
 def _total(metrics: Mapping[str, float], name: str) -> float:
     """A counter summed over its labels."""
     return sum(v for k, v in metrics.items() if re.match(re.escape(name) + r"(\{|$)", k))
-
-
-def _misses(metrics: Mapping[str, float]) -> float:
-    """Misses answered (200): each stored one new entry. A client that left first (499, as
-    wrk's connections at the end of a run) cancelled its call, so nothing was stored."""
-    return sum(
-        v
-        for k, v in metrics.items()
-        if k.startswith("prism_origin_requests_total{")
-        and 'layer="miss"' in k
-        and 'status="200"' in k
-    )
 
 
 def _writer_idle(metrics: Mapping[str, float]) -> bool:
@@ -85,7 +74,7 @@ def measure_replication(
     began = time.monotonic()
     while True:
         after = read_metrics(admin_url)
-        created = _misses(after) - _misses(before)
+        created = _total(after, _SUBMITTED) - _total(before, _SUBMITTED)
         done = _total(after, _SENT) + _total(after, _DROPPED)
         done -= _total(before, _SENT) + _total(before, _DROPPED)
         if (done >= created and _writer_idle(after)) or time.monotonic() - began > 120:
