@@ -137,7 +137,7 @@ class ChatCompletions:
         call = Call(chat.body, chat.model, chat.stream, request_id, storage)
         # Join only requests that would accept a cached answer anyway; Redis being down
         # is no reason to call the provider once per identical request.
-        key = fp if decision.read and gw.settings.coalesce else None
+        key = fp if decision.read else None
         client_gone = functools.partial(disconnected, receive)
         async with gw.flights.subscribe(key, call) as subscription:
             stream: ClientStream | None = None

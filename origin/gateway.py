@@ -17,9 +17,8 @@ from .flight import FlightTable
 from .kv_writer import KVWriter
 from .metrics import Metrics
 from .providers._http import ConnectorFactory
-from .providers.anthropic import AnthropicProvider
-from .providers.base import ChatProvider, ProviderSpec, UpstreamCompletion
-from .providers.openai import OpenAICompatibleProvider
+from .providers.base import ChatProvider, UpstreamCompletion
+from .providers.registry import build_provider
 from .redis_client import RedisClient, RedisPyClient
 from .redis_pipe import RedisPipe
 from .router import Router
@@ -30,12 +29,6 @@ __all__ = ["Gateway"]
 log = logging.getLogger("prism.origin")
 
 T = TypeVar("T")
-
-
-def build_provider(spec: ProviderSpec, connector: ConnectorFactory | None = None) -> ChatProvider:
-    if spec.kind == "anthropic":
-        return AnthropicProvider(spec, connector)
-    return OpenAICompatibleProvider(spec, connector)
 
 
 class Gateway:

@@ -57,7 +57,6 @@ class Settings:
     redis_timeout: float = 0.5
     redis_retry_after: float = 1.0  # how long Redis is skipped after it failed
     redis_client: RedisClientKind = "pipe"  # RedisPipe, or redis-py's pool (the way out)
-    coalesce: bool = True
     # The whole request (headers and body) must arrive within this; else 408 and close.
     read_timeout: float = 30.0
     release: str = "dev"  # what /healthz says is running: the deploy's release id

@@ -195,7 +195,7 @@ def origin(
         uv = None if rollback else find_uv()
     except ReleaseError as error:
         _fail(str(error), code=2, secrets=secrets)
-    # boto3 costs a few hundred ms to import: only the command that uses it pays.
+    # boto3 is slow to import: only the command that uses it pays.
     import boto3
     from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 

@@ -43,12 +43,11 @@ from pathlib import Path
 from typing import Any
 
 from .base import ProviderSpec
+from .registry import ADAPTERS
 
 __all__ = ["DEFAULT_MAX_ATTEMPTS", "ModelTarget", "ProviderConfig", "Route", "load_provider_config"]
 
-_KINDS = ("openai", "anthropic")
 DEFAULT_MAX_ATTEMPTS = 3
-_ROUTE_MEMO = 1024  # resolved model names remembered (client-chosen: bounded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,23 +71,15 @@ class Route:
 class ProviderConfig:
     providers: dict[str, ProviderSpec]
     routes: dict[str, Route] = field(default_factory=dict)
-    _memo: dict[str, Route | None] = field(default_factory=dict, compare=False, repr=False)
 
     def route(self, model: str) -> Route | None:
-        """The route for a public model name (exact, else the first matching glob)."""
-        try:
-            return self._memo[model]
-        except KeyError:
-            pass
+        """The route for a public model name (exact, else the first matching glob). Not
+        memoized: the router remembers each model's plan."""
         route = self.routes.get(model)
         if route is None:
             for pattern, candidate in self.routes.items():
                 if any(c in pattern for c in "*?[") and fnmatch.fnmatchcase(model, pattern):
-                    route = candidate
-                    break
-        if len(self._memo) >= _ROUTE_MEMO:
-            self._memo.clear()
-        self._memo[model] = route
+                    return candidate
         return route
 
     def targets(self, model: str) -> tuple[tuple[ProviderSpec, str], ...]:
@@ -104,8 +95,8 @@ class ProviderConfig:
 
 def _spec(name: str, table: Mapping[str, Any], env: Mapping[str, str]) -> ProviderSpec:
     kind = table.get("kind", "openai")
-    if kind not in _KINDS:
-        raise ValueError(f"provider '{name}': kind must be one of {', '.join(_KINDS)}")
+    if kind not in ADAPTERS:
+        raise ValueError(f"provider '{name}': kind must be one of {', '.join(ADAPTERS)}")
     base_url = table.get("base_url")
     if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
         raise ValueError(f"provider '{name}': base_url must be an http(s) URL")
