@@ -16,14 +16,13 @@ import pytest
 import redis
 
 from deploy.edge_bundle import build_edge, vendor_workers_sdk
-from deploy.local.asgi_thread import ThreadedServer
 from deploy.local.ports import free_port
 from deploy.local.provider import ProviderServer
 from deploy.local.redis import RedisServer
 from deploy.local.workers import LocalWorkersRuntime
-from origin import Settings, create_app
 from prism import encode_envelope, entry_key, fingerprint, parse_chat_request
-from tests.fixtures.origin import FORWARD_SECRET, KEY_SECRET, origin_env
+from tests.fixtures.edge import serve_replicating_origin
+from tests.fixtures.origin import FORWARD_SECRET, KEY_SECRET
 from tests.fixtures.workers import KVApi, WorkersRuntimeFactory
 from tests.polling import wait_for
 
@@ -82,20 +81,11 @@ def production_edge(
         api_token="kv-api-production-entry",
     )
     kv = KVApi(runtime)
-    env = origin_env(
-        redis_server.url,
-        provider_server.url,
-        PRISM_KV_API_URL=kv.url,
-        PRISM_KV_ACCOUNT_ID=kv.account_id,
-        PRISM_KV_NAMESPACE_ID=kv.namespace_id,
-        CLOUDFLARE_API_TOKEN=kv.api_token,
-        PRISM_KV_FLUSH_INTERVAL="0.05",
-    )
-    server = ThreadedServer(create_app(Settings.from_env(env)), port=origin_port).start()
+    origin = serve_replicating_origin(kv, redis_server.url, provider_server.url, origin_port)
     try:
         yield ProductionEdge(runtime, kv, redis_server.url)
     finally:
-        server.stop()
+        origin.server.stop()
         kv.close()
 
 
