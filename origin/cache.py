@@ -26,7 +26,7 @@ from prism import REVOKED_KEY, AuthenticationError, entry_key, policy_key
 from .metrics import Metrics
 from .redis_client import NoScriptError, PreparedCommand, RedisClient, RedisClientError
 
-__all__ = ["Lookup", "RedisCache"]
+__all__ = ["LOOKUP_SCRIPT", "Lookup", "RedisCache"]
 
 log = logging.getLogger("prism.origin")
 
@@ -44,7 +44,7 @@ REVOKED_WHILE_UNAVAILABLE = Lookup(available=False, revoked=True)
 # KEYS[1] = the revoked set, KEYS[2] = the entry, KEYS[3] = the project's policy, either
 # "" when not wanted; ARGV[1] = the key id. A missing value comes back as false (nil),
 # which keeps its place in the reply. Revoked: nothing else is read.
-_LOOKUP = """
+LOOKUP_SCRIPT = """
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return {1} end
 local entry, policy = false, false
 if KEYS[2] ~= '' then entry = redis.call('GET', KEYS[2]) end
@@ -110,7 +110,7 @@ class RedisCache:
                     with contextlib.suppress(NoScriptError):  # Redis restarted or was flushed
                         reply = await self.redis.run(self._lookup_script, entry, policy, key_id)
                 if reply is None:  # first use, or the script is gone: load it
-                    sha = await self.redis.execute("SCRIPT", "LOAD", _LOOKUP)
+                    sha = await self.redis.execute("SCRIPT", "LOAD", LOOKUP_SCRIPT)
                     self._lookup_script = PreparedCommand("EVALSHA", sha, 3, REVOKED_KEY)
                     reply = await self.redis.run(self._lookup_script, entry, policy, key_id)
         except RedisClientError as error:

@@ -29,15 +29,16 @@ from typing import Any
 import uvloop
 
 from deploy.local.redis import RedisServer
+from origin.cache import LOOKUP_SCRIPT
 from origin.redis_client import PreparedCommand, RedisPyClient
 from origin.redis_pipe import RedisPipe
 from prism import REVOKED_KEY
 
 __all__ = ["main"]
 
-LOOKUP_SCRIPT = "return {redis.call('SISMEMBER', KEYS[1], ARGV[1]), redis.call('GET', KEYS[2])}"
 ENTRY_KEY = "prism:v1:bench-entry"
 KEY_ID = "benchkey00000001"
+NO_POLICY = ""  # the origin's own lookup, for a project with no policy
 VALUE = b"x" * 1024
 
 Call = Callable[[], Awaitable[Any]]
@@ -53,9 +54,9 @@ class Opened:
 async def open_pipe(host: str, port: int) -> Opened:
     pipe = RedisPipe(f"redis://{host}:{port}/0")
     sha = await pipe.execute("SCRIPT", "LOAD", LOOKUP_SCRIPT)
-    prepared = PreparedCommand("EVALSHA", sha, 2, REVOKED_KEY)
+    prepared = PreparedCommand("EVALSHA", sha, 3, REVOKED_KEY)
     return Opened(
-        lambda: pipe.run(prepared, ENTRY_KEY, KEY_ID),
+        lambda: pipe.run(prepared, ENTRY_KEY, NO_POLICY, KEY_ID),
         lambda: pipe.execute("GET", ENTRY_KEY),
         pipe.close,
     )
@@ -64,9 +65,9 @@ async def open_pipe(host: str, port: int) -> Opened:
 async def open_redis_py(host: str, port: int) -> Opened:
     client = RedisPyClient(f"redis://{host}:{port}/0")
     sha = await client.execute("SCRIPT", "LOAD", LOOKUP_SCRIPT)
-    prepared = PreparedCommand("EVALSHA", sha, 2, REVOKED_KEY)
+    prepared = PreparedCommand("EVALSHA", sha, 3, REVOKED_KEY)
     return Opened(
-        lambda: client.run(prepared, ENTRY_KEY, KEY_ID),
+        lambda: client.run(prepared, ENTRY_KEY, NO_POLICY, KEY_ID),
         lambda: client.execute("GET", ENTRY_KEY),
         client.close,
     )
@@ -78,7 +79,7 @@ async def open_glide(host: str, port: int) -> Opened:
         glide.GlideClientConfiguration([glide.NodeAddress(host, port)], request_timeout=1000)
     )
     script = glide.Script(LOOKUP_SCRIPT)
-    keys, args = [REVOKED_KEY, ENTRY_KEY], [KEY_ID]
+    keys, args = [REVOKED_KEY, ENTRY_KEY, NO_POLICY], [KEY_ID]
     return Opened(
         lambda: client.invoke_script(script, keys=keys, args=args),
         lambda: client.get(ENTRY_KEY),
@@ -91,7 +92,7 @@ async def open_coredis(host: str, port: int) -> Opened:
     stack = AsyncExitStack()
     client = await stack.enter_async_context(coredis.Redis(host, port, stream_timeout=1.0))
     sha = await client.script_load(LOOKUP_SCRIPT)
-    keys = [REVOKED_KEY, ENTRY_KEY]
+    keys = [REVOKED_KEY, ENTRY_KEY, NO_POLICY]
     args = [KEY_ID]
     return Opened(
         lambda: client.evalsha(sha, keys=keys, args=args),
@@ -131,7 +132,7 @@ async def bench(
         for name in clients:
             opened = await CLIENTS[name](host, port)
             try:
-                expected = [0, VALUE]
+                expected = [0, VALUE, None]  # not revoked, the entry, no policy
                 got = await opened.lookup()
                 if list(got) != expected or await opened.get() != VALUE:
                     raise AssertionError(f"{name} answered {got!r}")
