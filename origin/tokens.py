@@ -1,0 +1,58 @@
+"""Upper bounds of a chat request's tokens, known before any provider is called.
+
+Budgets reserve money and token rate limits admit requests on these bounds; both settle
+to the provider's reported usage afterwards, so a loose bound costs headroom for the
+length of one request, never money.
+
+- Prompt: every byte-level BPE token (OpenAI's, Anthropic's, Llama's) stands for at
+  least one byte of text, so the UTF-8 size of the messages (plus tools and a small
+  per-message overhead for the chat template) bounds the text's tokens. An image costs
+  a fixed allowance per part, which is an estimate, not a bound: say so where it shows.
+- Completion: ``max_completion_tokens`` or ``max_tokens`` when the caller set one, else
+  the configured cap; times ``n`` (each choice is billed).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prism.request import ChatRequest
+
+__all__ = ["DEFAULT_OUTPUT_CAP", "IMAGE_TOKENS", "completion_token_bound", "prompt_token_bound"]
+
+DEFAULT_OUTPUT_CAP = 4096  # reserved for a request that sets no max_tokens
+IMAGE_TOKENS = 1536  # per image part: OpenAI's high-detail ceiling for a 2048 px image
+_PER_MESSAGE = 8  # role and template tokens around each message
+
+
+def _size(value: Any) -> int:
+    """UTF-8 bytes of the text in ``value`` (strings in nested lists and objects)."""
+    if isinstance(value, str):
+        return len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
+    if isinstance(value, dict):
+        if value.get("type") in ("image_url", "input_image", "image"):
+            return IMAGE_TOKENS
+        return sum(_size(key) + _size(item) for key, item in value.items())
+    if isinstance(value, list):
+        return sum(_size(item) for item in value)
+    return 0 if value is None else 8  # numbers and booleans: a few tokens at most
+
+
+def prompt_token_bound(request: ChatRequest) -> int:
+    """At least as many tokens as the provider will count for the prompt (images aside)."""
+    body = request.body
+    messages = body.get("messages") or []
+    total = _PER_MESSAGE * len(messages) + _size(messages)
+    for field in ("tools", "functions", "response_format"):
+        if field in body:
+            total += _size(body[field])
+    return total
+
+
+def completion_token_bound(request: ChatRequest, cap: int = DEFAULT_OUTPUT_CAP) -> int:
+    """The most completion tokens the request can be billed for."""
+    body = request.body
+    limit = body.get("max_completion_tokens")
+    if limit is None:
+        limit = body.get("max_tokens")
+    return (cap if limit is None else int(limit)) * max(1, request.n)
