@@ -17,6 +17,7 @@ import secrets
 
 from prism import (
     AuthenticationError,
+    ChatRequest,
     InvalidRequestError,
     KeyIdentity,
     MethodNotAllowedError,
@@ -64,7 +65,7 @@ class EdgeHandler:
         self.settings = settings
         self.revoked = RevocationSet(settings.revocation_ttl)
         self.policies = PolicyCache(settings.policy_ttl)
-        self._bodies = RecentBodies(size=256)
+        self._bodies: RecentBodies[ChatRequest] = RecentBodies(size=256)
         self._entries = RecentEntries(size=64)
         # Request ids need to be unique, not secret: a random prefix per isolate and a counter.
         self._id_prefix = secrets.token_hex(4)

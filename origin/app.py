@@ -1,6 +1,6 @@
 """``create_app(settings)``: the only place the origin is wired together.
 
-Two route tables. The API (``/v1/chat/completions``, ``/v1/models``, and a bare
+Two route tables. The API (``/v1/chat/completions``, ``/v1/embeddings``, ``/v1/models``, and a bare
 ``/healthz`` for load balancers) is served on the public listener. The admin routes
 (``/healthz`` with every detail, ``/metrics`` with every tenant's counters) are served
 only on the admin listener, bound to loopback by default (``origin.server``).
@@ -15,11 +15,13 @@ import httpx
 
 from prism import AuthenticationError, Policy
 from prism import headers as h
-from prism.routes import CHAT_PATH, MODELS_PATH
+from prism.routes import CHAT_PATH, EMBEDDINGS_PATH, MODELS_PATH
 
+from .api_route import ApiRoute
 from .asgi import Request, Route, Routes
 from .auth import authenticate
 from .chat import ChatCompletions
+from .embeddings import EMBEDDINGS
 from .gateway import Gateway
 from .policies import ProjectPolicies
 from .providers._http import ConnectorFactory
@@ -124,6 +126,12 @@ def create_app(
     api = [
         Route(CHAT_PATH, ChatCompletions(gateway, policies), frozenset({"POST"}), name="chat"),
         Route(MODELS_PATH, models, name="models"),
+        Route(
+            EMBEDDINGS_PATH,
+            ApiRoute(gateway, EMBEDDINGS, policies),
+            frozenset({"POST"}),
+            name="embeddings",
+        ),
         Route("/healthz", alive),
     ]
     admin = Routes([Route("/healthz", health), Route("/metrics", metrics)])

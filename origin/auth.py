@@ -29,9 +29,11 @@ def authenticate(
     method: str,
     path: str,
     metrics: Metrics | None = None,
+    key_header: str | None = None,
 ) -> Caller:
     """The caller of ``method path``. A forward header binds both: one signed for another
-    route or method is refused like a forged one."""
+    route or method is refused like a forged one. ``key_header`` (``x-api-key`` on the
+    Anthropic route) may carry the key instead of ``Authorization: Bearer``."""
     forwarded = headers.get(h.FORWARD)
     if forwarded is not None:
         # Only the edge can sign this; a bad or expired one is refused, never ignored.
@@ -44,7 +46,10 @@ def authenticate(
                 metrics.count_forward_rejected(rejected.reason)
             raise
         return Caller(found.project, found.key_id, found.fingerprint or None, forwarded=True)
-    identity = key_ring.verify(bearer_token(headers.get("authorization")))
+    token = bearer_token(headers.get("authorization"))
+    if not token and key_header is not None:
+        token = headers.get(key_header, "").strip(" \t")
+    identity = key_ring.verify(token)
     return Caller(identity.project, identity.key_id, None)
 
 

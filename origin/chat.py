@@ -53,7 +53,7 @@ class ChatCompletions:
         self.policies = policies or ProjectPolicies()
         self.audit = AuditWriter(gateway.redis)
         self.policy = CachePolicy(default_ttl=gateway.settings.default_ttl)
-        self._bodies = RecentBodies()
+        self._bodies: RecentBodies[ChatRequest] = RecentBodies()
         self._entries = RecentEntries()
 
     async def __call__(self, request: Request) -> Reply:

@@ -9,11 +9,14 @@ first, then the rest, and reports a ``PrismError`` raised mid-stream exactly onc
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prism import PrismError, UpstreamError, UpstreamTimeoutError
 
 from .providers.base import ChatProvider, UpstreamStream
+
+if TYPE_CHECKING:
+    from .operation import Operation
 
 __all__ = ["StartedEvents", "first_token_timeout", "open_started"]
 
@@ -82,9 +85,13 @@ async def open_started(
     model: str,
     on_error: Callable[[PrismError], None],
     on_finish: Callable[[], None],
+    op: Operation | None = None,
 ) -> UpstreamStream:
     """The provider's stream once its first bytes are here (the caller bounds the wait)."""
-    upstream = await provider.stream(body, model)
+    if op is None:
+        upstream = await provider.stream(body, model)
+    else:
+        upstream = await op.stream(provider, body, model)
     try:
         first = await anext(upstream.events)
     except StopAsyncIteration:

@@ -37,6 +37,7 @@ import orjson
 from prism import PrismError, SSEDecoder, StreamAssembler, UpstreamError, error_json, replay
 from prism.sse import DONE
 
+from .operation import Operation
 from .providers.base import UpstreamCompletion, UpstreamStream
 from .router import Routed, Router
 
@@ -61,6 +62,7 @@ class Call(NamedTuple):  # a tuple: made on every miss, and cheaper than a froze
     stream: bool
     request_id: str  # of the request that started the flight: its log lines name it
     storage: Storage | None = None  # None: the answer is not cached
+    op: Operation | None = None  # another API's call (embeddings, messages); None: chat
 
 
 # Caches a complete answer: (fingerprint, answer, model, ttl, fallback) -> the pending
@@ -160,9 +162,12 @@ class Flight:
         call = self._call
         try:
             if call.stream:
-                await self._stream(call)
+                if call.op is None:
+                    await self._stream(call)
+                else:
+                    await self._stream_op(call, call.op)
             else:
-                routed = await self._router.complete(call.body, call.model)
+                routed = await self._router.complete(call.body, call.model, call.op)
                 self._provider, self._fallback = routed.label, routed.fallback
                 self._end(result=routed.value)
         except asyncio.CancelledError:
@@ -225,6 +230,41 @@ class Flight:
                 code="upstream_truncated",
             )
         # Failures raised by the events iterator are the router's to count; these are ours.
+        self._router.stream_failed(routed, failure)
+        raise failure
+
+    async def _stream_op(self, call: Call, op: Operation) -> None:
+        """Another API's stream: relayed event by event as it arrives, rebuilt by the
+        operation's builder, cached only when whole (its own end marker came)."""
+        routed = await self._router.stream(call.body, call.model, op)
+        self._provider, self._fallback = routed.label, routed.fallback
+        upstream = routed.value
+        builder = op.builder(routed.provider)
+        failure: PrismError | None = None
+        try:
+            decoder = SSEDecoder()
+            async for raw in upstream.events:
+                try:
+                    self._frames.extend([builder.add(data) for data in decoder.feed(raw)])
+                except PrismError as error:
+                    failure = error
+                    break
+                self._notify()
+                if builder.done:
+                    break
+            result = builder.result() if failure is None and builder.done else None
+            if result is not None:
+                self._end(result=result)
+                self._router.stream_finished(routed)
+                return
+        finally:
+            with contextlib.suppress(Exception):
+                await upstream.aclose()
+        if failure is None:
+            failure = UpstreamError(
+                f"Provider '{routed.provider}' ended the stream before the answer was complete.",
+                code="upstream_truncated",
+            )
         self._router.stream_failed(routed, failure)
         raise failure
 
@@ -394,6 +434,13 @@ class ClientStream:
         raise StopAsyncIteration
 
     def _last(self, flight: Flight) -> bytes:
+        op = flight._call.op
+        if op is not None:
+            if flight._error is not None:
+                return op.error_frame(flight._error)
+            if not flight._frames and flight._result is not None:
+                return op.replay(flight._result)
+            return b""  # the stream's own end marker was among its frames
         if flight._error is not None:
             return b"data: " + error_json(flight._error) + b"\n\n"
         if not flight._frames and flight._result is not None:

@@ -22,6 +22,7 @@ from .retry import CLIENT_ERROR, RATE_LIMITED, SERVER_ERROR, backoff, classify, 
 from .targets import Plan, Routed, Target
 
 if TYPE_CHECKING:
+    from .operation import Operation
     from .router import Router
 
 __all__ = ["RouteRequest"]
@@ -36,6 +37,7 @@ class RouteRequest:
         "context_tried",
         "hedged",
         "last_error",
+        "op",
         "pending",
         "plan",
         "retried",
@@ -43,8 +45,16 @@ class RouteRequest:
         "stream",
     )
 
-    def __init__(self, router: Router, plan: Plan, body: dict[str, Any], stream: bool) -> None:
+    def __init__(
+        self,
+        router: Router,
+        plan: Plan,
+        body: dict[str, Any],
+        stream: bool,
+        op: Operation | None = None,
+    ) -> None:
         self.router = router
+        self.op = op
         self.plan = plan
         self.body = body
         self.stream = stream
@@ -83,7 +93,7 @@ class RouteRequest:
                     return self._answer(*answered)
                 continue
             try:
-                value = await router.attempt(target, self.body, self.stream)
+                value = await router.attempt(target, self.body, self.stream, self.op)
             except PrismError as error:
                 self.failed(target, error)
                 continue
@@ -194,7 +204,7 @@ class _Hedge:
         timer = loop.call_later(request._hedge_delay(primary), self._start)
         try:
             try:
-                value = await router.attempt(primary, request.body, request.stream)
+                value = await router.attempt(primary, request.body, request.stream, request.op)
             except PrismError as error:
                 self.primary_done = True
                 timer.cancel()
@@ -240,7 +250,9 @@ class _Hedge:
         router = request.router
         router.count_hedge(following)
         self.target = following
-        self.hedge = asyncio.ensure_future(router.attempt(following, request.body, request.stream))
+        self.hedge = asyncio.ensure_future(
+            router.attempt(following, request.body, request.stream, request.op)
+        )
         self.hedge.add_done_callback(self._hedge_done)
 
     def _hedge_done(self, task: asyncio.Task[Any]) -> None:

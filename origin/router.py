@@ -26,6 +26,7 @@ from prism import NotFoundError, PrismError
 from .first_byte import StartedEvents, first_token_timeout, open_started
 from .health import Health, HealthPolicy, ProviderHealth, State
 from .metrics import Metrics
+from .operation import Operation
 from .providers._http import redact
 from .providers.base import ChatProvider, UpstreamCompletion, UpstreamStream
 from .providers.config import ProviderConfig
@@ -74,14 +75,19 @@ class Router:
 
     # -- the public interface (the flight's) ---------------------------------------------
 
-    async def complete(self, body: dict[str, Any], model: str) -> Routed[UpstreamCompletion]:
-        """A complete answer from the model's first working target."""
-        request = RouteRequest(self, self._plan(model), body, False)
+    async def complete(
+        self, body: dict[str, Any], model: str, op: Operation | None = None
+    ) -> Routed[UpstreamCompletion]:
+        """A complete answer from the model's first working target (``op``: another API's
+        call than chat completions)."""
+        request = RouteRequest(self, self._plan(model), body, False, op)
         return cast(Routed[UpstreamCompletion], await request.run())
 
-    async def stream(self, body: dict[str, Any], model: str) -> Routed[UpstreamStream]:
+    async def stream(
+        self, body: dict[str, Any], model: str, op: Operation | None = None
+    ) -> Routed[UpstreamStream]:
         """A stream whose first bytes have arrived; failover happens only before them."""
-        request = RouteRequest(self, self._plan(model), body, True)
+        request = RouteRequest(self, self._plan(model), body, True, op)
         return cast(Routed[UpstreamStream], await request.run())
 
     def stream_failed(self, routed: Routed[UpstreamStream], error: PrismError) -> None:
@@ -153,7 +159,9 @@ class Router:
 
     # -- one attempt ---------------------------------------------------------------------
 
-    async def attempt(self, target: Target, body: dict[str, Any], stream: bool) -> Any:
+    async def attempt(
+        self, target: Target, body: dict[str, Any], stream: bool, op: Operation | None = None
+    ) -> Any:
         """One upstream call, recorded; every failure leaves as a ``PrismError``."""
         started = self.clock()
         try:
@@ -165,9 +173,12 @@ class Router:
                         target.model,
                         lambda e: self._broken(target, e),
                         lambda: self._whole(target, started),
+                        op,
                     )
-            else:
+            elif op is None:
                 value = await target.provider.complete(body, target.model)
+            else:
+                value = await op.complete(target.provider, body, target.model)
         except PrismError as error:
             self._record(target, started, stream, error)
             raise

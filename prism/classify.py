@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .request import ChatRequest
+from .fingerprint import ParsedBody
 
 __all__ = ["MIN_TTL", "CacheDecision", "CachePolicy", "classify"]
 
@@ -59,7 +59,7 @@ def _directives(cache_control: str) -> dict[str, str]:
 
 
 def classify(
-    request: ChatRequest, cache_control: str | None = None, policy: CachePolicy = DEFAULT_POLICY
+    request: ParsedBody, cache_control: str | None = None, policy: CachePolicy = DEFAULT_POLICY
 ) -> CacheDecision:
     ttl = max(MIN_TTL, min(policy.default_ttl, policy.max_ttl))
     if not policy.enabled:

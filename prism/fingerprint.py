@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Protocol
 
-from .request import ChatRequest
-
-__all__ = ["EXCLUDED_FIELDS", "FINGERPRINT_VERSION", "canonical_document", "fingerprint"]
+__all__ = [
+    "EXCLUDED_FIELDS",
+    "FINGERPRINT_VERSION",
+    "ParsedBody",
+    "canonical_document",
+    "fingerprint",
+]
 
 FINGERPRINT_VERSION = 1
 
@@ -37,6 +41,13 @@ EXCLUDED_FIELDS = frozenset(
 )
 
 
+class ParsedBody(Protocol):
+    """A parsed request of any API (chat, embeddings, messages): its JSON body as sent."""
+
+    @property
+    def body(self) -> dict[str, Any]: ...
+
+
 # Built once (json.dumps with options builds a new encoder per call). ASCII escapes make
 # every unicode spelling agree, lone surrogates included.
 _CANONICAL = json.JSONEncoder(
@@ -44,7 +55,7 @@ _CANONICAL = json.JSONEncoder(
 )
 
 
-def canonical_document(project: str, path: str, request: ChatRequest) -> dict[str, Any]:
+def canonical_document(project: str, path: str, request: ParsedBody) -> dict[str, Any]:
     """The exact document that is hashed: what ``prism fingerprint --explain`` shows."""
     return {
         "v": FINGERPRINT_VERSION,
@@ -54,7 +65,7 @@ def canonical_document(project: str, path: str, request: ChatRequest) -> dict[st
     }
 
 
-def fingerprint(project: str, path: str, request: ChatRequest) -> str:
+def fingerprint(project: str, path: str, request: ParsedBody) -> str:
     """64 hex chars identifying the cached answer to ``request`` for ``project``."""
     canonical = _CANONICAL.encode(canonical_document(project, path, request))
     return hashlib.sha256(canonical.encode()).hexdigest()

@@ -9,9 +9,12 @@ is hot at once. Keys are the exact input, so a memo never answers for another.
 
 from __future__ import annotations
 
+from typing import Generic, TypeVar
+
 from .envelope import Envelope
 from .envelope import decode as decode_envelope
-from .request import ChatRequest
+
+R = TypeVar("R")
 
 __all__ = ["RecentBodies", "RecentEntries"]
 
@@ -21,8 +24,9 @@ def _memory_size(raw: bytes | str) -> int:
     return len(raw) if isinstance(raw, bytes) or raw.isascii() else 4 * len(raw)
 
 
-class RecentBodies:
-    """Parsed requests and fingerprints of recently seen bodies, per project.
+class RecentBodies(Generic[R]):
+    """Parsed requests (a ``ChatRequest``, or another API's) and fingerprints of recently
+    seen bodies, per project.
 
     The ``ChatRequest`` handed out (and its ``body`` dict) is shared by every request
     that sends the same bytes: it is never mutated. Whoever needs a changed body builds
@@ -36,13 +40,13 @@ class RecentBodies:
     MAX_BODY = 16 * 1024
 
     def __init__(self, size: int = 1024) -> None:
-        self._items: dict[tuple[str, bytes | str], tuple[ChatRequest, str]] = {}
+        self._items: dict[tuple[str, bytes | str], tuple[R, str]] = {}
         self._size = size
 
-    def get(self, project: str, raw: bytes | str) -> tuple[ChatRequest, str] | None:
+    def get(self, project: str, raw: bytes | str) -> tuple[R, str] | None:
         return self._items.get((project, raw))
 
-    def put(self, project: str, raw: bytes | str, chat: ChatRequest, fp: str) -> None:
+    def put(self, project: str, raw: bytes | str, chat: R, fp: str) -> None:
         if _memory_size(raw) > self.MAX_BODY:
             return
         if len(self._items) >= self._size:

@@ -15,7 +15,7 @@ from typing import Any
 
 from .errors import InvalidRequestError, RequestTooLargeError
 
-__all__ = ["ChatRequest", "Limits", "parse_chat_request"]
+__all__ = ["ChatRequest", "Limits", "decode_body", "parse_chat_request"]
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
@@ -260,8 +260,9 @@ _DECODER = json.JSONDecoder(
 _PLAIN_DECODER = json.JSONDecoder()  # to find what ``_DECODER`` refused (error path only)
 
 
-def parse_chat_request(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> ChatRequest:
-    """Validate ``raw`` as a chat-completions body, or raise the matching ``PrismError``."""
+def decode_body(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> dict[str, Any]:
+    """``raw`` as a JSON object within ``limits`` (size, depth, string length, encodable
+    values), or the matching ``PrismError``: the part every API's parser shares."""
     if len(raw) > limits.max_body_bytes:
         raise RequestTooLargeError(
             f"Request body is {len(raw)} bytes; the limit is {limits.max_body_bytes}."
@@ -301,7 +302,12 @@ def parse_chat_request(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> Cha
         where = _find_unencodable(body)
         if where is not None:
             raise _unencodable_error(where)
+    return body
 
+
+def parse_chat_request(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> ChatRequest:
+    """Validate ``raw`` as a chat-completions body, or raise the matching ``PrismError``."""
+    body = decode_body(raw, limits)
     model = body.get("model")
     if not isinstance(model, str) or not 0 < len(model) <= 256:
         raise InvalidRequestError("'model' must be a non-empty string.", param="model")

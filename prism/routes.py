@@ -3,9 +3,21 @@ the benchmark): each defined here, once."""
 
 from __future__ import annotations
 
-__all__ = ["CHAT_PATH", "CLOUDFLARE_API_URL", "DEFAULT_REDIS_URL", "MODELS_PATH"]
+__all__ = [
+    "CHAT_PATH",
+    "CLOUDFLARE_API_URL",
+    "DEFAULT_REDIS_URL",
+    "EMBEDDINGS_PATH",
+    "MESSAGES_PATH",
+    "MODELS_KEY",
+    "MODELS_PATH",
+]
 
-CHAT_PATH = "/v1/chat/completions"  # also part of every fingerprint: never change it
+# Each API path is also part of every fingerprint made for it: never change one.
+CHAT_PATH = "/v1/chat/completions"
+EMBEDDINGS_PATH = "/v1/embeddings"
+MESSAGES_PATH = "/v1/messages"  # Anthropic's Messages API
 MODELS_PATH = "/v1/models"
+MODELS_KEY = "prism:models"  # the origin's model list, published to Workers KV for the edge
 CLOUDFLARE_API_URL = "https://api.cloudflare.com/client/v4"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"  # the origin's and `prism keys`' default

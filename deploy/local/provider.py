@@ -53,6 +53,7 @@ from deploy.local.provider_formats import (
     anthropic_stream,
     malformed_stream,
     openai_completion,
+    openai_embeddings,
     openai_reply,
     openai_stream,
     without_done,
@@ -121,6 +122,32 @@ class _Provider:
     async def messages(self, request: Request) -> Response:
         return await self._chat(request, "anthropic")
 
+    async def embeddings(self, request: Request) -> Response:
+        """Deterministic vectors (``openai_embeddings``); the same faults as chat, but
+        those of streams (an embedding is never streamed)."""
+        state = self.state
+        state.stats.paths[request.url.path] += 1
+        raw = await request.body()
+        denied = self._denied(request, "openai")
+        if denied is not None:
+            return denied
+        try:
+            body = orjson.loads(raw)
+            if not isinstance(body, dict):
+                raise ValueError("The request body must be a JSON object.")
+            answer = openai_embeddings(body)
+            fault = header_fault(request.headers) or state.faults.take()
+        except (orjson.JSONDecodeError, ValueError) as exc:
+            return error_response("openai", 400, str(exc))
+        state.recent.append({"method": "POST", "path": request.url.path, "body": body})
+        state.record(fault, False)
+        delay = self.settings.latency_ms / 1000 + _fault_delay(fault, False)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if fault is not None and fault.mode in ("status", "rate_limit"):
+            return fault_error_response("openai", fault)
+        return _plain(orjson.dumps(answer), fault)
+
     def _denied(self, request: Request, api: Api) -> Response | None:
         headers, key = request.headers, self.settings.api_key
         if api == "anthropic":
@@ -180,22 +207,7 @@ class _Provider:
             data = (
                 openai_completion(reply, created) if api == "openai" else anthropic_message(reply)
             )
-            payload = orjson.dumps(data)
-            if mode == "malformed_json":
-                payload = MALFORMED_JSON
-            elif mode == "truncated_stream":
-                assert fault is not None
-                if fault.abort:
-                    # Promise the whole body, send half, hang up.
-                    half = _once(payload[: len(payload) // 2])
-                    return _CutResponse(half, "application/json", content_length=len(payload))
-                payload = payload[: len(payload) // 2]
-            elif mode == "stall_after_headers":
-                assert fault is not None
-                return StreamingResponse(
-                    _after(fault.seconds, payload), media_type="application/json"
-                )
-            return Response(payload, media_type="application/json")
+            return _plain(orjson.dumps(data), fault)
         if api == "openai":
             options = body.get("stream_options")
             include_usage = isinstance(options, dict) and options.get("include_usage") is True
@@ -276,6 +288,24 @@ class _CutResponse(Response):
             await send({"type": "http.response.body", "body": part, "more_body": True})
 
 
+def _plain(payload: bytes, fault: Fault | None) -> Response:
+    """A JSON answer, spoiled as the fault says."""
+    mode = fault.mode if fault is not None else None
+    if mode == "malformed_json":
+        payload = MALFORMED_JSON
+    elif mode == "truncated_stream":
+        assert fault is not None
+        if fault.abort:
+            # Promise the whole body, send half, hang up.
+            half = _once(payload[: len(payload) // 2])
+            return _CutResponse(half, "application/json", content_length=len(payload))
+        payload = payload[: len(payload) // 2]
+    elif mode == "stall_after_headers":
+        assert fault is not None
+        return StreamingResponse(_after(fault.seconds, payload), media_type="application/json")
+    return Response(payload, media_type="application/json")
+
+
 async def _once(payload: bytes) -> AsyncIterator[bytes]:
     yield payload
 
@@ -315,6 +345,7 @@ def create_provider_app(settings: ProviderSettings | None = None) -> Starlette:
     routes = [
         Route("/v1/chat/completions", provider.chat_completions, methods=["POST"]),
         Route("/v1/messages", provider.messages, methods=["POST"]),
+        Route("/v1/embeddings", provider.embeddings, methods=["POST"]),
         Route("/v1/models", provider.models, methods=["GET"]),
         *control_routes(state),
     ]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import re
+import struct
 from dataclasses import dataclass
 from itertools import zip_longest
 from typing import TYPE_CHECKING, Any
@@ -25,6 +27,7 @@ __all__ = [
     "anthropic_stream",
     "malformed_stream",
     "openai_completion",
+    "openai_embeddings",
     "openai_reply",
     "openai_stream",
     "without_done",
@@ -377,3 +380,69 @@ def malformed_stream(api: Api, plan: StreamPlan) -> StreamPlan:
 def without_done(plan: StreamPlan) -> StreamPlan:
     """Every choice finished, then a clean end but no end marker (``[DONE]``, ``message_stop``)."""
     return StreamPlan(plan.events[:-1], plan.terminal)
+
+
+# ---------------------------------------------------------------- embeddings
+
+EMBEDDING_DIMENSIONS = 8  # the default vector length: small, and enough to tell inputs apart
+
+
+def _embedding_inputs(value: Any) -> list[Any]:
+    """The items of an ``input`` (a string, strings, token ids, or token-id arrays)."""
+    if isinstance(value, str) and value:
+        return [value]
+    _require(isinstance(value, list) and bool(value), "'input' must be a non-empty string or list")
+    assert isinstance(value, list)
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return [value]
+    _require(
+        all((isinstance(v, str) and v) or (isinstance(v, list) and v) for v in value),
+        "'input' items must be non-empty strings or token arrays",
+    )
+    return value
+
+
+def _vector(model: str, item: Any, dimensions: int) -> list[float]:
+    """A unit vector derived from a hash of the model and the input: the same input
+    always gets the same vector, other inputs other ones."""
+    seed = hashlib.sha256(orjson.dumps([model, item])).digest()
+    raw = b"".join(
+        hashlib.sha256(seed + i.to_bytes(4, "big")).digest() for i in range(-(-dimensions // 8))
+    )
+    values = [(v / 2**31) - 1.0 for v in struct.unpack(f">{dimensions}I", raw[: 4 * dimensions])]
+    norm = sum(v * v for v in values) ** 0.5 or 1.0
+    # Rounded through float32, as a provider's vectors are, so base64 and float agree.
+    packed = struct.pack(f"<{dimensions}f", *(v / norm for v in values))
+    return list(struct.unpack(f"<{dimensions}f", packed))
+
+
+def _tokens(item: Any) -> int:
+    return len(item) if isinstance(item, list) else max(1, len(str(item).split()))
+
+
+def openai_embeddings(body: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's answer to ``POST /v1/embeddings``, deterministic in the body."""
+    model = body.get("model")
+    _require(isinstance(model, str) and bool(model), "'model' is required")
+    assert isinstance(model, str)
+    items = _embedding_inputs(body.get("input"))
+    dimensions = body.get("dimensions") or EMBEDDING_DIMENSIONS
+    _require(
+        isinstance(dimensions, int) and 1 <= dimensions <= 4096, "'dimensions' must be 1..4096"
+    )
+    encoding = body.get("encoding_format") or "float"
+    _require(encoding in ("float", "base64"), "'encoding_format' must be float or base64")
+    data = []
+    for index, item in enumerate(items):
+        vector = _vector(model, item, dimensions)
+        embedding: Any = vector
+        if encoding == "base64":
+            embedding = base64.b64encode(struct.pack(f"<{dimensions}f", *vector)).decode()
+        data.append({"object": "embedding", "index": index, "embedding": embedding})
+    tokens = sum(_tokens(item) for item in items)
+    return {
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }

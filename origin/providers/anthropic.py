@@ -72,6 +72,26 @@ class AnthropicProvider:
             raise
         return UpstreamStream(events=_Primed(first, events))
 
+    async def messages(self, body: dict[str, Any], model: str) -> UpstreamCompletion:
+        """A Messages API body passed through as it is (but for the upstream model); the
+        answer is the provider's own bytes."""
+        payload = orjson.dumps({**body, "model": model, "stream": False})
+        content = await self._http.post(_PATH, payload, self._headers)
+        message = parse_body(self.spec, content)
+        if not isinstance(message.get("content"), list):
+            raise malformed(self.spec, "an unexpected body")
+        return UpstreamCompletion(body=content, completion=message)
+
+    async def messages_stream(self, body: dict[str, Any], model: str) -> UpstreamStream:
+        """A Messages API stream passed through: the provider's event bytes as they come."""
+        payload = orjson.dumps({**body, "model": model, "stream": True})
+        response = await self._http.open_stream(_PATH, payload, self._stream_headers)
+
+        async def close() -> None:
+            response.close()
+
+        return UpstreamStream(events=self._http.chunks(response), close=close)
+
     async def _events(
         self, response: aiohttp.ClientResponse, model: str
     ) -> AsyncGenerator[bytes, None]:

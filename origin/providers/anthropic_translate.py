@@ -22,6 +22,8 @@ from prism import InvalidRequestError, UpstreamError, UpstreamUnavailableError
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
+    "FINISH_REASONS",
+    "TOOL_CHOICES",
     "StreamTranslator",
     "finish_reason",
     "to_chat_completion",
@@ -31,7 +33,8 @@ __all__ = [
 # Anthropic requires max_tokens; OpenAI lets the model run to its own limit.
 DEFAULT_MAX_TOKENS = 4096
 
-_FINISH_REASONS = {
+# Anthropic stop_reason -> OpenAI finish_reason (``messages_translate`` reads it in reverse)
+FINISH_REASONS = {
     "end_turn": "stop",
     "stop_sequence": "stop",
     "pause_turn": "stop",
@@ -40,6 +43,8 @@ _FINISH_REASONS = {
     "tool_use": "tool_calls",
     "refusal": "content_filter",
 }
+# OpenAI tool_choice -> Anthropic tool_choice type (``messages_translate`` reads it in reverse)
+TOOL_CHOICES = {"auto": "auto", "required": "any", "none": "none"}
 _DATA_URL = re.compile(r"data:(?P<media>[\w.+-]+/[\w.+-]+);base64,(?P<data>.*)", re.DOTALL)
 
 
@@ -210,7 +215,7 @@ def _tool_choice(choice: Any, parallel: Any) -> dict[str, Any] | None:
             return None
         converted = {"type": "auto"}
     elif choice in ("auto", "required", "none"):
-        converted = {"type": {"auto": "auto", "required": "any", "none": "none"}[choice]}
+        converted = {"type": TOOL_CHOICES[choice]}
     elif isinstance(choice, dict) and isinstance(choice.get("function"), dict):
         name = choice["function"].get("name")
         if not isinstance(name, str):
@@ -268,7 +273,7 @@ def to_messages_request(body: dict[str, Any], model: str) -> dict[str, Any]:
 
 def finish_reason(stop_reason: Any) -> str:
     """OpenAI's ``finish_reason`` for an Anthropic ``stop_reason``."""
-    return _FINISH_REASONS.get(stop_reason, "stop") if isinstance(stop_reason, str) else "stop"
+    return FINISH_REASONS.get(stop_reason, "stop") if isinstance(stop_reason, str) else "stop"
 
 
 def _int(value: Any) -> int:

@@ -46,5 +46,14 @@ class OpenAICompatibleProvider:
         # Passed on chunk by chunk as the provider flushed them: no re-chunking.
         return UpstreamStream(events=self._http.chunks(response), close=close)
 
+    async def embed(self, body: dict[str, Any], model: str) -> UpstreamCompletion:
+        """``POST /embeddings``: the provider's list of vectors, as it sent it."""
+        payload = orjson.dumps(body if body.get("model") == model else {**body, "model": model})
+        content = await self._http.post("/embeddings", payload, self._headers)
+        answer = parse_body(self.spec, content)
+        if not isinstance(answer.get("data"), list):
+            raise malformed(self.spec, "an unexpected body")
+        return UpstreamCompletion(body=content, completion=answer)
+
     async def aclose(self) -> None:
         await self._http.aclose()

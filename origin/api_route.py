@@ -1,0 +1,135 @@
+"""A cached API route other than chat completions (embeddings, Anthropic messages).
+
+The same steps as ``origin.chat`` (auth, parse, fingerprint, one Redis round trip with
+revocation and policy, hit or coalesced miss, cache writes after the answer), over an
+``Api``: its path, its parser, its ``Operation`` and how its errors look. Chat keeps
+its own handler, so nothing here adds work to a chat request.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from prism import (
+    AuthenticationError,
+    CachePolicy,
+    Limits,
+    PrismError,
+    RecentBodies,
+    RecentEntries,
+    classify,
+    error_json,
+    fingerprint,
+)
+from prism import headers as h
+
+from .asgi import Request, disconnected, read_body
+from .auth import authenticate, check_forwarded_body
+from .chat import CLIENT_GONE, JSON, SSE
+from .flight import Call, ClientStream, Storage
+from .gateway import Gateway
+from .operation import Operation
+from .policies import ProjectPolicies
+from .providers.base import UpstreamCompletion
+from .responses import Reply
+
+__all__ = ["Api", "ApiRoute", "ParsedRequest"]
+
+
+class ParsedRequest(Protocol):
+    @property
+    def body(self) -> dict[str, Any]: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def stream(self) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Api:
+    path: str
+    parse: Callable[[bytes, Limits], ParsedRequest]
+    op: Operation
+    key_header: str | None = None  # a header that may carry the key instead of a bearer token
+    error_body: Callable[[PrismError], bytes] = error_json  # how this API's errors look
+
+
+class ApiRoute:
+    """The route handler (``asgi.Routes``) for one ``Api``."""
+
+    def __init__(self, gateway: Gateway, api: Api, policies: ProjectPolicies) -> None:
+        self.gw = gateway
+        self.api = api
+        self.policies = policies
+        self.policy = CachePolicy(default_ttl=gateway.settings.default_ttl)
+        self._bodies: RecentBodies[ParsedRequest] = RecentBodies()
+        self._entries = RecentEntries()
+
+    async def __call__(self, request: Request) -> Reply:
+        gw, api, headers, timer = self.gw, self.api, request.headers, request.timer
+        caller = authenticate(
+            headers,
+            gw.settings.key_ring,
+            gw.settings.forward_secret,
+            "POST",
+            api.path,
+            gw.metrics,
+            api.key_header,
+        )
+        timer.mark("auth")
+        limits = gw.settings.limits
+        raw = await read_body(request.receive, limits.max_body_bytes, headers.get("content-length"))
+        known = self._bodies.get(caller.project, raw)
+        if known is None:
+            parsed = api.parse(raw, limits)
+            fp = fingerprint(caller.project, api.path, parsed)
+            self._bodies.put(caller.project, raw, parsed, fp)
+        else:
+            parsed, fp = known
+        check_forwarded_body(caller, fp, gw.metrics)
+        decision = classify(parsed, headers.get("cache-control"), self.policy)
+        timer.mark("parse")
+        lookup = await gw.cache.lookup(caller.key_id, fp if decision.read else None, caller.project)
+        timer.mark("redis")
+        if lookup.revoked:
+            raise AuthenticationError("This API key has been revoked.", code="key_revoked")
+        policy = self.policies.resolve(caller.project, lookup)
+        if policy is not None:
+            policy.check_model(parsed.model)
+        out = {h.REQUEST_ID: request.id, h.CACHE_KEY: fp[: h.CACHE_KEY_PREFIX_LEN]}
+        if lookup.entry is not None:
+            envelope = self._entries.decode(lookup.entry, time.time())
+            if envelope is not None:
+                out[h.CACHE_LAYER] = "redis"
+                if caller.fingerprint is not None:  # the edge: it writes KV with the time left
+                    out[h.ENTRY_EXPIRES] = str(envelope.expires_at())
+                out[h.SERVER_TIMING] = h.server_timing(timer.stages)
+                if parsed.stream:
+                    stored = UpstreamCompletion(envelope.body, envelope.completion())
+                    return Reply(200, {**SSE, **out}, api.op.replay(stored))
+                return Reply(200, {**JSON, **out}, envelope.body)
+        cacheable = lookup.available and not decision.bypass
+        out[h.CACHE_LAYER] = "miss" if cacheable else "bypass"
+        storage = Storage(fp, decision.ttl) if cacheable and decision.write else None
+        call = Call(parsed.body, parsed.model, parsed.stream, request.id, storage, api.op)
+        client_gone = functools.partial(disconnected, request.receive)
+        async with gw.flights.subscribe(fp if decision.read else None, call) as subscription:
+            stream: ClientStream | None = None
+            if parsed.stream:
+                if not await subscription.started(client_gone):
+                    return Reply(CLIENT_GONE, out)
+                stream = subscription.follow(False)  # closing it is the leave
+                body, kind = b"", SSE
+            else:
+                answer = await subscription.answer(client_gone)
+                if answer is None:
+                    return Reply(CLIENT_GONE, out)
+                body, kind = answer.body, JSON
+            timer.mark("upstream")
+            out[h.PROVIDER] = subscription.provider
+        out[h.SERVER_TIMING] = h.server_timing(timer.stages)
+        return Reply(200, {**kind, **out}, body, stream)
