@@ -33,15 +33,15 @@ from prism import (
     classify,
     encode_envelope,
     entry_key,
-    error_json,
     fingerprint,
     parse_chat_request,
     replay,
     sign_forward,
 )
 from prism import headers as h
-from prism.routes import CHAT_PATH
+from prism.routes import CHAT_PATH, MESSAGES_PATH
 
+from .apis import APIS, ApiRoutes, error_format
 from .platform import EdgeRequest, EdgeResponse, Platform
 from .policies import PolicyCache
 from .revocation import RevocationSet
@@ -67,6 +67,7 @@ class EdgeHandler:
         self.policies = PolicyCache(settings.policy_ttl)
         self._bodies: RecentBodies[ChatRequest] = RecentBodies(size=256)
         self._entries = RecentEntries(size=64)
+        self.apis = ApiRoutes()  # the other cached routes (embeddings, messages)
         # Request ids need to be unique, not secret: a random prefix per isolate and a counter.
         self._id_prefix = secrets.token_hex(4)
         self._ids = itertools.count(1)
@@ -77,10 +78,11 @@ class EdgeHandler:
         try:
             response = await self._route(request, platform, timings, request_id)
         except PrismError as error:
-            response = _error_response(error)
+            response = _error_response(error, request.path)
         except Exception as error:  # a bug still answers in the API's format, and is told
             platform.log_error(f"prism edge: request {request_id} failed: {error!r}")
-            response = _error_response(PrismError("The gateway failed unexpectedly."))
+            failed = PrismError("The gateway failed unexpectedly.")
+            response = _error_response(failed, request.path)
         response.headers[h.REQUEST_ID] = request_id
         edge_timing = h.server_timing(timings)
         origin_timing = response.headers.get(h.SERVER_TIMING)
@@ -103,6 +105,8 @@ class EdgeHandler:
             raise MethodNotAllowedError(f"Method {request.method[:20]} is not allowed here.")
         started = platform.now()
         key = bearer_token(request.headers.get("authorization"))
+        if not key and path == MESSAGES_PATH:  # Anthropic's clients send x-api-key
+            key = request.headers.get("x-api-key", "").strip(" \t")
         identity = self.settings.key_ring.verify(key)
         try:
             revoked = await self.revoked.contains(identity.key_id, platform.now(), platform.kv_get)
@@ -113,6 +117,11 @@ class EdgeHandler:
             raise AuthenticationError("This API key has been revoked.", code="key_revoked")
         timings.append(("auth", _ms(started, platform.now())))
         if path != CHAT_PATH:
+            api = APIS.get(path)
+            if api is not None:
+                return await self.apis.serve(
+                    self, api, request, platform, identity, timings, request_id
+                )
             return await self._forward(
                 request.method, path, request, platform, identity, "", None, timings
             )
@@ -269,9 +278,10 @@ class EdgeHandler:
         return EdgeResponse(reply.status, out, passthrough=reply)
 
 
-def _error_response(error: PrismError) -> EdgeResponse:
+def _error_response(error: PrismError, path: str) -> EdgeResponse:
+    """``error`` in the format of the route ``path`` names (Anthropic's on its route)."""
     headers = {"content-type": JSON, **error.headers, h.CACHE_LAYER: "bypass"}
-    return EdgeResponse(error.status, headers, error_json(error))
+    return EdgeResponse(error.status, headers, error_format(canonical_path(path))(error))
 
 
 def _failed(

@@ -10,12 +10,17 @@ from __future__ import annotations
 
 from urllib.parse import unquote
 
-from prism.routes import CHAT_PATH, MODELS_PATH
+from prism.routes import CHAT_PATH, EMBEDDINGS_PATH, MESSAGES_PATH, MODELS_PATH
 
 __all__ = ["ROUTES", "canonical_path"]
 
 # path -> the one method it takes
-ROUTES: dict[str, str] = {CHAT_PATH: "POST", MODELS_PATH: "GET"}
+ROUTES: dict[str, str] = {
+    CHAT_PATH: "POST",
+    EMBEDDINGS_PATH: "POST",
+    MESSAGES_PATH: "POST",
+    MODELS_PATH: "GET",
+}
 
 
 def canonical_path(path: str) -> str | None:

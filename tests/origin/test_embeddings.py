@@ -132,7 +132,9 @@ def test_bad_json_and_bad_keys_and_methods(client: httpx.Client, origin: Running
 
 
 def test_identical_concurrent_batches_make_one_provider_call(
-    origin_factory: OriginFactory, api_key: str, provider_factory  # type: ignore[no-untyped-def]
+    origin_factory: OriginFactory,
+    api_key: str,
+    provider_factory,  # type: ignore[no-untyped-def]
 ) -> None:
     slow = provider_factory(ProviderSettings(latency_ms=300))
     origin = origin_factory(OPENAI_BASE_URL=slow.url + "/v1")
