@@ -1,9 +1,10 @@
 """``create_app(settings)``: the only place the origin is wired together.
 
-Two route tables. The API (``/v1/chat/completions``, ``/v1/embeddings``, ``/v1/models``, and a bare
-``/healthz`` for load balancers) is served on the public listener. The admin routes
-(``/healthz`` with every detail, ``/metrics`` with every tenant's counters) are served
-only on the admin listener, bound to loopback by default (``origin.server``).
+Two route tables. The API (``/v1/chat/completions``, ``/v1/embeddings``, ``/v1/messages``,
+``/v1/models``, and a bare ``/healthz`` for load balancers) is served on the public
+listener. The admin routes (``/healthz`` with every detail, ``/metrics`` with every
+tenant's counters) are served only on the admin listener, bound to loopback by default
+(``origin.server``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import httpx
 
 from prism import AuthenticationError, Policy
 from prism import headers as h
-from prism.routes import CHAT_PATH, EMBEDDINGS_PATH, MODELS_PATH
+from prism.routes import CHAT_PATH, EMBEDDINGS_PATH, MESSAGES_PATH, MODELS_PATH
 
 from .api_route import ApiRoute
 from .asgi import Request, Route, Routes
@@ -23,6 +24,7 @@ from .auth import authenticate
 from .chat import ChatCompletions
 from .embeddings import EMBEDDINGS
 from .gateway import Gateway
+from .messages import MESSAGES
 from .policies import ProjectPolicies
 from .providers._http import ConnectorFactory
 from .redis_client import RedisClient
@@ -131,6 +133,13 @@ def create_app(
             ApiRoute(gateway, EMBEDDINGS, policies),
             frozenset({"POST"}),
             name="embeddings",
+        ),
+        Route(
+            MESSAGES_PATH,
+            ApiRoute(gateway, MESSAGES, policies),
+            frozenset({"POST"}),
+            name="messages",
+            error_body=MESSAGES.error_body,
         ),
         Route("/healthz", alive),
     ]

@@ -86,6 +86,7 @@ class Route:
     handler: Handler
     methods: frozenset[str] = frozenset({"GET"})
     name: str = ""  # the metrics label; "" = not counted
+    error_body: Callable[[PrismError], bytes] | None = None  # None: OpenAI's error format
 
 
 class Routes:
@@ -145,13 +146,15 @@ class Routes:
                 )
             reply = await route.handler(request)
         except PrismError as error:
-            reply = error_reply(error, request.id, request.timer.stages)
+            render = route.error_body if route is not None else None
+            reply = error_reply(error, request.id, request.timer.stages, render)
         except Exception:  # a bug must still answer in the API's format, and be logged
             log.exception(
                 "unhandled error on %s %s (request %s)", request.method, request.path, request.id
             )
             failed = PrismError("The gateway failed unexpectedly.")
-            reply = error_reply(failed, request.id, request.timer.stages)
+            render = route.error_body if route is not None else None
+            reply = error_reply(failed, request.id, request.timer.stages, render)
         reply.headers.setdefault(h.REQUEST_ID, request.id)
         if self._metrics is not None and route is not None and route.name:
             layer = reply.headers.get(h.CACHE_LAYER, "bypass")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
 import orjson
@@ -24,17 +24,21 @@ class Reply:
 
 
 def error_reply(
-    error: PrismError, request_id: str, stages: Iterable[tuple[str, float]] = ()
+    error: PrismError,
+    request_id: str,
+    stages: Iterable[tuple[str, float]] = (),
+    render: Callable[[PrismError], bytes] | None = None,
 ) -> Reply:
-    """An OpenAI-style error with the contract's headers: the request id, the layer
-    (nothing is cached from an error) and the stages that ran before it, if any."""
+    """An OpenAI-style error (or the route's own format, ``render``) with the contract's
+    headers: the request id, the layer (nothing is cached from an error) and the stages
+    that ran before it, if any."""
     headers = {"content-type": _JSON, **error.headers}
     headers[h.REQUEST_ID] = request_id
     headers[h.CACHE_LAYER] = "bypass"
     timing = h.server_timing(stages)
     if timing:
         headers[h.SERVER_TIMING] = timing
-    return Reply(error.status, headers, error_json(error))
+    return Reply(error.status, headers, (render or error_json)(error))
 
 
 def json_reply(data: object, headers: dict[str, str] | None = None) -> Reply:
