@@ -39,9 +39,10 @@ from prism import (
     sign_forward,
 )
 from prism import headers as h
-from prism.routes import CHAT_PATH, MESSAGES_PATH
+from prism.routes import CHAT_PATH, MESSAGES_PATH, MODELS_PATH
 
 from .apis import APIS, ApiRoutes, error_format
+from .models import ModelList, models_response
 from .platform import EdgeRequest, EdgeResponse, Platform
 from .policies import PolicyCache
 from .revocation import RevocationSet
@@ -68,6 +69,7 @@ class EdgeHandler:
         self._bodies: RecentBodies[ChatRequest] = RecentBodies(size=256)
         self._entries = RecentEntries(size=64)
         self.apis = ApiRoutes()  # the other cached routes (embeddings, messages)
+        self.models = ModelList(settings.models_ttl)
         # Request ids need to be unique, not secret: a random prefix per isolate and a counter.
         self._id_prefix = secrets.token_hex(4)
         self._ids = itertools.count(1)
@@ -122,6 +124,10 @@ class EdgeHandler:
                 return await self.apis.serve(
                     self, api, request, platform, identity, timings, request_id
                 )
+            if path == MODELS_PATH:
+                listed = await self._models(platform, identity, timings, request_id)
+                if listed is not None:
+                    return listed
             return await self._forward(
                 request.method, path, request, platform, identity, "", None, timings
             )
@@ -198,6 +204,31 @@ class EdgeHandler:
                 )
                 platform.wait_until(platform.kv_put(entry_key(fp), data.decode(), ttl))
         return response
+
+    async def _models(
+        self,
+        platform: Platform,
+        identity: KeyIdentity,
+        timings: list[tuple[str, float]],
+        request_id: str,
+    ) -> EdgeResponse | None:
+        """The published model list as the project's policy allows it; None: ask the origin."""
+        started = platform.now()
+        timeout = self.settings.kv_timeout
+        try:
+            async with asyncio.timeout(timeout):
+                policy = await self.policies.get(identity.project, platform.now(), platform.kv_get)
+        except Exception as error:  # the origin answers with the policy it reads itself
+            _failed("policy", error, request_id, platform, timings)
+            return None
+        try:
+            async with asyncio.timeout(timeout):
+                body = await self.models.body(platform.now(), platform.kv_get, policy)
+        except Exception as error:  # KV failing: the origin answers
+            _failed("models", error, request_id, platform, timings)
+            return None
+        timings.append(("kv", _ms(started, platform.now())))
+        return None if body is None else models_response(body)
 
     async def _read_body(self, request: EdgeRequest, platform: Platform) -> bytes:
         """The body's bytes, read only up to the limit and within the body timeout."""

@@ -23,6 +23,7 @@ class EdgeSettings:
     origin_timeout: float = 90.0
     revocation_ttl: float = 60.0  # how stale the revocation set may be per isolate
     policy_ttl: float = 60.0  # how stale a project's policy may be per isolate
+    models_ttl: float = 60.0  # how stale the published model list may be per isolate
     limits: Limits = field(default_factory=Limits)
 
     @classmethod
@@ -50,6 +51,7 @@ class EdgeSettings:
             ("origin_timeout", "PRISM_ORIGIN_TIMEOUT_MS", 1000),
             ("revocation_ttl", "PRISM_REVOCATION_TTL_SECONDS", 1),
             ("policy_ttl", "PRISM_POLICY_TTL_SECONDS", 1),
+            ("models_ttl", "PRISM_MODELS_TTL_SECONDS", 1),
         ):
             value = get(binding)
             if value:

@@ -62,6 +62,7 @@ def create_app(
     gateway = Gateway(settings, redis=redis, connectors=connectors, kv_transport=kv_transport)
     started = time.time()
     models_list = _models_body(settings.providers.public_models(), started)
+    gateway.models_body = models_list  # published to Workers KV for the edge's /v1/models
 
     policies = ProjectPolicies()
     public_models = settings.providers.public_models()

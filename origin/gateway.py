@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import httpx
 
 from prism import encode_envelope, entry_key
+from prism.routes import MODELS_KEY
 
 from .cache import RedisCache
 from .flight import FlightTable
@@ -29,6 +30,11 @@ __all__ = ["Gateway"]
 log = logging.getLogger("prism.origin")
 
 T = TypeVar("T")
+
+# The model list in Workers KV (for the edge's /v1/models) lives this long unrefreshed,
+# and is published at start and then this often (it changes only with a restart).
+MODELS_TTL = 7 * 86_400
+MODELS_REFRESH = 86_400.0
 
 
 class Gateway:
@@ -63,6 +69,9 @@ class Gateway:
             self._kv_client = httpx.AsyncClient(transport=kv_transport, timeout=30.0)
             self.kv_writer = KVWriter(settings.kv, self._kv_client, self.metrics)
         self._background: set[asyncio.Task[Any]] = set()
+        # /v1/models as the origin answers it without a policy (``create_app`` sets it).
+        self.models_body: bytes | None = None
+        self._models_task: asyncio.Task[None] | None = None
 
     def spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         """Run ``work`` after the response, holding a reference so it is not collected."""
@@ -102,8 +111,21 @@ class Gateway:
         self.cache.start()
         if self.kv_writer is not None:
             self.kv_writer.start()
+            if self.models_body is not None:
+                self._models_task = asyncio.create_task(self._publish_models(self.models_body))
+
+    async def _publish_models(self, body: bytes) -> None:
+        """The model list to Workers KV for the edge, now and every ``MODELS_REFRESH``."""
+        assert self.kv_writer is not None
+        while True:
+            self.kv_writer.submit(MODELS_KEY, body, MODELS_TTL)
+            await asyncio.sleep(MODELS_REFRESH)
 
     async def close(self) -> None:
+        if self._models_task is not None:
+            self._models_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._models_task
         if self._background:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(5):

@@ -215,7 +215,7 @@ def test_internal_endpoints_are_not_reachable_through_the_edge(
         "/v1/./../healthz",
         "/v1/%2e%2e%2fmetrics",
         "/v1/models/../../metrics",
-        "/v1/embeddings",
+        "/v1/completions",
         "/v1/chat/completions/x",
         "/V1/models",
         "/v1/models%00",

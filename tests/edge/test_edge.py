@@ -230,15 +230,15 @@ def test_bad_requests_get_json_errors_from_the_edge(
     assert edge.origin_requests() == before
 
 
-def test_other_v1_routes_are_authenticated_and_passed_to_the_origin(
+def test_the_model_list_is_authenticated_and_answered_without_the_origin(
     edge: EdgeStack, http: httpx.Client
 ) -> None:
+    wait_for(lambda: layer(http.get("/v1/models")) == "kv")  # once the origin published it
     before = edge.origin_requests()
     models = http.get("/v1/models")
     assert models.status_code == 200 and models.json()["object"] == "list"
-    assert edge.origin_requests() == before + 1
     assert httpx.get(edge.url + "/v1/models").status_code == 401
-    assert edge.origin_requests() == before + 1
+    assert edge.origin_requests() == before
 
 
 def test_request_id_is_propagated(http: httpx.Client) -> None:
