@@ -18,6 +18,7 @@ from prism import (
     AuthenticationError,
     CachePolicy,
     Limits,
+    PermissionDeniedError,
     PrismError,
     RecentBodies,
     RecentEntries,
@@ -28,6 +29,7 @@ from prism import (
 from prism import headers as h
 
 from .asgi import Request, disconnected, read_body
+from .audit import AuditWriter, audit_record
 from .auth import authenticate, check_forwarded_body
 from .chat import CLIENT_GONE, JSON, SSE
 from .flight import Call, ClientStream, Storage
@@ -68,6 +70,18 @@ class ApiRoute:
         self.policy = CachePolicy(default_ttl=gateway.settings.default_ttl)
         self._bodies: RecentBodies[ParsedRequest] = RecentBodies()
         self._entries = RecentEntries()
+        self.audit = AuditWriter(gateway.redis)
+
+    def _audit_refusal(self, project: str, key_id: str, model: str, code: str) -> None:
+        """Into the audit log after the response, as chat's refusals are."""
+        if self.gw.cache.available and self.audit.admit():
+            record = audit_record(
+                "policy.refuse",
+                project,
+                f"key:{key_id}",
+                detail={"model": model[:200], "code": code, "path": self.api.path},
+            )
+            self.gw.spawn(self.audit.append(record))
 
     async def __call__(self, request: Request) -> Reply:
         gw, api, headers, timer = self.gw, self.api, request.headers, request.timer
@@ -97,9 +111,13 @@ class ApiRoute:
         timer.mark("redis")
         if lookup.revoked:
             raise AuthenticationError("This API key has been revoked.", code="key_revoked")
-        policy = self.policies.resolve(caller.project, lookup)
-        if policy is not None:
-            policy.check_model(parsed.model)
+        try:
+            policy = self.policies.resolve(caller.project, lookup)
+            if policy is not None:
+                policy.check_model(parsed.model)
+        except PermissionDeniedError as refusal:
+            self._audit_refusal(caller.project, caller.key_id, parsed.model, refusal.code)
+            raise
         out = {h.REQUEST_ID: request.id, h.CACHE_KEY: fp[: h.CACHE_KEY_PREFIX_LEN]}
         if lookup.entry is not None:
             envelope = self._entries.decode(lookup.entry, time.time())

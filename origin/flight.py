@@ -167,7 +167,11 @@ class Flight:
                 else:
                     await self._stream_op(call, call.op)
             else:
-                routed = await self._router.complete(call.body, call.model, call.op)
+                op = call.op
+                if op is None:
+                    routed = await self._router.complete(call.body, call.model)
+                else:
+                    routed = await self._router.complete(call.body, call.model, op)
                 self._provider, self._fallback = routed.label, routed.fallback
                 self._end(result=routed.value)
         except asyncio.CancelledError:
@@ -245,7 +249,8 @@ class Flight:
             decoder = SSEDecoder()
             async for raw in upstream.events:
                 try:
-                    self._frames.extend([builder.add(data) for data in decoder.feed(raw)])
+                    for data in decoder.feed(raw):
+                        self._frames.append(builder.add(data))
                 except PrismError as error:
                     failure = error
                     break

@@ -49,6 +49,8 @@ def test_vectors_agree_inside_the_worker_and_in_cpython(edge: EdgeStack) -> None
         for v in VECTORS["fingerprints"]
     ]
     assert result["fingerprints"] == cpython == [v["fingerprint"] for v in VECTORS["fingerprints"]]
+    apis = [v["fingerprint"] for v in VECTORS["api_fingerprints"]]
+    assert result["api_fingerprints"] == apis
 
 
 def test_a_thousand_bad_keys_die_at_the_edge(edge: EdgeStack, api_key: str) -> None:

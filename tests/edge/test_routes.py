@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edge.routes import ROUTES, canonical_path
-from prism.routes import CHAT_PATH, MODELS_PATH
+from prism.routes import CHAT_PATH, EMBEDDINGS_PATH, MESSAGES_PATH, MODELS_PATH
 
 
 @pytest.mark.parametrize(
@@ -28,7 +28,9 @@ from prism.routes import CHAT_PATH, MODELS_PATH
         ("/metrics", None),
         ("/", None),
         ("", None),
-        ("/v1/embeddings", None),
+        ("/v1/embeddings", EMBEDDINGS_PATH),
+        ("/v1//messages", MESSAGES_PATH),
+        ("/v1/completions", None),
         ("/V1/models", None),
         ("/v1/models%00", None),
     ],

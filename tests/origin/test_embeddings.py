@@ -210,3 +210,21 @@ base_url = "{provider.url}/v1"
     assert "no embeddings API" in str(refused.value)
     assert calls(provider) == 0
     assert client.embeddings.create(model="text-embedding-3-small", input="x").data
+
+
+def test_a_denied_model_is_a_403(
+    client: httpx.Client, provider: ProviderServer, redis_url: str
+) -> None:
+    import redis
+
+    from prism import Policy, policy_key
+
+    admin = redis.Redis.from_url(redis_url)
+    admin.set(policy_key("acme"), Policy.parse('{"allow": ["text-embedding-*"]}').encode())
+    admin.close()
+    refused = client.post(PATH, json={"model": "other", "input": "x"})
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "model_not_allowed"
+    allowed = client.post(PATH, json={"model": "text-embedding-3-small", "input": unique()})
+    assert allowed.status_code == 200
+    assert calls(provider) == 1

@@ -296,3 +296,28 @@ def test_identical_concurrent_requests_make_one_provider_call(
         if r.headers["content-type"].startswith("text/event")
     )
     assert upstream_calls(provider) == {"/v1/messages": 1}
+
+
+def test_a_denied_model_is_a_403_in_anthropic_format_and_audited(
+    origin: RunningOrigin, api_key: str, provider: ProviderServer, redis_url: str
+) -> None:
+    import redis
+
+    from prism import Policy, policy_key
+
+    admin = redis.Redis.from_url(redis_url)
+    admin.set(policy_key("acme"), Policy.parse('{"deny": ["gpt-4o*"]}').encode())
+    with pytest.raises(anthropic.PermissionDeniedError) as refused:
+        sdk(origin, api_key).messages.create(model=OPENAI_MODEL, max_tokens=8, messages=question())
+    assert refused.value.body["error"]["type"] == "permission_error"
+    assert (
+        sdk(origin, api_key)
+        .messages.create(model=CLAUDE_MODEL, max_tokens=8, messages=question())
+        .content
+    )
+    assert upstream_calls(provider) == {"/v1/messages": 1}
+    origin.wait_stored()
+    assert b"policy.refuse" in b"".join(
+        value for _, fields in admin.xrange("prism:audit") for value in fields.values()
+    )
+    admin.close()

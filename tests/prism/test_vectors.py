@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 from prism import KeyRing, PrismError, fingerprint, parse_chat_request
+from prism.parsers import parse_for_path
 
 VECTORS = json.loads((Path(__file__).parents[1] / "vectors" / "core.json").read_text())
 
@@ -12,6 +13,18 @@ def test_fingerprints_match_the_vectors() -> None:
     for vector in VECTORS["fingerprints"]:
         request = parse_chat_request(vector["body"].encode())
         assert fingerprint(vector["project"], vector["path"], request) == vector["fingerprint"]
+
+
+def test_other_apis_fingerprints_match_the_vectors() -> None:
+    for vector in VECTORS["api_fingerprints"]:
+        request = parse_for_path(vector["path"], vector["body"].encode())
+        assert fingerprint(vector["project"], vector["path"], request) == vector["fingerprint"]
+    acme = [v["fingerprint"] for v in VECTORS["api_fingerprints"] if v["project"] == "acme"]
+    assert acme[0] == acme[1]  # embeddings: key order and user do not count
+    assert acme[4] == acme[5]  # messages: key order, stream and metadata do not count
+    assert len(set(acme)) == len(acme) - 2
+    chat = {v["fingerprint"] for v in VECTORS["fingerprints"]}
+    assert chat.isdisjoint(acme)
 
 
 def test_key_verdicts_match_the_vectors() -> None:

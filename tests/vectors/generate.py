@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from prism import KeyRing, fingerprint, parse_chat_request
+from prism.parsers import parse_for_path
 
 HERE = Path(__file__).parent
 PATH = "/v1/chat/completions"
@@ -28,6 +29,28 @@ BODIES = [
     '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"big"}],"max_tokens":1e3,"presence_penalty":-1.5,"frequency_penalty":1.25e0}',
 ]
 PROJECTS = ["acme", "globex-2"]
+# The other cached APIs: (path, body). Pairs that must agree sit side by side.
+API_BODIES = [
+    ("/v1/embeddings", '{"model":"text-embedding-3-small","input":"Hello"}'),
+    ("/v1/embeddings", '{"input":"Hello","user":"u1","model":"text-embedding-3-small"}'),
+    (
+        "/v1/embeddings",
+        '{"model":"text-embedding-3-small","input":["Hello","caf\\u00e9"],"encoding_format":"base64","dimensions":256}',
+    ),
+    ("/v1/embeddings", '{"model":"text-embedding-3-small","input":[[1,2,3],[4]]}'),
+    (
+        "/v1/messages",
+        '{"model":"claude-sonnet-4-5","max_tokens":64,"messages":[{"role":"user","content":"Hello"}]}',
+    ),
+    (
+        "/v1/messages",
+        '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":64,"model":"claude-sonnet-4-5","stream":true,"metadata":{"user_id":"u1"}}',
+    ),
+    (
+        "/v1/messages",
+        '{"model":"claude-sonnet-4-5","max_tokens":64,"system":"Be brief.","messages":[{"role":"user","content":[{"type":"text","text":"Hi"}]}],"temperature":0.0,"tools":[{"name":"f","input_schema":{"type":"object"}}]}',
+    ),
+]
 
 
 def generate() -> dict[str, object]:
@@ -68,7 +91,22 @@ def generate() -> dict[str, object]:
         for body in BODIES
         for project in PROJECTS
     ]
-    return {"key_secrets": SECRETS, "keys": key_vectors, "fingerprints": fingerprints}
+    api_fingerprints = [
+        {
+            "project": project,
+            "path": path,
+            "body": body,
+            "fingerprint": fingerprint(project, path, parse_for_path(path, body.encode())),
+        }
+        for path, body in API_BODIES
+        for project in PROJECTS
+    ]
+    return {
+        "key_secrets": SECRETS,
+        "keys": key_vectors,
+        "fingerprints": fingerprints,
+        "api_fingerprints": api_fingerprints,
+    }
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ import json
 from js import Response
 
 from prism import KeyRing, PrismError, fingerprint, parse_chat_request
+from prism.parsers import parse_for_path
 
 
 async def on_fetch(request, env, ctx):
@@ -24,4 +25,10 @@ async def on_fetch(request, env, ctx):
         fingerprint(v["project"], v["path"], parse_chat_request(v["body"].encode()))
         for v in vectors["fingerprints"]
     ]
-    return Response.new(json.dumps({"keys": keys, "fingerprints": prints}))
+    api_prints = [
+        fingerprint(v["project"], v["path"], parse_for_path(v["path"], v["body"].encode()))
+        for v in vectors["api_fingerprints"]
+    ]
+    return Response.new(
+        json.dumps({"keys": keys, "fingerprints": prints, "api_fingerprints": api_prints})
+    )
