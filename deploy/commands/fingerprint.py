@@ -9,7 +9,9 @@ from typing import Annotated
 
 import typer
 
-from prism import EXCLUDED_FIELDS, PrismError, canonical_document, fingerprint, parse_chat_request
+from prism import EXCLUDED_FIELDS, PrismError, canonical_document, fingerprint
+from prism.parsers import PARSERS
+from prism.request import DEFAULT_LIMITS
 from prism.routes import CHAT_PATH as PATH
 
 __all__ = ["fingerprint_command"]
@@ -18,14 +20,17 @@ __all__ = ["fingerprint_command"]
 def fingerprint_command(
     project: Annotated[str, typer.Option("--project", "-p", help="Project id (part of the key).")],
     source: Annotated[
-        str, typer.Argument(help="A file with a chat-completions JSON body, or '-' for stdin.")
+        str, typer.Argument(help="A file with the request's JSON body, or '-' for stdin.")
     ] = "-",
     explain: Annotated[
         bool, typer.Option("--explain", help="Show the canonical document that was hashed.")
     ] = False,
-    path: Annotated[str, typer.Option("--path", help="API path of the request.")] = PATH,
+    path: Annotated[
+        str,
+        typer.Option("--path", help="API path of the request (/v1/embeddings, /v1/messages…)."),
+    ] = PATH,
 ) -> None:
-    """Print the cache fingerprint of a chat-completions body.
+    """Print the cache fingerprint of a request body (chat completions unless --path says).
 
     Two requests hit the same cache entry exactly when their fingerprints agree;
     `--explain` shows which fields went in (and which were left out).
@@ -37,8 +42,12 @@ def fingerprint_command(
     except OSError as error:
         typer.echo(f"Error: cannot read {source}: {error.strerror}", err=True)
         raise typer.Exit(2) from None
+    parse = PARSERS.get(path)
+    if parse is None:
+        typer.echo(f"Error: no cached API at {path}; one of {', '.join(PARSERS)}", err=True)
+        raise typer.Exit(2)
     try:
-        request = parse_chat_request(raw)
+        request = parse(raw, DEFAULT_LIMITS)
     except PrismError as error:
         typer.echo(f"Error: {error.status} {error.message}", err=True)
         raise typer.Exit(1) from None

@@ -3,6 +3,8 @@ import json
 from typer.testing import CliRunner
 
 from deploy.cli import app
+from prism import fingerprint
+from prism.embeddings_request import parse_embeddings_request
 
 SECRET = "cli-test-secret-0123456789"
 runner = CliRunner()
@@ -59,3 +61,21 @@ def test_fingerprint_command_matches_across_spellings_and_explains(tmp_path) -> 
     assert "left out:    stream" in explained.stdout and '"temperature": 1' in explained.stdout
     bad = runner.invoke(app, ["fingerprint", "-p", "acme", "-"], input="{nope")
     assert bad.exit_code == 1 and "400" in bad.output
+
+
+def test_fingerprint_command_takes_the_other_apis_bodies() -> None:
+    body = '{"model":"text-embedding-3-small","input":["a","b"],"user":"u"}'
+    embeddings = runner.invoke(
+        app, ["fingerprint", "-p", "acme", "--path", "/v1/embeddings", "-"], input=body
+    )
+    assert embeddings.exit_code == 0, embeddings.output
+    expected = fingerprint("acme", "/v1/embeddings", parse_embeddings_request(body))
+    assert embeddings.stdout.strip() == expected
+    messages = runner.invoke(
+        app,
+        ["fingerprint", "-p", "acme", "--path", "/v1/messages", "-"],
+        input='{"model":"m","messages":[{"role":"user","content":"hi"}]}',
+    )
+    assert messages.exit_code == 1 and "max_tokens" in messages.output
+    unknown = runner.invoke(app, ["fingerprint", "-p", "acme", "--path", "/v1/x", "-"], input="{}")
+    assert unknown.exit_code == 2 and "/v1/embeddings" in unknown.output
