@@ -51,6 +51,7 @@ from deploy.local.provider_formats import (
     anthropic_message,
     anthropic_reply,
     anthropic_stream,
+    error_event,
     malformed_stream,
     openai_completion,
     openai_embeddings,
@@ -218,6 +219,9 @@ class _Provider:
             plan = malformed_stream(api, plan)
         elif mode == "no_done":
             plan = without_done(plan)
+        elif mode == "error_event":
+            assert fault is not None
+            plan = error_event(api, fault.message)
         events = self._emit(plan, fault)
         if mode == "truncated_stream" and fault is not None and fault.abort:
             return _CutResponse(events, "text/event-stream")

@@ -11,8 +11,9 @@ Modes: ``status`` (an error status), ``rate_limit`` (429 with ``Retry-After``),
 (headers, silence, then the answer), ``stall_mid_stream``, ``truncated_stream``
 (part of the answer and no end; ``abort=1`` also drops the connection),
 ``no_done`` (a stream whose choices all finish, ending cleanly without ``[DONE]``),
-``malformed_json`` and ``latency``. A queued fault with ``probability`` hits that
-share of requests, drawn from a generator seeded with ``seed``.
+``error_event`` (a 200 stream whose first event is the API's error event, as Anthropic
+reports an overload), ``malformed_json`` and ``latency``. A queued fault with
+``probability`` hits that share of requests, drawn from a generator seeded with ``seed``.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ FAULT_MODES = frozenset(
         "latency",
         "stall_after_headers",
         "no_done",
+        "error_event",
     }
 )
 

@@ -25,6 +25,7 @@ __all__ = [
     "anthropic_message",
     "anthropic_reply",
     "anthropic_stream",
+    "error_event",
     "malformed_stream",
     "openai_completion",
     "openai_embeddings",
@@ -375,6 +376,14 @@ def malformed_stream(api: Api, plan: StreamPlan) -> StreamPlan:
         return StreamPlan([plan.events[0], (bad, 0)], 2)
     bad = b'data: {"id": "malformed", "choices": [<<not json>>\n\n'
     return StreamPlan([plan.events[0], (bad, 0), (b"data: [DONE]\n\n", 0)], 2)
+
+
+def error_event(api: Api, message: str) -> StreamPlan:
+    """A stream that is only the API's error event (Anthropic: an overload after the 200)."""
+    if api == "anthropic":
+        error = {"type": "error", "error": {"type": "overloaded_error", "message": message}}
+        return StreamPlan([(_sse_event(error), 0)], 0)
+    return StreamPlan([(_sse({"error": {"message": message, "type": "server_error"}}), 0)], 0)
 
 
 def without_done(plan: StreamPlan) -> StreamPlan:

@@ -17,10 +17,10 @@ from typing import Any
 import aiohttp
 import orjson
 
-from prism import PrismError, UpstreamError
+from prism import PrismError, UpstreamError, UpstreamUnavailableError
 from prism.sse import DONE, SSEDecoder
 
-from ._http import ConnectorFactory, UpstreamHTTP, malformed, parse_body
+from ._http import ConnectorFactory, UpstreamHTTP, malformed, parse_body, redact
 from .anthropic_translate import StreamTranslator, to_chat_completion, to_messages_request
 from .base import ProviderSpec, UpstreamCompletion, UpstreamStream
 
@@ -90,7 +90,35 @@ class AnthropicProvider:
         async def close() -> None:
             response.close()
 
-        return UpstreamStream(events=self._http.chunks(response), close=close)
+        chunks = self._http.chunks(response)
+        # Anthropic reports an overload as an ``error`` event right after the 200: raised
+        # here, before the client is committed to a 200, the router can still fail over.
+        try:
+            first = await anext(chunks)
+            self._raise_error_event(first)
+        except BaseException:
+            await chunks.aclose()
+            response.close()
+            raise
+        return UpstreamStream(events=_Primed(first, chunks), close=close)
+
+    def _raise_error_event(self, first: bytes) -> None:
+        """Raise what an ``error`` event at the very start of a stream reports."""
+        if not first.startswith(b"event: error"):
+            return
+        for data in SSEDecoder().feed(first):
+            try:
+                event = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                event = None
+            error = event.get("error") if isinstance(event, dict) else None
+            error = error if isinstance(error, dict) else {}
+            text = redact(self.spec, str(error.get("message") or "stream error"))
+            if error.get("type") == "overloaded_error":
+                raise UpstreamUnavailableError(f"Provider '{self.spec.name}' is overloaded: {text}")
+            raise UpstreamError(
+                f"Provider '{self.spec.name}' stream failed: {text}", code="upstream_stream_error"
+            )
 
     async def _events(
         self, response: aiohttp.ClientResponse, model: str

@@ -321,3 +321,34 @@ def test_a_denied_model_is_a_403_in_anthropic_format_and_audited(
         value for _, fields in admin.xrange("prism:audit") for value in fields.values()
     )
     admin.close()
+
+
+def test_an_error_event_right_after_the_200_fails_over_before_the_client_sees_a_byte(
+    origin_factory: OriginFactory, api_key: str, provider: ProviderServer, tmp_path: Path
+) -> None:
+    config = tmp_path / "providers.toml"
+    config.write_text(
+        f"""
+[providers.claude]
+kind = "anthropic"
+base_url = "{provider.url}"
+api_key = "provider-test-key"
+retries = 0
+
+[providers.claude_backup]
+kind = "anthropic"
+base_url = "{provider.url}"
+api_key = "provider-test-key"
+
+[models]
+"claude-*" = ["claude", "claude_backup"]
+"""
+    )
+    origin = origin_factory(PRISM_PROVIDERS_FILE=str(config))
+    provider.control.set_fault("error_event", message="Overloaded")
+    body = {"model": CLAUDE_MODEL, "max_tokens": 32, "messages": question(), "stream": True}
+    streamed = httpx.post(origin.url + PATH, json=body, headers={"x-api-key": api_key}, timeout=30)
+    assert streamed.status_code == 200 and streamed.headers["x-prism-provider"] == "claude_backup"
+    assert streamed.text.startswith("event: message_start")
+    assert "event: error" not in streamed.text
+    assert upstream_calls(provider) == {"/v1/messages": 2}
