@@ -39,6 +39,7 @@ from .flight import Call, ClientStream, Storage
 from .gateway import Gateway
 from .policies import ProjectPolicies
 from .responses import Reply
+from .semantic import Pending, question
 
 __all__ = ["ChatCompletions"]
 
@@ -108,7 +109,29 @@ class ChatCompletions:
                 return Reply(200, {**JSON, **out}, envelope.body)
         cacheable = lookup.available and not decision.bypass
         out[h.CACHE_LAYER] = "miss" if cacheable else "bypass"
-        return await self._miss(chat, fp, decision, cacheable, out, timer, receive, request_id)
+        pending: Pending | None = None
+        # Only for a project whose policy opts in: any other request pays one attribute check.
+        if policy is not None and policy.cache is not None and policy.cache.semantic and cacheable:
+            semantic = gw.semantic
+            asked = question(caller.project, CHAT_PATH, chat) if semantic is not None else None
+            if semantic is not None and asked is not None and semantic.available:
+                if decision.read:
+                    match, pending = await semantic.lookup(asked, policy.cache.threshold)
+                    timer.mark("semantic")
+                    if match is not None:
+                        out[h.CACHE_LAYER] = "semantic"
+                        out[h.CACHE_KEY] = match.fingerprint[: h.CACHE_KEY_PREFIX_LEN]
+                        out[h.SEMANTIC_SCORE] = f"{match.score:.4f}"
+                        out[h.SERVER_TIMING] = h.server_timing(timer.stages)
+                        if chat.stream:
+                            body = replay(match.envelope.completion(), chat.include_usage)
+                            return Reply(200, {**SSE, **out}, body)
+                        return Reply(200, {**JSON, **out}, match.envelope.body)
+                elif decision.write:
+                    pending = semantic.pending(asked)
+        return await self._miss(
+            chat, fp, decision, cacheable, out, timer, receive, request_id, pending
+        )
 
     def _audit_refusal(self, project: str, key_id: str, model: str, code: str) -> None:
         """Into the audit log after the response, never delaying or failing it."""
@@ -131,9 +154,10 @@ class ChatCompletions:
         timer: _Timer,
         receive: Receive,
         request_id: str,
+        semantic: Pending | None = None,
     ) -> Reply:
         gw = self.gw
-        storage = Storage(fp, decision.ttl) if cacheable and decision.write else None
+        storage = Storage(fp, decision.ttl, semantic) if cacheable and decision.write else None
         call = Call(chat.body, chat.model, chat.stream, request_id, storage)
         # Join only requests that would accept a cached answer anyway; Redis being down
         # is no reason to call the provider once per identical request.

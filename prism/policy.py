@@ -11,8 +11,16 @@ Model patterns are globs (``fnmatch``, case-sensitive): ``*``, ``?`` and ``[...]
 A model is allowed when no ``deny`` pattern matches it and either ``allow`` is empty
 or an ``allow`` pattern matches it: deny wins. No record at all allows every model.
 
+``cache`` opts the project into the origin's semantic cache (off when absent)::
+
+    "cache": {"semantic": true, "threshold": 0.92}
+
+``threshold`` is the least cosine similarity a paraphrase needs, from
+``MIN_SEMANTIC_THRESHOLD`` to ``MAX_SEMANTIC_THRESHOLD``; when left out, the measured
+default (``DEFAULT_SEMANTIC_THRESHOLD``) is written into the record.
+
 Reserved names, refused until they are implemented so a policy never claims a limit
-that nothing enforces: ``budget``, ``rate_limits``, ``cache`` (and per-key policies).
+that nothing enforces: ``budget``, ``rate_limits`` (and per-key policies).
 """
 
 from __future__ import annotations
@@ -25,7 +33,16 @@ from typing import Any
 
 from .errors import PermissionDeniedError
 
-__all__ = ["POLICY_KEY_PREFIX", "Policy", "PolicyMemo", "policy_key"]
+__all__ = [
+    "DEFAULT_SEMANTIC_THRESHOLD",
+    "MAX_SEMANTIC_THRESHOLD",
+    "MIN_SEMANTIC_THRESHOLD",
+    "POLICY_KEY_PREFIX",
+    "CacheRules",
+    "Policy",
+    "PolicyMemo",
+    "policy_key",
+]
 
 POLICY_KEY_PREFIX = "prism:policy:"
 FORMAT_VERSION = 1
@@ -33,8 +50,8 @@ MAX_PATTERNS = 64
 MAX_PATTERN_LEN = 200
 _MAX_TEXT = 100
 _MAX_DECIDED = 1024  # models remembered per policy: a client cycling names cannot grow it
-_RESERVED = ("budget", "rate_limits", "cache")
-_FIELDS = ("allow", "deny", "revision", "updated_at", "updated_by", "v")
+_RESERVED = ("budget", "rate_limits")
+_FIELDS = ("allow", "cache", "deny", "revision", "updated_at", "updated_by", "v")
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
@@ -77,6 +94,52 @@ def _matcher(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
     return re.compile("|".join(fnmatch.translate(p) for p in patterns))
 
 
+# The semantic cache's threshold (cosine similarity, all-MiniLM-L6-v2): the default is the
+# lowest with no wrong hit on the labelled set (deploy/bench/data/semantic_pairs.jsonl).
+DEFAULT_SEMANTIC_THRESHOLD = 0.94
+MIN_SEMANTIC_THRESHOLD = 0.9
+MAX_SEMANTIC_THRESHOLD = 0.99
+_CACHE_FIELDS = ("semantic", "threshold")
+
+
+@dataclass(frozen=True, slots=True)
+class CacheRules:
+    """A project's cache options: whether its misses may be answered semantically."""
+
+    semantic: bool = False
+    threshold: float = DEFAULT_SEMANTIC_THRESHOLD
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.semantic, bool):
+            raise ValueError("cache.semantic: must be true or false")
+        low, high = MIN_SEMANTIC_THRESHOLD, MAX_SEMANTIC_THRESHOLD
+        value = self.threshold
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not low <= value <= high
+        ):
+            raise ValueError(f"cache.threshold: must be a number from {low} to {high}")
+        object.__setattr__(self, "threshold", float(value))
+
+    @classmethod
+    def from_dict(cls, data: Any) -> CacheRules:
+        if not isinstance(data, dict):
+            raise ValueError('cache: must be an object, e.g. {"semantic": true}')
+        for name in data:
+            if name not in _CACHE_FIELDS:
+                raise ValueError(
+                    f"cache.{str(name)[:40]}: unknown field (known: {', '.join(_CACHE_FIELDS)})"
+                )
+        return cls(
+            semantic=data.get("semantic", False),
+            threshold=data.get("threshold", DEFAULT_SEMANTIC_THRESHOLD),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"semantic": self.semantic, "threshold": self.threshold}
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     """A project's model policy; immutable, and checked without I/O."""
@@ -86,6 +149,7 @@ class Policy:
     revision: int = 0  # +1 on every change (the store sets it)
     updated_at: str | None = None  # ISO 8601 UTC
     updated_by: str | None = None
+    cache: CacheRules | None = None  # None: no cache options (no semantic cache)
     _allow: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
     _deny: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
     # model -> allowed, for the models this policy has been asked about (bounded)
@@ -100,6 +164,8 @@ class Policy:
             raise ValueError("revision: must not be negative")
         _text("updated_at", self.updated_at)
         _text("updated_by", self.updated_by)
+        if self.cache is not None and not isinstance(self.cache, CacheRules):
+            raise ValueError("cache: must be cache options")
         object.__setattr__(self, "allow", allow)
         object.__setattr__(self, "deny", deny)
         object.__setattr__(self, "_allow", _matcher(allow))
@@ -133,10 +199,11 @@ class Policy:
             revision=data.get("revision", 0),
             updated_at=data.get("updated_at"),
             updated_by=data.get("updated_by"),
+            cache=None if data.get("cache") is None else CacheRules.from_dict(data["cache"]),
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "allow": list(self.allow),
             "deny": list(self.deny),
             "revision": self.revision,
@@ -144,6 +211,9 @@ class Policy:
             "updated_by": self.updated_by,
             "v": FORMAT_VERSION,
         }
+        if self.cache is not None:  # absent rather than null: older readers know no "cache"
+            out["cache"] = self.cache.to_dict()
+        return out
 
     def encode(self) -> bytes:
         """Canonical JSON: equal policies, equal bytes."""
