@@ -15,8 +15,19 @@ from typing import Annotated
 import typer
 
 from deploy.key_store import DEFAULT_KV_API, DEFAULT_REDIS_URL, KeyStoreError
-from deploy.policy_store import PolicyChange, PolicyStore, check_project, sync_policy
+from deploy.policy_store import (
+    CacheUpdate,
+    PolicyChange,
+    PolicyStore,
+    check_project,
+    sync_policy,
+)
 from prism import Policy, policy_key
+from prism.policy import (
+    DEFAULT_SEMANTIC_THRESHOLD,
+    MAX_SEMANTIC_THRESHOLD,
+    MIN_SEMANTIC_THRESHOLD,
+)
 
 from ._options import JsonOption
 from .keys import (
@@ -66,7 +77,10 @@ def _describe(policy: Policy | None) -> str:
         return "none (every model is allowed)"
     allow = ", ".join(policy.allow) or "every model"
     deny = ", ".join(policy.deny) or "nothing"
-    return f"allow {allow}; deny {deny} (revision {policy.revision})"
+    described = f"allow {allow}; deny {deny}"
+    if policy.cache is not None and policy.cache.semantic:
+        described += f"; semantic cache on (threshold {policy.cache.threshold})"
+    return f"{described} (revision {policy.revision})"
 
 
 def _as_dict(policy: Policy | None) -> dict[str, object] | None:
@@ -132,6 +146,24 @@ def set_policy(
         str | None,
         typer.Option("--by", help="Recorded with the change. [default: your login name]"),
     ] = None,
+    # -- the semantic cache (cache.semantic / cache.threshold) --
+    semantic: Annotated[
+        bool | None,
+        typer.Option(
+            "--semantic/--no-semantic",
+            help="Answer paraphrases of cached questions from their entries (the origin's "
+            "semantic cache), or stop. [default: as it is]",
+        ),
+    ] = None,
+    semantic_threshold: Annotated[
+        float | None,
+        typer.Option(
+            "--semantic-threshold",
+            help=f"Least similarity a paraphrase needs ({MIN_SEMANTIC_THRESHOLD}-"
+            f"{MAX_SEMANTIC_THRESHOLD}). [default: {DEFAULT_SEMANTIC_THRESHOLD}, measured by "
+            "`prism bench semantic`]",
+        ),
+    ] = None,
     redis_url: RedisUrlOption = DEFAULT_REDIS_URL,
     kv_api_url: KVApiOption = DEFAULT_KV_API,
     kv_account_id: KVAccountOption = "",
@@ -146,14 +178,30 @@ def set_policy(
     matches it and --allow is empty or one --allow matches it. A refused model is a
     403 `model_not_allowed`. An invalid policy changes nothing.
 
+    Options come in groups, and a group left out keeps what the policy has: --allow and
+    --deny replace both lists; --semantic/--no-semantic and --semantic-threshold change
+    the semantic cache (off until turned on).
+
     Example: prism policy set --project acme --allow 'gpt-4o*' --deny 'o1*'
+    Example: prism policy set --project acme --semantic --semantic-threshold 0.95
     """
-    if not allow and not deny:
-        raise fail("give at least one --allow or --deny (`prism policy clear` removes it)", 2)
+    cache = CacheUpdate(semantic, semantic_threshold)
+    changes_cache = semantic is not None or semantic_threshold is not None
+    if not allow and not deny and not changes_cache:
+        raise fail(
+            "give at least one --allow or --deny, or --semantic/--no-semantic or "
+            "--semantic-threshold (`prism policy clear` removes the policy)",
+            2,
+        )
     with open_store(redis_url, project) as store:
         try:
             change = store.set(
-                project, allow=allow or (), deny=deny or (), updated_by=updated_by or default_user()
+                project,
+                allow=allow or (),
+                deny=deny or (),
+                updated_by=updated_by or default_user(),
+                keep_models=not allow and not deny,
+                cache=cache if changes_cache else None,
             )
         except ValueError as error:
             raise fail(f"invalid policy: {error}", 2) from None
