@@ -263,7 +263,8 @@ class EdgeHandler:
         out.pop("content-length", None)  # the runtime sets it for what it actually sends
         out.pop(h.ENTRY_EXPIRES, None)  # for this edge only (read from the reply itself)
         out.setdefault(h.CACHE_LAYER, "bypass")
-        if fp:
+        # A semantic hit names the entry that answered (another question's), as the origin said.
+        if fp and out[h.CACHE_LAYER] != "semantic":
             out[h.CACHE_KEY] = fp[: h.CACHE_KEY_PREFIX_LEN]
         return EdgeResponse(reply.status, out, passthrough=reply)
 
