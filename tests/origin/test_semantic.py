@@ -262,3 +262,41 @@ def entry_key_of(admin: redis.Redis, prefix: str) -> str:
     """The entry whose fingerprint starts with the x-prism-cache-key ``prefix``."""
     (key,) = admin.keys(entry_key(prefix) + "*")
     return str(key.decode())
+
+
+def test_without_a_model_an_opted_in_project_is_served_as_before(
+    origin_factory: OriginFactory,
+    api_key: str,
+    admin: redis.Redis,
+    provider: ProviderServer,
+    tmp_path: Any,
+) -> None:
+    opt_in(admin)
+    origin = origin_factory(PRISM_SEMANTIC_MODEL=str(tmp_path / "no-model-here"))
+    with httpx.Client(
+        base_url=origin.url, headers={"authorization": f"Bearer {api_key}"}, timeout=30
+    ) as http:
+        for text in (QUESTION, PARAPHRASE, QUESTION):
+            response = http.post(CHAT, json=ask(text))
+            assert response.status_code == 200
+            origin.wait_stored()
+        assert response.headers[LAYER] == "redis"  # the exact cache works as ever
+    health = httpx.get(origin.admin_url + "/healthz").json()["semantic"]
+    assert health["enabled"] and not health["loaded"]
+    assert "semantic cache model unavailable" in health["error"]
+    assert calls(provider) == 2 and not admin.keys(INDEX_KEY_PREFIX + "*")
+
+
+def test_the_semantic_layer_can_be_turned_off_for_the_whole_origin(
+    origin_factory: OriginFactory, api_key: str, admin: redis.Redis
+) -> None:
+    opt_in(admin)
+    origin = origin_factory(PRISM_SEMANTIC_MODEL="off")
+    assert origin.gateway.semantic is None
+    with httpx.Client(
+        base_url=origin.url, headers={"authorization": f"Bearer {api_key}"}, timeout=30
+    ) as http:
+        assert http.post(CHAT, json=ask(QUESTION)).headers[LAYER] == "miss"
+        origin.wait_stored()
+        assert http.post(CHAT, json=ask(PARAPHRASE)).headers[LAYER] == "miss"
+    assert httpx.get(origin.admin_url + "/healthz").json()["semantic"] == {"enabled": False}
