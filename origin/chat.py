@@ -39,7 +39,7 @@ from .flight import Call, ClientStream, Storage
 from .gateway import Gateway
 from .policies import ProjectPolicies
 from .responses import Reply
-from .semantic import Pending, question
+from .semantic import Pending, SemanticCache, question
 
 __all__ = ["ChatCompletions"]
 
@@ -111,27 +111,48 @@ class ChatCompletions:
         out[h.CACHE_LAYER] = "miss" if cacheable else "bypass"
         pending: Pending | None = None
         # Only for a project whose policy opts in: any other request pays one attribute check.
-        if policy is not None and policy.cache is not None and policy.cache.semantic and cacheable:
-            semantic = gw.semantic
-            asked = question(caller.project, CHAT_PATH, chat) if semantic is not None else None
-            if semantic is not None and asked is not None and semantic.available:
-                if decision.read:
-                    match, pending = await semantic.lookup(asked, policy.cache.threshold)
-                    timer.mark("semantic")
-                    if match is not None:
-                        out[h.CACHE_LAYER] = "semantic"
-                        out[h.CACHE_KEY] = match.fingerprint[: h.CACHE_KEY_PREFIX_LEN]
-                        out[h.SEMANTIC_SCORE] = f"{match.score:.4f}"
-                        out[h.SERVER_TIMING] = h.server_timing(timer.stages)
-                        if chat.stream:
-                            body = replay(match.envelope.completion(), chat.include_usage)
-                            return Reply(200, {**SSE, **out}, body)
-                        return Reply(200, {**JSON, **out}, match.envelope.body)
-                elif decision.write:
-                    pending = semantic.pending(asked)
+        rules = policy.cache if policy is not None else None
+        if rules is not None and rules.semantic and cacheable and gw.semantic is not None:
+            found = await self._semantic(
+                gw.semantic, rules.threshold, caller.project, chat, decision, out, timer
+            )
+            if isinstance(found, Reply):
+                return found
+            pending = found
         return await self._miss(
             chat, fp, decision, cacheable, out, timer, receive, request_id, pending
         )
+
+    async def _semantic(
+        self,
+        semantic: SemanticCache,
+        threshold: float,
+        project: str,
+        chat: ChatRequest,
+        decision: CacheDecision,
+        out: dict[str, str],
+        timer: _Timer,
+    ) -> Reply | Pending | None:
+        """A paraphrase's answer from the semantic layer, or the question for the miss to
+        index once its answer is stored (None: the request is not a question)."""
+        asked = question(project, CHAT_PATH, chat)
+        if asked is None or not semantic.available:
+            return None
+        if not decision.read:
+            return semantic.pending(asked) if decision.write else None
+        match, pending = await semantic.lookup(asked, threshold)
+        timer.mark("semantic")
+        if match is None:
+            return pending
+        out[h.CACHE_LAYER] = "semantic"
+        out[h.CACHE_KEY] = match.fingerprint[: h.CACHE_KEY_PREFIX_LEN]
+        out[h.SEMANTIC_SCORE] = f"{match.score:.4f}"
+        out[h.SERVER_TIMING] = h.server_timing(timer.stages)
+        if chat.stream:
+            return Reply(
+                200, {**SSE, **out}, replay(match.envelope.completion(), chat.include_usage)
+            )
+        return Reply(200, {**JSON, **out}, match.envelope.body)
 
     def _audit_refusal(self, project: str, key_id: str, model: str, code: str) -> None:
         """Into the audit log after the response, never delaying or failing it."""

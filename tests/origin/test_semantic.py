@@ -164,14 +164,24 @@ def test_a_project_without_the_opt_in_never_gets_semantic_hits(
     assert not origin.gateway.semantic.embedder.loaded and not admin.keys(INDEX_KEY_PREFIX + "*")
 
 
+@pytest.mark.parametrize("gone", ["deleted", "expired"])
 def test_an_expired_or_deleted_entry_is_never_served_semantically(
-    client: httpx.Client, origin: RunningOrigin, admin: redis.Redis, provider: ProviderServer
+    client: httpx.Client,
+    origin: RunningOrigin,
+    admin: redis.Redis,
+    provider: ProviderServer,
+    gone: str,
 ) -> None:
     opt_in(admin)
     stored = first(client, origin, ask(QUESTION))
     (index,) = admin.keys(INDEX_KEY_PREFIX + "*")
     assert admin.ttl(index) > 0  # the partition expires with its last entry
-    admin.delete(entry_key_of(admin, stored.headers[KEY]))
+    entry = entry_key_of(admin, stored.headers[KEY])
+    if gone == "deleted":
+        admin.delete(entry)
+    else:  # Redis expires it (evicted or cut short): the index record still looks alive
+        admin.pexpire(entry, 1)
+        wait_for(lambda: not admin.exists(entry), 5)
     response = client.post(CHAT, json=ask(PARAPHRASE))
     assert response.headers[LAYER] == "miss"
     assert calls(provider) == 2
