@@ -25,6 +25,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import math
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ __all__ = [
 
 _PRICE_FIELDS = ("input", "cached_input", "cache_write", "output")
 _GLOB = frozenset("*?[")
+# A model's dated or moving version: name-2024-07-18, name-20241022, name-0613, name-latest.
+_DATED = re.compile(r"(.+?)-(?:latest|\d{4}-\d{2}-\d{2}|\d{8}|\d{4})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,17 +142,17 @@ def parse_prices(where: str, tables: Any) -> dict[str, Price]:
 
 
 def _lookup(prices: Mapping[str, Price], model: str) -> Price | None:
-    """Exact name; else the longest name of which ``model`` is a dated or suffixed version
-    (``gpt-4o-mini`` for ``gpt-4o-mini-2024-07-18``); else the first matching glob."""
+    """Exact name; else the name of which ``model`` is a dated version (``gpt-4o-mini`` for
+    ``gpt-4o-mini-2024-07-18``, ``claude-3-5-haiku`` for ``-latest``); else the first
+    matching glob. Another suffix is another model (``o1-pro`` is not ``o1``): unpriced."""
     found = prices.get(model)
     if found is not None:
         return found
-    best = ""
-    for name in prices:
-        if len(name) > len(best) and model.startswith(name + "-"):
-            best = name
-    if best:
-        return prices[best]
+    dated = _DATED.fullmatch(model)
+    if dated is not None:
+        found = prices.get(dated.group(1))
+        if found is not None:
+            return found
     for name, price in prices.items():
         if _GLOB.intersection(name) and fnmatch.fnmatchcase(model, name):
             return price

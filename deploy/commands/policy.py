@@ -67,7 +67,7 @@ def _describe(policy: Policy | None) -> str:
     allow = ", ".join(policy.allow) or "every model"
     deny = ", ".join(policy.deny) or "nothing"
     budget = policy.budget
-    spend = f"; budget ${budget.usd:,} per UTC {budget.period}" if budget else "; no budget"
+    spend = f"; budget ${budget.usd:,} per UTC {budget.period}" if budget else ""
     return f"allow {allow}; deny {deny}{spend} (revision {policy.revision})"
 
 

@@ -22,7 +22,7 @@ __all__ = ["usage_command"]
 
 
 def _usd(micros: int) -> str:
-    return f"${micros / 1_000_000:,.4f}"
+    return f"${micros / 1_000_000:,.6f}"
 
 
 def _cells(row: UsageRow) -> list[str]:
