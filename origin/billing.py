@@ -44,6 +44,9 @@ class Billing:
         self.usage = usage
         self._spawn = spawn
         self._hit_prices: dict[str, Price | None] = {}
+        # id(envelope) -> (envelope, what a hit on it saves): hot entries are the same
+        # Envelope object on every hit (``RecentEntries``), so each is costed once.
+        self._saved: dict[int, tuple[Envelope, int]] = {}
 
     def hit_price(self, model: str) -> Price | None:
         if model in self._hit_prices:
@@ -53,15 +56,21 @@ class Billing:
         price = self._hit_prices[model] = self._config.model_prices(model)[0]
         return price
 
-    def hit(self, project: str, key_id: str, model: str, envelope: Envelope) -> None:
-        """A Redis hit: nothing spent; saved what its entry cost."""
-        saved = None
-        tokens = tokens_of(envelope.usage)
-        if tokens is not None:
-            price = self.hit_price(model)
-            if price is not None:
+    def hit(self, project: str, key_id: str, model: str, envelope: Envelope, now: float) -> None:
+        """A Redis hit: nothing spent; saved what its entry cost (0 when unknown)."""
+        known = self._saved.get(id(envelope))
+        if known is not None and known[0] is envelope:
+            saved = known[1]
+        else:
+            saved = 0
+            tokens = tokens_of(envelope.usage)
+            price = self.hit_price(model) if tokens is not None else None
+            if price is not None and tokens is not None:
                 saved = cost_micros(price, tokens)
-        self.usage.record(project, key_id, model, "redis", saved=saved)
+            if len(self._saved) >= 1024:
+                self._saved.clear()
+            self._saved[id(envelope)] = (envelope, saved)
+        self.usage.hit(project, key_id, model, saved, now)
 
     async def open(
         self, project: str, key_id: str, chat: ChatRequest, layer: str, budget: Budget | None

@@ -173,10 +173,13 @@ class Budgets:
         completion = completion_token_bound(chat, self._output_cap) * price.output
         return math.ceil(prompt + completion)
 
-    async def reserve(self, project: str, budget: Budget, chat: ChatRequest) -> Reservation:
+    async def reserve(self, project: str, budget: Budget, chat: ChatRequest) -> Reservation | None:
         """Reserve the request's bound, or raise: 429 ``budget_exceeded`` (does not fit),
-        403 ``model_not_priced``, 503 ``budget_unavailable`` (Redis failed)."""
+        403 ``model_not_priced``, 503 ``budget_unavailable`` (Redis failed). None: the
+        model has no route, so no call will be made (the router answers 404)."""
         amount = self.bound(chat)
+        if amount is None and self._config.route(chat.model) is None:
+            return None
         if amount is None:
             raise PermissionDeniedError(
                 f"Model '{chat.model[:200]}' has no price, so this project's budget cannot "

@@ -101,10 +101,11 @@ class ChatCompletions:
             raise
         out = {h.REQUEST_ID: request_id, h.CACHE_KEY: fp[: h.CACHE_KEY_PREFIX_LEN]}
         if lookup.entry is not None:
-            envelope = self._entries.decode(lookup.entry, time.time())
+            now = time.time()  # once: a clock read is not free on every machine
+            envelope = self._entries.decode(lookup.entry, now)
             if envelope is not None:
                 out[h.CACHE_LAYER] = "redis"
-                self.billing.hit(caller.project, caller.key_id, chat.model, envelope)
+                self.billing.hit(caller.project, caller.key_id, chat.model, envelope, now)
                 if caller.fingerprint is not None:  # the edge: it writes KV with the time left
                     out[h.ENTRY_EXPIRES] = str(envelope.expires_at())
                 out[h.SERVER_TIMING] = h.server_timing(timer.stages)

@@ -50,7 +50,7 @@ FIELDS = (
     "saved_micros",
     "unpriced",
 )
-_LAYER = {layer: index for index, layer in enumerate(LAYERS)}
+_LAYER = {layer: index for index, layer in enumerate(LAYERS)}  # "redis" first: see hit()
 _IN, _OUT, _COST, _SAVED, _UNPRICED = range(len(LAYERS), len(FIELDS))
 RETENTION_SECONDS = 400 * 86_400  # a year of days, and a month to spare
 _MAX_ROWS = 100_000  # pending rows while Redis is away: beyond it, new rows are dropped
@@ -76,7 +76,7 @@ def usage_key(project: str, day: str) -> str:
     return f"prism:usage:{project}:{day}"
 
 
-Row = tuple[str, str, str, int]  # project, key id, model, day number (days since 1970)
+Row = tuple[str, str, str]  # project, key id, model
 
 
 class UsageRecorder(Collector):
@@ -92,26 +92,46 @@ class UsageRecorder(Collector):
         self._redis = redis
         self._available = available
         self._interval = interval
-        self._pending: dict[Row, list[int]] = {}
+        # Day number (days since 1970) -> row -> counts; ``_today`` is the current day's.
+        self._pending: dict[int, dict[Row, list[int]]] = {}
+        self._rows = 0
+        self._today: dict[Row, list[int]] = {}
+        self._day_starts = self._day_ends = 0.0  # ``_today``'s bounds (unix seconds)
+        # Flushed counts by (project, model), for /metrics (which adds the pending ones).
         self._totals: dict[tuple[str, str], list[int]] = {}
         self._task: asyncio.Task[None] | None = None
         self.dropped = 0  # rows lost: a failed flush, or too many pending
 
-    def _row(self, project: str, key_id: str, model: str) -> list[int] | None:
-        row = (project, key_id, model, int(time.time()) // 86_400)
-        counts = self._pending.get(row)
+    def _day(self, now: float) -> dict[Row, list[int]]:
+        if not self._day_starts <= now < self._day_ends:
+            day = int(now) // 86_400
+            self._day_starts, self._day_ends = day * 86_400.0, (day + 1) * 86_400.0
+            self._today = self._pending.setdefault(day, {})
+        return self._today
+
+    def _row(self, project: str, key_id: str, model: str, now: float) -> list[int] | None:
+        rows = self._day(now)
+        counts = rows.get((project, key_id, model))
         if counts is None:
-            if len(self._pending) >= _MAX_ROWS:
+            if self._rows >= _MAX_ROWS:
                 self.dropped += 1
                 return None
-            counts = self._pending[row] = [0] * len(FIELDS)
+            self._rows += 1
+            counts = rows[(project, key_id, model)] = [0] * len(FIELDS)
         return counts
 
-    def _total(self, project: str, model: str) -> list[int]:
-        counts = self._totals.get((project, model))
+    def hit(self, project: str, key_id: str, model: str, saved: int, now: float) -> None:
+        """One Redis hit at ``now``: ``record`` for the hot path (no clock read, no loop,
+        one dict lookup when the day has not turned)."""
+        rows = self._today if self._day_starts <= now < self._day_ends else self._day(now)
+        counts = rows.get((project, key_id, model))
         if counts is None:
-            counts = self._totals[(project, model)] = [0] * len(FIELDS)
-        return counts
+            counts = self._row(project, key_id, model, now)
+            if counts is None:
+                return
+        counts[0] += 1
+        if saved:
+            counts[_SAVED] += saved
 
     def record(
         self,
@@ -125,19 +145,19 @@ class UsageRecorder(Collector):
     ) -> None:
         """One answered request. ``cost``: what it cost (None with ``tokens``: unpriced);
         ``saved``: what a hit would have cost had it been a call."""
-        for counts in (self._row(project, key_id, model), self._total(project, model)):
-            if counts is None:
-                continue
-            counts[_LAYER[layer]] += 1
-            if tokens is not None:
-                counts[_IN] += tokens.prompt
-                counts[_OUT] += tokens.completion
-                if cost is None:
-                    counts[_UNPRICED] += 1
-            if cost:
-                counts[_COST] += cost
-            if saved:
-                counts[_SAVED] += saved
+        counts = self._row(project, key_id, model, time.time())
+        if counts is None:
+            return
+        counts[_LAYER[layer]] += 1
+        if tokens is not None:
+            counts[_IN] += tokens.prompt
+            counts[_OUT] += tokens.completion
+            if cost is None:
+                counts[_UNPRICED] += 1
+        if cost:
+            counts[_COST] += cost
+        if saved:
+            counts[_SAVED] += saved
 
     # -- the writer -------------------------------------------------------------------
 
@@ -148,14 +168,16 @@ class UsageRecorder(Collector):
             return True
         if not self._available():
             return False
-        pending, self._pending = self._pending, {}
+        pending, rows = self._pending, self._rows
+        self._pending, self._rows, self._day_starts, self._day_ends = {}, 0, 0.0, 0.0
+        _add_totals(self._totals, pending)
         hashes: dict[str, list[str | int]] = {}
-        for (project, key_id, model, day), counts in pending.items():
-            name = usage_key(project, _day(day))
-            fields = hashes.setdefault(name, [])
-            for index, amount in enumerate(counts):
-                if amount:
-                    fields += (f"{FIELDS[index]}|{key_id}|{model}", amount)
+        for day, found in pending.items():
+            for (project, key_id, model), counts in found.items():
+                fields = hashes.setdefault(usage_key(project, _day(day)), [])
+                for index, amount in enumerate(counts):
+                    if amount:
+                        fields += (f"{FIELDS[index]}|{key_id}|{model}", amount)
         keys = list(hashes)
         args: list[str | int] = [RETENTION_SECONDS]
         for name in keys:
@@ -164,8 +186,8 @@ class UsageRecorder(Collector):
         try:
             await self._redis.execute("EVAL", USAGE_SCRIPT, len(keys), *keys, *args)
         except RedisClientError as error:
-            self.dropped += len(pending)
-            log.warning("usage flush failed, %d rows dropped: %s", len(pending), error)
+            self.dropped += rows
+            log.warning("usage flush failed, %d rows dropped: %s", rows, error)
             return False
         return True
 
@@ -209,13 +231,27 @@ class UsageRecorder(Collector):
         unpriced = CounterMetricFamily(
             "prism_usage_unpriced_calls", "Answered calls whose model has no price.", labels=labels
         )
-        for (project, model), counts in self._totals.items():
+        totals = {name: list(counts) for name, counts in self._totals.items()}
+        _add_totals(totals, self._pending)  # not flushed yet, counted all the same
+        for (project, model), counts in totals.items():
             tokens.add_metric((project, model, "in"), counts[_IN])
             tokens.add_metric((project, model, "out"), counts[_OUT])
             cost.add_metric((project, model), counts[_COST] / 1_000_000)
             saved.add_metric((project, model), counts[_SAVED] / 1_000_000)
             unpriced.add_metric((project, model), counts[_UNPRICED])
         yield from (tokens, cost, saved, unpriced)
+
+
+def _add_totals(
+    totals: dict[tuple[str, str], list[int]], pending: dict[int, dict[Row, list[int]]]
+) -> None:
+    for rows in pending.values():
+        for (project, _, model), counts in rows.items():
+            total = totals.get((project, model))
+            if total is None:
+                total = totals[(project, model)] = [0] * len(FIELDS)
+            for index, amount in enumerate(counts):
+                total[index] += amount
 
 
 def _day(number: int) -> str:

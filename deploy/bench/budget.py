@@ -125,6 +125,7 @@ async def _reserve_alone(redis_url: str, app: OriginApp, n: int) -> dict[str, fl
     for _ in range(n):
         started = time.perf_counter()
         held = await budgets.reserve("bench-alone", budget, chat)
+        assert held is not None
         reserve.append(time.perf_counter() - started)
         started = time.perf_counter()
         await budgets.settle(held, 100)

@@ -225,6 +225,8 @@ def test_an_unpriced_model_is_refused_under_a_budget_and_counted_without_one(
     refused = post(origin, api_key, body(model="mystery-model"))
     assert refused.status_code == 403
     assert refused.json()["error"]["code"] == "model_not_priced"
+    unrouted = post(origin, api_key, body(model="no-such-model"))  # the router's own answer
+    assert unrouted.status_code == 404 and unrouted.json()["error"]["code"] == "model_not_found"
     admin.delete(policy_key("acme"))
     assert post(origin, api_key, body(model="mystery-model")).status_code == 200
     origin.wait_stored()
@@ -320,6 +322,7 @@ def test_a_crashed_process_reservation_is_freed_after_its_hold(
     async def run() -> None:
         crashed = Budgets(RedisPipe(redis_url), config, hold_seconds=0.3)
         held = await crashed.reserve("acme", budget, chat)  # never settled: it "crashed"
+        assert held is not None
         assert held.amount <= budget.micro_usd < 2 * held.amount
         other = Budgets(RedisPipe(redis_url), config, hold_seconds=60)
         with pytest.raises(Exception, match="does not cover this request"):
