@@ -22,7 +22,7 @@ from typing import Any
 from prism import Budget, Envelope
 from prism.request import ChatRequest
 
-from .budgets import Budgets, Reservation
+from .budgets import Budgets, BudgetUnavailableError, Reservation
 from .pricing import Price, cost_micros, tokens_of
 from .providers.base import UpstreamCompletion
 from .providers.config import ProviderConfig
@@ -38,7 +38,9 @@ class Billing:
         budgets: Budgets,
         usage: UsageRecorder,
         spawn: Callable[[Coroutine[Any, Any, Any]], object],  # settles after the response
+        available: Callable[[], bool] = lambda: True,  # the Redis breaker is closed
     ) -> None:
+        self._available = available
         self._config = config
         self.budgets = budgets
         self.usage = usage
@@ -78,6 +80,11 @@ class Billing:
         """A miss's charge; with a budget, reserved first (raises when it does not fit)."""
         reservation = None
         if budget is not None:
+            if not self._available():  # Redis just failed: refuse now, not after a timeout
+                raise BudgetUnavailableError(
+                    "This project's budget cannot be checked right now; retry shortly.",
+                    headers={"retry-after": "1"},
+                )
             reservation = await self.budgets.reserve(project, budget, chat)
         return Charge(self, project, key_id, chat.model, layer, reservation)
 

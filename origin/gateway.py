@@ -75,6 +75,7 @@ class Gateway:
             Budgets(self.redis, settings.providers, settings.budget_hold),
             self.usage,
             self.spawn,
+            lambda: self.cache.available,
         )
 
     def spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:

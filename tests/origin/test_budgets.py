@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from deploy.local.provider import ProviderServer
+from deploy.local.redis import RedisServer
 from origin.budgets import Budgets, budget_keys, period_of
 from origin.pricing import cost_micros, default_prices, tokens_of
 from origin.providers.config import load_provider_config
@@ -342,3 +343,20 @@ def test_a_crashed_process_reservation_is_freed_after_its_hold(
     asyncio.run(run())
     state = totals(admin)
     assert state["spent"] == 7 and state["held"] == 1 and state["reserved"] > 0
+
+
+def test_a_budget_that_cannot_be_checked_refuses_rather_than_admits(
+    origin_factory: OriginFactory, providers_file: Path, api_key: str, tmp_path: Path
+) -> None:
+    with RedisServer(workdir=tmp_path) as own:
+        origin = origin_factory(PRISM_PROVIDERS_FILE=str(providers_file), REDIS_URL=own.url)
+        admin = redis.Redis.from_url(own.url)
+        set_budget(admin, 5)
+        assert post(origin, api_key, body()).status_code == 200  # the policy is now known
+        origin.wait_stored()
+        admin.close()
+    # Redis is gone: the last policy seen still holds, and its budget cannot be checked.
+    refused = post(origin, api_key, body())
+    assert refused.status_code == 503
+    assert refused.json()["error"]["code"] == "budget_unavailable"
+    assert refused.headers["retry-after"] == "1"
