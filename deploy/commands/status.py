@@ -149,7 +149,7 @@ def status_command(
             )
         if targets.edge_url:
             checks.append(check_edge(client, targets.edge_url))
-            if targets.key:
+            if targets.key and checks[-1].state != "down":  # else it would only repeat that
                 checks.append(check_path(client, targets.edge_url, targets.key))
     if targets.redis_url:
         checks.append(check_redis(targets.redis_url, targets.redis_source))

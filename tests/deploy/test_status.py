@@ -171,3 +171,14 @@ def test_the_local_stack_is_checked_with_its_own_redis_and_key(
     assert rows["redis"]["state"] == "down"
     assert rows["redis"]["url"] == f"redis://127.0.0.1:{port}/0 ($REDIS_URL)"
     assert rows["path"]["code"] == "key_invalid"  # $PRISM_API_KEY was used
+
+
+def test_an_edge_that_is_down_is_one_row(api_key: str) -> None:
+    edge_url = f"http://127.0.0.1:{closed_port()}"
+
+    code, rows = status("--edge-url", edge_url, "--key", api_key)
+
+    assert code == 1
+    assert list(rows) == ["edge"]  # no path row repeating it
+    assert rows["edge"]["code"] == "unreachable"
+    assert rows["edge"]["detail"].startswith("cannot connect to the edge")
