@@ -23,19 +23,18 @@ decides success; KV is republished from Redis, so publishing again repairs it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import cast
 
 import redis
 
 from origin.audit import audit_record
-from prism import CacheRules, Policy, policy_key, valid_project_id
+from prism import Budget, CacheRules, Policy, policy_key, valid_project_id
 
 from . import audit_log
 from .key_store import KeyStoreError, KVRevocationPublisher, _translated, redact_url
 
-__all__ = ["CacheUpdate", "PolicyChange", "PolicyStore", "check_project", "sync_policy"]
+__all__ = ["PolicyChange", "PolicyStore", "check_project", "sync_policy"]
 
 PolicyChange = tuple[Policy | None, Policy | None]  # (before, after)
 
@@ -98,28 +97,16 @@ class PolicyStore:
         *,
         allow: Sequence[str] = (),
         deny: Sequence[str] = (),
+        budget: Budget | None = None,
         updated_by: str | None = None,
-        keep_models: bool = False,
-        cache: CacheRules | CacheUpdate | None = None,
+        cache: CacheRules | None = None,
     ) -> PolicyChange:
-        """Replace the project's policy; ``ValueError`` (and nothing changed) if invalid.
-        ``keep_models`` keeps the allow and deny lists there are; ``cache`` replaces the
-        cache options, or a ``CacheUpdate`` changes only what it names (None: keep them)."""
+        """Replace the project's policy; ``ValueError`` (and nothing changed) if invalid."""
         check_project(project)
-        draft = Policy(allow=tuple(allow), deny=tuple(deny), updated_by=updated_by)
-        if isinstance(cache, CacheRules):
-            draft = replace(draft, cache=cache)
-
-        def make(before: Policy | None) -> Policy:
-            base = draft
-            if keep_models and before is not None:
-                base = replace(base, allow=before.allow, deny=before.deny)
-            if cache is None or isinstance(cache, CacheUpdate):
-                kept = before.cache if before is not None else None
-                base = replace(base, cache=cache.apply(kept) if cache is not None else kept)
-            return _next(base, before)
-
-        return self._change(project, make)
+        draft = Policy(
+            allow=tuple(allow), deny=tuple(deny), budget=budget, updated_by=updated_by, cache=cache
+        )
+        return self._change(project, lambda before: _next(draft, before))
 
     def clear(self, project: str, *, actor: str | None = None) -> PolicyChange:
         """Remove the project's policy (every model allowed again)."""
@@ -180,28 +167,12 @@ def _next(draft: Policy, before: Policy | None) -> Policy:
     return Policy(
         allow=draft.allow,
         deny=draft.deny,
+        budget=draft.budget,
         revision=(before.revision if before else 0) + 1,
         updated_at=_now(),
         updated_by=draft.updated_by,
         cache=draft.cache,
     )
-
-
-@dataclass(frozen=True)
-class CacheUpdate:
-    """A change to a project's cache options: each field left None keeps its value."""
-
-    semantic: bool | None = None
-    threshold: float | None = None
-
-    def apply(self, before: CacheRules | None) -> CacheRules | None:
-        if self.semantic is None and self.threshold is None:
-            return before
-        base = before or CacheRules()
-        return CacheRules(
-            semantic=base.semantic if self.semantic is None else self.semantic,
-            threshold=base.threshold if self.threshold is None else self.threshold,
-        )
 
 
 def sync_policy(

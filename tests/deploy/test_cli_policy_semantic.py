@@ -1,5 +1,5 @@
 """`prism policy set --semantic/--no-semantic --semantic-threshold` against a real Redis and
-the KV stand-in: each group of options changes its own part of the policy."""
+the KV stand-in: the cache options are part of the policy `set` replaces."""
 
 from __future__ import annotations
 
@@ -52,39 +52,48 @@ def test_semantic_turns_on_with_the_default_threshold_and_reaches_kv(
     assert published is not None and Policy.parse(published) == after
 
 
-def test_each_group_of_options_keeps_the_others(env: dict[str, str], redis_url: str) -> None:
-    assert policy(env, "set", "--project", "acme", "--allow", "gpt-4o*", "--no-kv").exit_code == 0
+def test_set_replaces_the_whole_policy_cache_options_included(
+    env: dict[str, str], redis_url: str
+) -> None:
     result = policy(
-        env, "set", "--project", "acme", "--semantic", "--semantic-threshold", "0.96", "--no-kv"
-    )
+        env, "set", "--project", "acme", "--allow", "gpt-4o*", "--budget", "25",
+        "--semantic", "--semantic-threshold", "0.96", "--no-kv",
+    )  # fmt: skip
     assert result.exit_code == 0, result.output
+    assert "budget $25.0 per UTC month; semantic cache on (threshold 0.96)" in result.stdout
     after = stored(redis_url)
     assert after is not None
     assert after.allow == ("gpt-4o*",) and after.cache == CacheRules(True, 0.96)
-    assert policy(env, "set", "--project", "acme", "--deny", "o1*", "--no-kv").exit_code == 0
+    assert policy(env, "set", "--project", "acme", "--allow", "gpt-4o*", "--no-kv").exit_code == 0
     after = stored(redis_url)
-    assert after is not None
-    assert (after.allow, after.deny) == ((), ("o1*",))  # --allow/--deny replace both lists
-    assert after.cache == CacheRules(True, 0.96)  # the cache options stay
-    assert policy(env, "set", "--project", "acme", "--no-semantic", "--no-kv").exit_code == 0
+    assert after is not None and after.cache is None and after.revision == 2  # off again
+    assert (
+        policy(
+            env, "set", "--project", "acme", "--deny", "o1*", "--no-semantic", "--no-kv"
+        ).exit_code
+        == 0
+    )
     after = stored(redis_url)
-    assert after is not None and after.cache == CacheRules(False, 0.96)
-    assert after.deny == ("o1*",) and after.revision == 4
+    assert after is not None and after.cache is None and after.deny == ("o1*",)
 
 
-@pytest.mark.parametrize("threshold", ["0.5", "1.2", "0.899"])
-def test_a_threshold_out_of_range_is_refused_and_changes_nothing(
-    env: dict[str, str], redis_url: str, threshold: str
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--semantic", "--semantic-threshold", "0.5"], "cache.threshold: must be a number from 0.9 to 0.99"),
+        (["--semantic", "--semantic-threshold", "1.2"], "cache.threshold: must be a number from 0.9 to 0.99"),
+        (["--semantic", "--semantic-threshold", "0.899"], "cache.threshold: must be a number from 0.9"),
+        (["--allow", "x", "--semantic-threshold", "0.95"], "--semantic-threshold needs --semantic"),
+        (["--no-semantic"], "give at least one --allow, --deny or --budget, or --semantic"),
+        ([], "give at least one --allow, --deny or --budget, or --semantic"),
+    ],
+)  # fmt: skip
+def test_bad_semantic_options_are_refused_and_change_nothing(
+    env: dict[str, str], redis_url: str, args: list[str], message: str
 ) -> None:
     assert policy(env, "set", "--project", "acme", "--semantic", "--no-kv").exit_code == 0
     before = stored(redis_url)
-    result = policy(env, "set", "--project", "acme", "--semantic-threshold", threshold, "--no-kv")
+    result = policy(env, "set", "--project", "acme", *args, "--no-kv")
     assert result.exit_code == 2
-    assert "cache.threshold: must be a number from 0.9 to 0.99" in result.output
+    assert message in result.output
     assert stored(redis_url) == before
-
-
-def test_set_with_no_option_at_all_is_refused(env: dict[str, str], redis_url: str) -> None:
-    result = policy(env, "set", "--project", "acme")
-    assert result.exit_code == 2 and "--semantic" in result.output
-    assert stored(redis_url) is None
