@@ -310,3 +310,60 @@ def test_the_semantic_layer_can_be_turned_off_for_the_whole_origin(
         origin.wait_stored()
         assert http.post(CHAT, json=ask(PARAPHRASE)).headers[LAYER] == "miss"
     assert httpx.get(origin.admin_url + "/healthz").json()["semantic"] == {"enabled": False}
+
+
+def _commands(admin: redis.Redis) -> dict[str, int]:
+    return {name: int(stats["calls"]) for name, stats in admin.info("commandstats").items()}
+
+
+def test_a_project_without_the_opt_in_pays_no_redis_command_for_it(
+    client: httpx.Client, origin: RunningOrigin, admin: redis.Redis
+) -> None:
+    admin.set(policy_key("acme"), Policy(deny=("o1*",)).encode())
+    first(client, origin, ask(QUESTION))  # scripts loaded, warm
+    before = _commands(admin)
+    first(client, origin, ask(PARAPHRASE))
+    after = _commands(admin)
+    for command in ("cmdstat_hgetall", "cmdstat_mget", "cmdstat_hset"):
+        assert after.get(command, 0) == before.get(command, 0)
+    assert after["cmdstat_evalsha"] - before["cmdstat_evalsha"] == 1  # the lookup alone
+
+
+def test_a_semantic_hit_spends_nothing_from_a_budget(
+    origin_factory: OriginFactory,
+    api_key: str,
+    admin: redis.Redis,
+    provider: ProviderServer,
+    tmp_path: Any,
+) -> None:
+    from datetime import UTC, datetime
+
+    from origin.budgets import budget_keys, period_of
+    from prism import Budget, CacheRules
+
+    config = tmp_path / "providers.toml"
+    config.write_text(
+        f'[providers.p]\nbase_url = "{provider.url}/v1"\n[models]\n"gpt-4o-mini" = ["p"]\n'
+    )
+    origin = origin_factory(PRISM_PROVIDERS_FILE=str(config))
+    record = Policy(budget=Budget(5, "day"), cache=CacheRules(semantic=True))
+    admin.set(policy_key("acme"), record.encode())
+    budget, _ = budget_keys("acme", period_of("day", datetime.now(UTC))[0])
+
+    def post(text: str) -> httpx.Response:
+        return httpx.post(
+            origin.url + CHAT,
+            json={**ask(text), "model": "gpt-4o-mini", "max_tokens": 100},
+            headers={"authorization": f"Bearer {api_key}"},
+            timeout=30,
+        )
+
+    assert post(QUESTION).headers[LAYER] == "miss"
+    origin.wait_stored()
+    spent = admin.hgetall(budget)
+    assert int(spent[b"spent"]) > 0
+    answered = post(PARAPHRASE)
+    assert answered.status_code == 200 and answered.headers[LAYER] == "semantic"
+    origin.wait_stored()
+    assert admin.hgetall(budget) == spent  # nothing reserved, nothing spent
+    assert calls(provider) == 1
