@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from deploy.edge_bundle import EdgeBundle, build_edge, load_wrangler_config
+from edge.origins import parse_origins
 from prism import parse_key_secrets
 from prism.routes import CLOUDFLARE_API_URL
 
@@ -155,6 +156,8 @@ class EdgeDeployConfig:
     wrangler: tuple[str, ...] = ()
     #: A plan only: no token needed, and the account id may be left out.
     dry_run: bool = False
+    #: The edge's ``PRISM_ORIGINS`` binding (``region=url,...``; edge/origins.py), if any.
+    origins: str = ""
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -172,6 +175,11 @@ class EdgeDeployConfig:
         if urlsplit(self.api_url).scheme not in ("http", "https"):
             problems.append(f"invalid API URL {self.api_url!r}")
         problems.extend(_origin_url_problems(self.origin_url))
+        try:
+            for origin in parse_origins(self.origins, None):
+                problems.extend(_origin_url_problems(origin.url))
+        except ValueError as error:
+            problems.append(str(error))
         missing = [name for name in EDGE_SECRETS if not self.secrets.get(name)]
         if missing:
             problems.append(f"missing secret(s): {', '.join(missing)}")
@@ -567,6 +575,8 @@ def _is_wrangler_outdir(path: Path) -> bool:
 def _wrangler_mapping(config: EdgeDeployConfig) -> dict[str, Any]:
     base = dict(load_wrangler_config())
     base["name"] = config.name
+    if config.origins:
+        base["vars"] = {**(base.get("vars") or {}), "PRISM_ORIGINS": config.origins}
     if config.routes:
         base.pop("route", None)
         base["routes"] = [route.to_wrangler() for route in config.routes]
