@@ -35,6 +35,11 @@ AMERICA = {"continent": "NA", "country": "US", "colo": "SJC"}
 REGION = "x-prism-origin-region"
 
 
+def render_error(code: str) -> bytes:
+    error = {"message": "The origin is unavailable.", "type": "server_error", "param": None}
+    return json.dumps({"error": {**error, "code": code}}).encode()
+
+
 class _Stalled:
     """An origin that accepts connections, reads, and never answers; counts connections."""
 
@@ -64,14 +69,18 @@ class _Stalled:
 
 
 class _Unavailable(BaseHTTPRequestHandler):
-    """What a load balancer with no healthy origin behind it says: a bare 503."""
+    """What the proxy in front of a deployed origin (Caddy) says while the origin is down:
+    a 503 in the API's format, without the Prism origin's own headers."""
 
     def do_POST(self) -> None:
         self.server.hits += 1  # type: ignore[attr-defined]
         self.rfile.read(int(self.headers.get("content-length") or 0))
+        body = render_error("origin_unavailable")
         self.send_response(503)
-        self.send_header("content-length", "0")
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
         self.end_headers()
+        self.wfile.write(body)
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -243,7 +252,9 @@ def test_a_stalled_origin_fails_over_after_the_timeout_and_is_avoided_after(
     assert requests_of(fresh.us) == us + 2
 
 
-def test_a_bare_503_in_front_of_an_origin_fails_over(fresh: Regions, api_key: str) -> None:
+def test_a_503_from_the_proxy_in_front_of_an_origin_fails_over(
+    fresh: Regions, api_key: str
+) -> None:
     hits = fresh.unavailable.hits  # type: ignore[attr-defined]
     response, _ = chat(fresh.url("bare503"), api_key, EUROPE)
     assert response.status_code == 200, response.text
