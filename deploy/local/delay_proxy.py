@@ -65,9 +65,10 @@ class DelayProxy:
         async def close() -> None:
             if server is not None:
                 server.close()
-            for task in asyncio.all_tasks():
-                if task is not asyncio.current_task():
-                    task.cancel()
+            tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)  # let them close sockets
 
         asyncio.run_coroutine_threadsafe(close(), loop).result(5)
         loop.call_soon_threadsafe(loop.stop)
