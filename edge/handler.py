@@ -248,6 +248,7 @@ class EdgeHandler:
         plan = self.origins.plan(platform.location, started)
         deadline = started + max(self.settings.origin_timeout, _ORIGIN_BUDGET)
         for attempt, origin in enumerate(plan, 1):
+            tried = platform.now()
             # Signed per attempt: the header lives a few seconds, a failover may come later.
             headers[h.FORWARD] = sign_forward(
                 self.settings.forward_secret,
@@ -256,10 +257,9 @@ class EdgeHandler:
                 project=identity.project,
                 key_id=identity.key_id,
                 fingerprint=fp,
-                now=platform.now(),
+                now=tried,
             )
             last = attempt == len(plan)
-            tried = platform.now()
             wait = min(self.settings.origin_timeout, deadline - tried)
             try:
                 async with asyncio.timeout(wait):
@@ -274,15 +274,15 @@ class EdgeHandler:
                     "The Prism origin is unreachable from this edge.", code="origin_unreachable"
                 )
             else:
-                # A 502/503/504 without the origin's own headers: it never reached Prism.
-                if (
-                    last
-                    or reply.status not in ORIGIN_DOWN
-                    or reply.header(h.CACHE_LAYER) is not None
-                ):
+                # Any answer but a 502/503/504 without the origin's own headers (which never
+                # reached Prism: a proxy in front of it says the origin is down) is final.
+                if reply.status not in ORIGIN_DOWN or reply.header(h.CACHE_LAYER) is not None:
                     self.origins.answered(origin)
                     break
-                failure = UpstreamError("The Prism origin failed.", code="origin_unreachable")
+                if last:  # every origin is down: the last one's reply is passed on as it is
+                    self.origins.failed(origin, platform.now())
+                    break
+                failure = UpstreamError("The Prism origin is down.", code="origin_unreachable")
             self.origins.failed(origin, platform.now())
             if origin.region:
                 timings.append((f'origin-error;desc="{origin.region}"', _ms(tried, platform.now())))
