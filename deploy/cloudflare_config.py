@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from deploy.edge_bundle import load_wrangler_config
+from edge.origins import parse_origins
 from prism import parse_key_secrets
 from prism.routes import CLOUDFLARE_API_URL
 
@@ -97,6 +98,8 @@ class EdgeDeployConfig:
     wrangler: tuple[str, ...] = ()
     #: A plan only: no token needed, and the account id may be left out.
     dry_run: bool = False
+    #: The edge's ``PRISM_ORIGINS`` binding (``region=url,...``; edge/origins.py), if any.
+    origins: str = ""
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -114,6 +117,11 @@ class EdgeDeployConfig:
         if urlsplit(self.api_url).scheme not in ("http", "https"):
             problems.append(f"invalid API URL {self.api_url!r}")
         problems.extend(_origin_url_problems(self.origin_url))
+        try:
+            for origin in parse_origins(self.origins, None):
+                problems.extend(_origin_url_problems(origin.url))
+        except ValueError as error:
+            problems.append(str(error))
         missing = [name for name in EDGE_SECRETS if not self.secrets.get(name)]
         if missing:
             problems.append(f"missing secret(s): {', '.join(missing)}")

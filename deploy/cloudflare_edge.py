@@ -213,6 +213,8 @@ def _is_wrangler_outdir(path: Path) -> bool:
 def _wrangler_mapping(config: EdgeDeployConfig) -> dict[str, Any]:
     base = dict(load_wrangler_config())
     base["name"] = config.name
+    if config.origins:
+        base["vars"] = {**(base.get("vars") or {}), "PRISM_ORIGINS": config.origins}
     if config.routes:
         base.pop("route", None)
         base["routes"] = [route.to_wrangler() for route in config.routes]
