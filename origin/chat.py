@@ -64,11 +64,12 @@ class ChatCompletions:
 
     async def __call__(self, request: Request) -> Reply:
         """A route handler (``asgi.Routes``): errors are raised, and rendered there."""
-        return await self._handle(request.headers, request.receive, request.id, request.timer)
-
-    async def _handle(
-        self, headers: dict[str, str], receive: Receive, request_id: str, timer: _Timer
-    ) -> Reply:
+        headers, receive, request_id, timer = (
+            request.headers,
+            request.receive,
+            request.id,
+            request.timer,
+        )
         gw = self.gw
         # Routes admits only POST here; a forward signed for anything else is refused.
         caller = authenticate(
