@@ -133,7 +133,7 @@ class ApiRoute:
         cacheable = lookup.available and not decision.bypass
         out[h.CACHE_LAYER] = "miss" if cacheable else "bypass"
         storage = Storage(fp, decision.ttl) if cacheable and decision.write else None
-        call = Call(parsed.body, parsed.model, parsed.stream, request.id, storage, api.op)
+        call = Call(parsed.body, parsed.model, parsed.stream, request.id, storage, op=api.op)
         client_gone = functools.partial(disconnected, request.receive)
         async with gw.flights.subscribe(fp if decision.read else None, call) as subscription:
             stream: ClientStream | None = None
