@@ -197,10 +197,11 @@ def path_verdict(status: int, code: str | None, message: str) -> tuple[State, st
 
 
 def check_path(client: httpx.Client, edge_url: str, key: str) -> Check:
-    """GET /v1/models with ``key`` through the edge: the origin answers it (key, revocation
-    and policy checked there too), so a 200 proves the whole path."""
+    """GET /v1/models with ``key`` through the edge, ``no-cache`` so that the origin answers
+    it (key, revocation and policy checked there too): a 200 proves the whole path."""
     url = edge_url.rstrip("/") + MODELS_PATH
-    response, ms, failed = _get(client, "edge", url, {"authorization": f"Bearer {key}"})
+    headers = {"authorization": f"Bearer {key}", "cache-control": "no-cache"}
+    response, ms, failed = _get(client, "edge", url, headers)
     if failed is not None:
         return Check("path", url, "down", 0.0, failed.detail, failed.code)
     assert response is not None

@@ -134,7 +134,8 @@ class EdgeHandler:
                 return await self.apis.serve(
                     self, api, request, platform, identity, timings, request_id
                 )
-            if path == MODELS_PATH:
+            # ``no-cache`` asks the origin itself (``prism status`` proves the path so).
+            if path == MODELS_PATH and "no-cache" not in request.headers.get("cache-control", ""):
                 listed = await self._models(platform, identity, timings, request_id)
                 if listed is not None:
                     return listed

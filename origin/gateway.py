@@ -157,7 +157,7 @@ class Gateway:
         """The model list to Workers KV for the edge, now and every ``MODELS_REFRESH``."""
         assert self.kv_writer is not None
         while True:
-            self.kv_writer.submit(MODELS_KEY, body, MODELS_TTL)
+            self.kv_writer.submit(MODELS_KEY, body, MODELS_TTL, entry=False)
             await asyncio.sleep(MODELS_REFRESH)
 
     async def close(self) -> None:

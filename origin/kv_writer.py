@@ -54,9 +54,11 @@ class KVWriter:
     def queued(self) -> int:
         return self._queue.qsize()
 
-    def submit(self, key: str, value: bytes, ttl: int) -> bool:
-        """Queue one entry; never waits. False (and counted) when the queue is full."""
-        self._metrics.kv_submitted.inc()
+    def submit(self, key: str, value: bytes, ttl: int, entry: bool = True) -> bool:
+        """Queue one entry; never waits. False (and counted) when the queue is full.
+        ``entry=False``: not a cache entry (the model list), not counted as submitted."""
+        if entry:
+            self._metrics.kv_submitted.inc()
         try:
             self._queue.put_nowait(_Entry(key, value.decode(), max(MIN_TTL, ttl)))
         except asyncio.QueueFull:

@@ -76,3 +76,12 @@ def test_without_a_published_list_the_origin_answers(
     forwarded = httpx.get(edge.url + "/v1/models", headers=headers, timeout=30)
     assert forwarded.status_code == 200 and forwarded.json()["object"] == "list"
     assert edge.origin_requests() == before + 1
+
+
+def test_no_cache_asks_the_origin_itself(edge: EdgeStack, api_key: str) -> None:
+    headers = {"authorization": f"Bearer {api_key}"}
+    wait_for(lambda: layer(httpx.get(edge.url + "/v1/models", headers=headers)) == "kv")
+    before = edge.origin_requests()
+    fresh = httpx.get(edge.url + "/v1/models", headers={**headers, "cache-control": "no-cache"})
+    assert fresh.status_code == 200 and layer(fresh) != "kv"
+    assert edge.origin_requests() == before + 1

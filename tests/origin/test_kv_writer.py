@@ -236,7 +236,9 @@ def test_unreachable_kv_api_counts_exhausted_retries(
         headers={"authorization": f"Bearer {api_key}"},
     )
     assert response.status_code == 200
+    # The model list published at start and the new entry: both dropped, after one retry per
+    # bulk call (they go in one call or two).
     wait_for(
-        lambda: origin.metric("prism_kv_writer_dropped_total", reason="retries_exhausted") == 1
+        lambda: origin.metric("prism_kv_writer_dropped_total", reason="retries_exhausted") == 2
     )
-    assert origin.metric("prism_kv_writer_retries_total") == 1
+    assert origin.metric("prism_kv_writer_retries_total") in (1, 2)
