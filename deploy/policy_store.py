@@ -5,6 +5,11 @@ Redis (the source of truth)::
     prism:policy:<project>   string   the policy's canonical JSON (prism.policy); the
                                       origin reads it with every request's lookup
 
+    prism:limits:<project>   hash     the policy's rate limits in the form the origin's
+                                      lookup script reads (prism.rate_limits); written
+                                      in the same transaction as the policy, absent when
+                                      the policy sets none
+
     prism:audit              stream   every change, before and after (origin/audit.py),
                                       written in the same transaction as the change
 
@@ -24,19 +29,27 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import cast
+from typing import Final, cast
 
 import redis
 
 from origin.audit import audit_record
-from prism import Policy, policy_key, valid_project_id
+from prism import Policy, RateLimits, limits_key, policy_key, valid_project_id
 
 from . import audit_log
 from .key_store import KeyStoreError, KVRevocationPublisher, _translated, redact_url
 
-__all__ = ["PolicyChange", "PolicyStore", "check_project", "sync_policy"]
+__all__ = ["KEEP", "Keep", "PolicyChange", "PolicyStore", "check_project", "sync_policy"]
 
 PolicyChange = tuple[Policy | None, Policy | None]  # (before, after)
+
+
+class Keep:
+    def __repr__(self) -> str:
+        return "KEEP"
+
+
+KEEP: Final = Keep()  # ``PolicyStore.set``: leave this part of the policy as it is
 
 
 def check_project(project: str) -> str:
@@ -95,14 +108,26 @@ class PolicyStore:
         self,
         project: str,
         *,
-        allow: Sequence[str] = (),
-        deny: Sequence[str] = (),
+        allow: Sequence[str] | None = None,
+        deny: Sequence[str] | None = None,
+        rate_limits: RateLimits | Keep | None = KEEP,
         updated_by: str | None = None,
     ) -> PolicyChange:
-        """Replace the project's policy; ``ValueError`` (and nothing changed) if invalid."""
+        """Replace the project's policy; ``ValueError`` (and nothing changed) if invalid.
+
+        The model lists are replaced together when either is given and kept when neither
+        is; ``rate_limits`` is replaced when given (None removes them) and kept by default.
+        """
         check_project(project)
-        draft = Policy(allow=tuple(allow), deny=tuple(deny), updated_by=updated_by)
-        return self._change(project, lambda before: _next(draft, before))
+        keep_models = allow is None and deny is None
+        keep_limits = isinstance(rate_limits, Keep)
+        draft = Policy(
+            allow=tuple(allow or ()),
+            deny=tuple(deny or ()),
+            rate_limits=None if isinstance(rate_limits, Keep) else rate_limits,
+            updated_by=updated_by,
+        )
+        return self._change(project, lambda before: _next(draft, before, keep_models, keep_limits))
 
     def clear(self, project: str, *, actor: str | None = None) -> PolicyChange:
         """Remove the project's policy (every model allowed again)."""
@@ -128,6 +153,10 @@ class PolicyStore:
                 pipe.delete(name)
             else:
                 pipe.set(name, after.encode())
+            # The limits' compact form changes with the record, in the same transaction.
+            pipe.delete(limits_key(project))
+            if after is not None and after.rate_limits is not None:
+                pipe.hset(limits_key(project), mapping=dict(after.rate_limits.hash_fields()))  # type: ignore[arg-type]
             # The change and its audit record land together, or neither does.
             fields = audit_record(
                 "policy.set" if after is not None else "policy.clear",
@@ -159,10 +188,15 @@ def _parsed_or_none(raw: str | None) -> Policy | None:
         return None
 
 
-def _next(draft: Policy, before: Policy | None) -> Policy:
+def _next(
+    draft: Policy, before: Policy | None, keep_models: bool = False, keep_limits: bool = False
+) -> Policy:
+    models = before if keep_models and before is not None else draft
+    limits = before if keep_limits and before is not None else draft
     return Policy(
-        allow=draft.allow,
-        deny=draft.deny,
+        allow=models.allow,
+        deny=models.deny,
+        rate_limits=limits.rate_limits,
         revision=(before.revision if before else 0) + 1,
         updated_at=_now(),
         updated_by=draft.updated_by,

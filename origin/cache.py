@@ -21,9 +21,10 @@ import logging
 import time
 from typing import Any, NamedTuple
 
-from prism import REVOKED_KEY, AuthenticationError, entry_key, policy_key
+from prism import POLICY_KEY_PREFIX, REVOKED_KEY, AuthenticationError, entry_key, policy_key
 
 from .metrics import Metrics
+from .ratelimits import GCRA_LUA, REQUEST_LIMIT_LUA
 from .redis_client import NoScriptError, PreparedCommand, RedisClient, RedisClientError
 
 __all__ = ["LOOKUP_SCRIPT", "Lookup", "RedisCache"]
@@ -36,20 +37,38 @@ class Lookup(NamedTuple):  # a tuple: made on every request, and cheaper than a 
     revoked: bool = False
     entry: bytes | None = None
     policy: bytes | None = None  # the project's policy record as stored (None: no policy)
+    # The request rate limit's verdict when one applies: [admitted, limit, remaining,
+    # reset_ms, retry_ms, scope] (origin.ratelimits); refused: no entry was read.
+    rate: list[int] | None = None
 
 
 UNAVAILABLE = Lookup(available=False)
 REVOKED_WHILE_UNAVAILABLE = Lookup(available=False, revoked=True)
 
 # KEYS[1] = the revoked set, KEYS[2] = the entry, KEYS[3] = the project's policy, either
-# "" when not wanted; ARGV[1] = the key id. A missing value comes back as false (nil),
-# which keeps its place in the reply. Revoked: nothing else is read.
-LOOKUP_SCRIPT = """
-if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return {1} end
-local entry, policy = false, false
+# "" when not wanted; ARGV[1] = the key id, ARGV[2] = "1" when the request counts toward
+# the project's request rate limits. A missing value comes back as false (nil), which
+# keeps its place in the reply. Revoked: nothing else is read. The rate limit code runs
+# (and its functions are even defined) only when the policy record sets rate limits;
+# a refused request reads no entry. The limits' keys are named inside the script, from
+# the project (a single Redis, not a cluster).
+LOOKUP_SCRIPT = f"""
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return {{1}} end
+local entry, policy, rate = false, false, nil
+if KEYS[3] ~= '' then
+  policy = redis.call('GET', KEYS[3])
+  if ARGV[2] == '1' and policy and string.find(policy, '"rate_limits":', 1, true) then
+    local project = string.sub(KEYS[3], {len(POLICY_KEY_PREFIX) + 1})
+{GCRA_LUA}
+{REQUEST_LIMIT_LUA}
+  end
+end
+if rate then
+  if rate[1] == 1 and KEYS[2] ~= '' then entry = redis.call('GET', KEYS[2]) end
+  return {{0, entry, policy, rate[1], rate[2], rate[3], rate[4], rate[5], rate[6]}}
+end
 if KEYS[2] ~= '' then entry = redis.call('GET', KEYS[2]) end
-if KEYS[3] ~= '' then policy = redis.call('GET', KEYS[3]) end
-return {0, entry, policy}
+return {{0, entry, policy}}
 """
 
 
@@ -93,10 +112,15 @@ class RedisCache:
         return REVOKED_WHILE_UNAVAILABLE if key_id in self._revoked else UNAVAILABLE
 
     async def lookup(
-        self, key_id: str, fingerprint: str | None, project: str | None = None
+        self,
+        key_id: str,
+        fingerprint: str | None,
+        project: str | None = None,
+        count: bool = False,
     ) -> Lookup:
         """Is ``key_id`` revoked, the entry for ``fingerprint`` and the policy of
-        ``project`` (each when given): one command, whatever is asked."""
+        ``project`` (each when given), and with ``count``, the request checked against
+        the project's request rate limits: one command, whatever is asked."""
         if not self.available:
             return self._unavailable(key_id)
         try:
@@ -105,14 +129,19 @@ class RedisCache:
             else:
                 entry = "" if fingerprint is None else entry_key(fingerprint)
                 policy = "" if project is None else policy_key(project)
+                counted = "1" if count else "0"
                 reply = None
                 if self._lookup_script is not None:
                     with contextlib.suppress(NoScriptError):  # Redis restarted or was flushed
-                        reply = await self.redis.run(self._lookup_script, entry, policy, key_id)
+                        reply = await self.redis.run(
+                            self._lookup_script, entry, policy, key_id, counted
+                        )
                 if reply is None:  # first use, or the script is gone: load it
                     sha = await self.redis.execute("SCRIPT", "LOAD", LOOKUP_SCRIPT)
                     self._lookup_script = PreparedCommand("EVALSHA", sha, 3, REVOKED_KEY)
-                    reply = await self.redis.run(self._lookup_script, entry, policy, key_id)
+                    reply = await self.redis.run(
+                        self._lookup_script, entry, policy, key_id, counted
+                    )
         except RedisClientError as error:
             self._failed("lookup", error)
             return self._unavailable(key_id)
@@ -121,6 +150,8 @@ class RedisCache:
             return Lookup(True, True)
         if len(reply) < 3:
             return Lookup(True, False)
+        if len(reply) > 3:
+            return Lookup(True, False, reply[1], reply[2], reply[3:])
         return Lookup(True, False, reply[1], reply[2])
 
     async def refuse_if_revoked(self, key_id: str) -> None:

@@ -38,7 +38,9 @@ from .auth import authenticate, check_forwarded_body
 from .flight import Call, ClientStream, Storage
 from .gateway import Gateway
 from .policies import ProjectPolicies
+from .ratelimits import RateLimiter, SettlingStream, TokenCharge, request_headers
 from .responses import Reply
+from .tokens import completion_token_bound, prompt_token_bound
 
 __all__ = ["ChatCompletions"]
 
@@ -52,6 +54,13 @@ class ChatCompletions:
         self.gw = gateway
         self.policies = policies or ProjectPolicies()
         self.audit = AuditWriter(gateway.redis)
+        self.limiter = RateLimiter(
+            gateway.redis,
+            gateway.metrics,
+            self.audit,
+            gateway.spawn,
+            lambda: gateway.cache.available,
+        )
         self.policy = CachePolicy(default_ttl=gateway.settings.default_ttl)
         self._bodies = RecentBodies()
         self._entries = RecentEntries()
@@ -82,7 +91,9 @@ class ChatCompletions:
         check_forwarded_body(caller, fp, gw.metrics)
         decision = classify(chat, headers.get("cache-control"), self.policy)
         timer.mark("parse")
-        lookup = await gw.cache.lookup(caller.key_id, fp if decision.read else None, caller.project)
+        lookup = await gw.cache.lookup(
+            caller.key_id, fp if decision.read else None, caller.project, count=True
+        )
         timer.mark("redis")
         if lookup.revoked:
             raise AuthenticationError("This API key has been revoked.", code="key_revoked")
@@ -95,6 +106,11 @@ class ChatCompletions:
             self._audit_refusal(caller.project, caller.key_id, chat.model, refusal.code)
             raise
         out = {h.REQUEST_ID: request_id, h.CACHE_KEY: fp[: h.CACHE_KEY_PREFIX_LEN]}
+        rate = lookup.rate  # the request rate limit's verdict, from the same round trip
+        if rate is not None:
+            if not rate[0]:
+                raise self.limiter.refused(caller.project, caller.key_id, "requests", rate)
+            out.update(request_headers(rate))
         if lookup.entry is not None:
             envelope = self._entries.decode(lookup.entry, time.time())
             if envelope is not None:
@@ -108,7 +124,35 @@ class ChatCompletions:
                 return Reply(200, {**JSON, **out}, envelope.body)
         cacheable = lookup.available and not decision.bypass
         out[h.CACHE_LAYER] = "miss" if cacheable else "bypass"
-        return await self._miss(chat, fp, decision, cacheable, out, timer, receive, request_id)
+        charge: TokenCharge | None = None
+        rate_limits = policy.rate_limits if policy is not None else None
+        if (
+            rate_limits is not None
+            and lookup.available
+            and rate_limits.limits_tokens(caller.key_id)
+        ):
+            # Tokens are limited on misses only: admitted on the request's bound now,
+            # settled to its usage once answered.
+            charge = await self.limiter.admit_tokens(
+                caller.project,
+                caller.key_id,
+                prompt_token_bound(chat),
+                completion_token_bound(chat),
+                out,
+                rate is not None,
+            )
+        if charge is None:
+            return await self._miss(chat, fp, decision, cacheable, out, timer, receive, request_id)
+        try:
+            reply = await self._miss(
+                chat, fp, decision, cacheable, out, timer, receive, request_id, charge
+            )
+        except BaseException:
+            charge.settle(None)  # no answer: every admitted token goes back
+            raise
+        if reply.status != 200:
+            charge.settle(None)
+        return reply
 
     def _audit_refusal(self, project: str, key_id: str, model: str, code: str) -> None:
         """Into the audit log after the response, never delaying or failing it."""
@@ -131,6 +175,7 @@ class ChatCompletions:
         timer: _Timer,
         receive: Receive,
         request_id: str,
+        charge: TokenCharge | None = None,
     ) -> Reply:
         gw = self.gw
         storage = Storage(fp, decision.ttl) if cacheable and decision.write else None
@@ -140,17 +185,21 @@ class ChatCompletions:
         key = fp if decision.read else None
         client_gone = functools.partial(disconnected, receive)
         async with gw.flights.subscribe(key, call) as subscription:
-            stream: ClientStream | None = None
+            stream: ClientStream | SettlingStream | None = None
             if chat.stream:
                 if not await subscription.started(client_gone):
                     return Reply(CLIENT_GONE, headers)
                 stream = subscription.follow(chat.include_usage)  # closing it is the leave
+                if charge is not None:  # settled when the stream ends or is closed
+                    stream = SettlingStream(stream, charge)
                 body, kind = b"", SSE
             else:
                 answer = await subscription.answer(client_gone)
                 if answer is None:
                     return Reply(CLIENT_GONE, headers)
                 body, kind = answer.body, JSON
+                if charge is not None:
+                    charge.settle(answer.completion)
             timer.mark("upstream")
             headers[h.PROVIDER] = subscription.provider
         headers[h.SERVER_TIMING] = h.server_timing(timer.stages)

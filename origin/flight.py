@@ -393,6 +393,12 @@ class ClientStream:
             await flight._next_change()
         raise StopAsyncIteration
 
+    @property
+    def completion(self) -> dict[str, Any] | None:
+        """The flight's complete answer once it has one (None while running, or failed)."""
+        result = self._flight._result
+        return None if result is None else result.completion
+
     def _last(self, flight: Flight) -> bytes:
         if flight._error is not None:
             return b"data: " + error_json(flight._error) + b"\n\n"

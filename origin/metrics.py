@@ -142,6 +142,15 @@ class Metrics:
             registry=registry,
         )
 
+        # Rate limit refusals (origin.ratelimits): few by design, so a locked Counter is fine.
+        self.rate_limited = Counter(
+            "prism_rate_limited",
+            "Requests refused by a rate limit, by project, kind (requests, tokens) and scope"
+            " (project, key).",
+            ("project", "kind", "scope"),
+            registry=registry,
+        )
+
     def record_request(self, route: str, status: int, layer: str, seconds: float) -> None:
         """Count one answered request and observe its time to the response head."""
         self._requests.record(route, status, layer, seconds)

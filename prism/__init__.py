@@ -36,12 +36,14 @@ from .keys import (
     valid_project_id,
 )
 from .policy import POLICY_KEY_PREFIX, Policy, PolicyMemo, policy_key
+from .rate_limits import LIMITS_KEY_PREFIX, Limit, RateLimits, limits_key
 from .recent import RecentBodies, RecentEntries
 from .request import ChatRequest, Limits, parse_chat_request
 from .sse import SSEDecoder, StreamAssembler, replay
 
 __all__ = [
     "EXCLUDED_FIELDS",
+    "LIMITS_KEY_PREFIX",
     "MIN_TTL",
     "POLICY_KEY_PREFIX",
     "REVOKED_KEY",
@@ -55,6 +57,7 @@ __all__ = [
     "InvalidRequestError",
     "KeyIdentity",
     "KeyRing",
+    "Limit",
     "Limits",
     "MethodNotAllowedError",
     "NotFoundError",
@@ -63,6 +66,7 @@ __all__ = [
     "PolicyMemo",
     "PrismError",
     "RateLimitError",
+    "RateLimits",
     "RecentBodies",
     "RecentEntries",
     "RequestTimeoutError",
@@ -82,6 +86,7 @@ __all__ = [
     "error_json",
     "fingerprint",
     "key_hash",
+    "limits_key",
     "parse_chat_request",
     "parse_key_secrets",
     "policy_key",

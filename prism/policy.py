@@ -1,4 +1,4 @@
-"""A project's policy: which models its keys may use (and, later, its budget and limits).
+"""A project's policy: which models its keys may use, its rate limits (and, later, its budget).
 
 One record per project, canonical JSON, stored in Redis at ``prism:policy:{project}``
 (the origin reads it in the same round trip as the entry) and published under the same
@@ -11,8 +11,12 @@ Model patterns are globs (``fnmatch``, case-sensitive): ``*``, ``?`` and ``[...]
 A model is allowed when no ``deny`` pattern matches it and either ``allow`` is empty
 or an ``allow`` pattern matches it: deny wins. No record at all allows every model.
 
+``rate_limits`` (optional; ``prism.rate_limits``) sets requests and tokens per minute for
+the project and for each of its keys; it appears in the record only when set, so a
+policy without limits keeps the bytes it had before limits existed.
+
 Reserved names, refused until they are implemented so a policy never claims a limit
-that nothing enforces: ``budget``, ``rate_limits``, ``cache`` (and per-key policies).
+that nothing enforces: ``budget``, ``cache`` (and per-key policies).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import PermissionDeniedError
+from .rate_limits import RateLimits
 
 __all__ = ["POLICY_KEY_PREFIX", "Policy", "PolicyMemo", "policy_key"]
 
@@ -33,8 +38,8 @@ MAX_PATTERNS = 64
 MAX_PATTERN_LEN = 200
 _MAX_TEXT = 100
 _MAX_DECIDED = 1024  # models remembered per policy: a client cycling names cannot grow it
-_RESERVED = ("budget", "rate_limits", "cache")
-_FIELDS = ("allow", "deny", "revision", "updated_at", "updated_by", "v")
+_RESERVED = ("budget", "cache")
+_FIELDS = ("allow", "deny", "rate_limits", "revision", "updated_at", "updated_by", "v")
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
@@ -86,6 +91,7 @@ class Policy:
     revision: int = 0  # +1 on every change (the store sets it)
     updated_at: str | None = None  # ISO 8601 UTC
     updated_by: str | None = None
+    rate_limits: RateLimits | None = None  # None: no rate limit
     _allow: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
     _deny: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
     # model -> allowed, for the models this policy has been asked about (bounded)
@@ -100,6 +106,8 @@ class Policy:
             raise ValueError("revision: must not be negative")
         _text("updated_at", self.updated_at)
         _text("updated_by", self.updated_by)
+        if self.rate_limits is not None and not isinstance(self.rate_limits, RateLimits):
+            raise ValueError("rate_limits: must be a RateLimits")
         object.__setattr__(self, "allow", allow)
         object.__setattr__(self, "deny", deny)
         object.__setattr__(self, "_allow", _matcher(allow))
@@ -133,10 +141,15 @@ class Policy:
             revision=data.get("revision", 0),
             updated_at=data.get("updated_at"),
             updated_by=data.get("updated_by"),
+            rate_limits=(
+                None
+                if data.get("rate_limits") is None
+                else RateLimits.from_dict(data["rate_limits"])
+            ),
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "allow": list(self.allow),
             "deny": list(self.deny),
             "revision": self.revision,
@@ -144,6 +157,9 @@ class Policy:
             "updated_by": self.updated_by,
             "v": FORMAT_VERSION,
         }
+        if self.rate_limits is not None:
+            out["rate_limits"] = self.rate_limits.to_dict()
+        return out
 
     def encode(self) -> bytes:
         """Canonical JSON: equal policies, equal bytes."""

@@ -15,8 +15,9 @@ from typing import Annotated
 import typer
 
 from deploy.key_store import DEFAULT_KV_API, DEFAULT_REDIS_URL, KeyStoreError
-from deploy.policy_store import PolicyChange, PolicyStore, check_project, sync_policy
-from prism import Policy, policy_key
+from deploy.policy_store import KEEP, Keep, PolicyChange, PolicyStore, check_project, sync_policy
+from prism import Limit, Policy, RateLimits, policy_key
+from prism.rate_limits import MAX_RPM, MAX_TPM
 
 from ._options import JsonOption
 from .keys import (
@@ -66,7 +67,8 @@ def _describe(policy: Policy | None) -> str:
         return "none (every model is allowed)"
     allow = ", ".join(policy.allow) or "every model"
     deny = ", ".join(policy.deny) or "nothing"
-    return f"allow {allow}; deny {deny} (revision {policy.revision})"
+    limits = "" if policy.rate_limits is None else f"; rate limits {policy.rate_limits.describe()}"
+    return f"allow {allow}; deny {deny}{limits} (revision {policy.revision})"
 
 
 def _as_dict(policy: Policy | None) -> dict[str, object] | None:
@@ -115,6 +117,74 @@ def _publish(
         raise typer.Exit(1)
 
 
+# -- rate limits: their options, and the RateLimits they make --------------------------
+
+RpmOption = Annotated[
+    int | None, typer.Option("--rpm", help="Requests per minute for the whole project.")
+]
+TpmOption = Annotated[
+    int | None, typer.Option("--tpm", help="Tokens per minute for the whole project.")
+]
+KeyRpmOption = Annotated[
+    int | None, typer.Option("--key-rpm", help="Requests per minute for each key of the project.")
+]
+KeyTpmOption = Annotated[
+    int | None, typer.Option("--key-tpm", help="Tokens per minute for each key of the project.")
+]
+KeyLimitOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--key-limit",
+        help="One key's own limits, over --key-rpm/--key-tpm: KEY_ID:rpm=N[,tpm=N] (repeatable).",
+    ),
+]
+NoRateLimitsOption = Annotated[
+    bool, typer.Option("--no-rate-limits", help="Remove the project's rate limits.")
+]
+
+
+def _key_limit(spec: str) -> tuple[str, Limit]:
+    key_id, sep, rest = spec.partition(":")
+    values: dict[str, object] = {}
+    for part in rest.split(",") if sep else ():
+        name, eq, number = part.partition("=")
+        if not eq or not number.strip().isdigit():
+            break
+        values[name.strip()] = int(number)
+    else:
+        if values:
+            return key_id, Limit.from_dict(f"--key-limit {key_id[:40]}", values)
+    raise ValueError(f"--key-limit: {spec[:60]!r} is not KEY_ID:rpm=N[,tpm=N]")
+
+
+def rate_limits_option(
+    rpm: int | None,
+    tpm: int | None,
+    key_rpm: int | None,
+    key_tpm: int | None,
+    key_limits: list[str] | None,
+    remove: bool,
+) -> RateLimits | Keep | None:
+    """The rate limits the options set: ``KEEP`` when none is given, None to remove them;
+    ``ValueError`` for bad input."""
+    given = (rpm, tpm, key_rpm, key_tpm)
+    if remove:
+        if any(v is not None for v in given) or key_limits:
+            raise ValueError("--no-rate-limits: give it alone, without other rate limit options")
+        return None
+    if all(v is None for v in given) and not key_limits:
+        return KEEP
+    for flag, value in zip(("--rpm", "--tpm", "--key-rpm", "--key-tpm"), given, strict=True):
+        most = MAX_RPM if flag.endswith("rpm") else MAX_TPM
+        if value is not None and not 1 <= value <= most:
+            raise ValueError(f"{flag}: must be between 1 and {most:,} (got {value})")
+    return RateLimits(
+        project=Limit(rpm, tpm),
+        key=Limit(key_rpm, key_tpm),
+        keys=tuple(_key_limit(spec) for spec in key_limits or ()),
+    )
+
+
 @app.command("set")
 def set_policy(
     project: ProjectOption,
@@ -128,6 +198,12 @@ def set_policy(
         list[str] | None,
         typer.Option("--deny", help="Model glob the project may not use (repeatable; wins)."),
     ] = None,
+    rpm: RpmOption = None,
+    tpm: TpmOption = None,
+    key_rpm: KeyRpmOption = None,
+    key_tpm: KeyTpmOption = None,
+    key_limit: KeyLimitOption = None,
+    no_rate_limits: NoRateLimitsOption = False,
     updated_by: Annotated[
         str | None,
         typer.Option("--by", help="Recorded with the change. [default: your login name]"),
@@ -140,20 +216,38 @@ def set_policy(
     no_kv: NoKVOption = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Replace PROJECT's model policy: at once at the origin, within ~2 min at the edge.
+    """Set PROJECT's model policy and rate limits: at once at the origin (models: within
+    ~2 min at the edge).
 
     Patterns are case-sensitive globs (*, ?, [...]). A model is allowed when no --deny
     matches it and --allow is empty or one --allow matches it. A refused model is a
-    403 `model_not_allowed`. An invalid policy changes nothing.
+    403 `model_not_allowed`. --allow/--deny replace both lists; given neither, the lists
+    are kept. Rate limit options replace every rate limit; given none, they are kept.
+    A request over a limit is a 429 `rate_limit_exceeded`. An invalid policy changes
+    nothing.
 
     Example: prism policy set --project acme --allow 'gpt-4o*' --deny 'o1*'
+
+    Example: prism policy set --project acme --rpm 600 --tpm 200000 --key-rpm 60
     """
-    if not allow and not deny:
-        raise fail("give at least one --allow or --deny (`prism policy clear` removes it)", 2)
+    try:
+        limits = rate_limits_option(rpm, tpm, key_rpm, key_tpm, key_limit, no_rate_limits)
+    except ValueError as error:
+        raise fail(f"invalid policy: {error}", 2) from None
+    if not allow and not deny and limits is KEEP:
+        raise fail(
+            "give at least one --allow, --deny or rate limit option (`prism policy clear` "
+            "removes the policy)",
+            2,
+        )
     with open_store(redis_url, project) as store:
         try:
             change = store.set(
-                project, allow=allow or (), deny=deny or (), updated_by=updated_by or default_user()
+                project,
+                allow=allow if allow or deny else None,
+                deny=deny if allow or deny else None,
+                rate_limits=limits,
+                updated_by=updated_by or default_user(),
             )
         except ValueError as error:
             raise fail(f"invalid policy: {error}", 2) from None

@@ -86,7 +86,13 @@ def test_set_show_clear_reach_redis_and_kv(
     ("args", "message"),
     [
         (["set", "--project", "Acme!", "--deny", "o1*"], "--project: 'Acme!' is not a project id"),
-        (["set", "--project", "acme"], "give at least one --allow or --deny"),
+        (["set", "--project", "acme"], "give at least one --allow, --deny or rate limit option"),
+        (["set", "--project", "acme", "--rpm", "0"], "invalid policy: --rpm: must be between 1 and 1,000,000 (got 0)"),
+        (["set", "--project", "acme", "--key-tpm", "2000000000"], "--key-tpm: must be between 1 and 1,000,000,000"),
+        (["set", "--project", "acme", "--key-limit", "abc"], "--key-limit: 'abc' is not KEY_ID:rpm=N[,tpm=N]"),
+        (["set", "--project", "acme", "--key-limit", "short:rpm=5"], "rate_limits.keys: 'short' is not a key id"),
+        (["set", "--project", "acme", "--key-limit", "abcdefgh:rps=5"], "--key-limit abcdefgh.rps: unknown field"),
+        (["set", "--project", "acme", "--no-rate-limits", "--rpm", "5"], "--no-rate-limits: give it alone"),
         (["set", "--project", "acme", "--allow", ""], "invalid policy: allow[0]: must be a non-empty"),
         (["set", "--project", "acme", "--deny", "o1 *"], "invalid policy: deny[0]: 'o1 *' has whitespace"),
         (["set", "--project", "acme", *[a for i in range(65) for a in ("--deny", f"m{i}")]], "deny: at most 64"),
@@ -137,3 +143,56 @@ def test_an_unreachable_redis_is_one_line(env: dict[str, str]) -> None:
     result = policy(env, "show", "--project", "acme")
     assert result.exit_code == 1
     assert "cannot reach Redis" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_rate_limits_are_set_shown_kept_and_removed(
+    env: dict[str, str], redis_url: str, kv_api_reset: KVApi
+) -> None:
+    admin = redis.Redis.from_url(redis_url, decode_responses=True)
+    assert policy(env, "set", "--project", "acme", "--deny", "o1*").exit_code == 0
+    result = policy(
+        env, "set", "--project", "acme", "--rpm", "600", "--tpm", "200000", "--key-rpm", "60",
+        "--key-limit", "bigkey01:rpm=120,tpm=50000", "--by", "ops",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert (
+        "rate limits project 600 rpm and 200,000 tpm; each key 60 rpm; "
+        "key bigkey01 120 rpm and 50,000 tpm" in result.stdout
+    )
+    stored = Policy.parse(in_redis(redis_url) or b"")
+    assert stored.deny == ("o1*",)  # the model lists were kept
+    assert stored.rate_limits is not None
+    assert stored.rate_limits.to_dict() == {
+        "project": {"rpm": 600, "tpm": 200000},
+        "key": {"rpm": 60},
+        "keys": {"bigkey01": {"rpm": 120, "tpm": 50000}},
+    }
+    # The lookup script's compact form, written with the record.
+    assert admin.hgetall("prism:limits:acme") == {
+        "rpm": "600",
+        "tpm": "200000",
+        "key.rpm": "60",
+        "id.bigkey01.rpm": "120",
+        "id.bigkey01.tpm": "50000",
+    }
+    assert kv_api_reset.get_text(policy_key("acme")) == stored.encode().decode()
+
+    shown = policy(env, "show", "--project", "acme", "--json")
+    assert json.loads(shown.stdout)["policy"]["rate_limits"]["key"] == {"rpm": 60}
+
+    # --allow alone keeps the limits; the change is audited with before and after.
+    assert policy(env, "set", "--project", "acme", "--allow", "gpt-*").exit_code == 0
+    kept = Policy.parse(in_redis(redis_url) or b"")
+    assert kept.rate_limits == stored.rate_limits and kept.deny == ()
+    last = admin.xrevrange("prism:audit", count=1)[0][1]
+    assert last["action"] == "policy.set"
+    assert json.loads(last["before"])["rate_limits"] == stored.rate_limits.to_dict()
+
+    removed = policy(env, "set", "--project", "acme", "--no-rate-limits", "--json")
+    assert removed.exit_code == 0, removed.output
+    assert "rate_limits" not in json.loads(removed.stdout)["after"]
+    assert admin.exists("prism:limits:acme") == 0
+    assert policy(env, "set", "--project", "acme", "--key-tpm", "1000").exit_code == 0
+    assert admin.hgetall("prism:limits:acme") == {"key.tpm": "1000"}
+    assert policy(env, "clear", "--project", "acme").exit_code == 0
+    assert admin.exists("prism:limits:acme") == 0

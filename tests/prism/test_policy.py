@@ -58,7 +58,7 @@ def test_encode_is_canonical_and_parses_back_to_an_equal_policy() -> None:
         ('{"allow": ["' + "x" * 201 + '"]}', "allow[0]: at most 200 characters"),
         ('{"allow": [' + ",".join(f'"m{i}"' for i in range(65)) + "]}", "allow: at most 64"),
         ('{"budget": 10}', "budget: reserved for a later version"),
-        ('{"rate_limits": {}}', "rate_limits: reserved"),
+        ('{"rate_limits": {}}', "rate_limits: set at least one limit"),
         ('{"alow": []}', "alow: unknown field"),
         ('{"v": 2}', "v: unsupported policy format 2"),
         ('{"revision": -1}', "revision: must not be negative"),
