@@ -6,9 +6,10 @@ Redis (the source of truth)::
                                       origin reads it with every request's lookup
 
     prism:limits:<project>   hash     the policy's rate limits in the form the origin's
-                                      lookup script reads (prism.rate_limits); written
-                                      in the same transaction as the policy, absent when
-                                      the policy sets none
+                                      lookup script reads (prism.rate_limits), written
+                                      in the same transaction as the policy, and the
+                                      origin's state of each limit (fields "s.*", kept
+                                      across changes); absent when the policy sets none
 
     prism:audit              stream   every change, before and after (origin/audit.py),
                                       written in the same transaction as the change
@@ -148,15 +149,22 @@ class PolicyStore:
             before = _parsed_or_none(raw)
             after = make(before)
             prev = audit_log.head(pipe)
+            # The origin keeps each limit's state (fields "s.*") in the same hash: a change
+            # replaces the limits and keeps the states; no limits, no hash.
+            limits = limits_key(project)
+            stale = [f for f in cast(list[str], pipe.hkeys(limits)) if not f.startswith("s.")]
             pipe.multi()
             if after is None:
                 pipe.delete(name)
             else:
                 pipe.set(name, after.encode())
             # The limits' compact form changes with the record, in the same transaction.
-            pipe.delete(limits_key(project))
-            if after is not None and after.rate_limits is not None:
-                pipe.hset(limits_key(project), mapping=dict(after.rate_limits.hash_fields()))  # type: ignore[arg-type]
+            if after is None or after.rate_limits is None:
+                pipe.delete(limits)
+            else:
+                if stale:
+                    pipe.hdel(limits, *stale)
+                pipe.hset(limits, mapping=dict(after.rate_limits.hash_fields()))  # type: ignore[arg-type]
             # The change and its audit record land together, or neither does.
             fields = audit_record(
                 "policy.set" if after is not None else "policy.clear",

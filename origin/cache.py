@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 from prism import POLICY_KEY_PREFIX, REVOKED_KEY, AuthenticationError, entry_key, policy_key
 
 from .metrics import Metrics
-from .ratelimits import GCRA_LUA, REQUEST_LIMIT_LUA
+from .ratelimits import REQUEST_LIMIT_LUA
 from .redis_client import NoScriptError, PreparedCommand, RedisClient, RedisClientError
 
 __all__ = ["LOOKUP_SCRIPT", "Lookup", "RedisCache"]
@@ -59,7 +59,6 @@ if KEYS[3] ~= '' then
   policy = redis.call('GET', KEYS[3])
   if ARGV[2] == '1' and policy and string.find(policy, '"rate_limits":', 1, true) then
     local project = string.sub(KEYS[3], {len(POLICY_KEY_PREFIX) + 1})
-{GCRA_LUA}
 {REQUEST_LIMIT_LUA}
   end
 end

@@ -1,14 +1,15 @@
 """Rate limits: requests and tokens per minute, per project and per key, held in Redis.
 
 The algorithm is GCRA (the generic cell rate algorithm: a token bucket kept as one
-number). Each limit is one Redis string, its theoretical arrival time (TAT) in
-microseconds of Redis's own clock (``TIME``, never an origin's), which expires when the
-bucket is full again. A limit of N per minute is a bucket of N refilled continuously at
-N a minute: N requests may come at once, then one every 60/N s. O(1) time and memory per
-limit, exact across any number of origin processes (each check is one atomic script),
-and its state gives OpenAI's headers directly: remaining = what fits now, reset = the
-time until the bucket is full. (A sliding-window log is exact too but keeps every
-request of the window; window counters are approximate at window edges.)
+number). Each limit's state is its theoretical arrival time (TAT) in microseconds of
+Redis's own clock (``TIME``, never an origin's), kept as a field of the project's limits
+hash next to the limit itself: one HMGET reads a request's limits and their states, one
+HSET writes them. A limit of N a minute is a bucket of N refilled continuously: N
+requests may come at once, then one every 60/N s. O(1) time and memory per limit, exact
+across any number of origin processes (each check is one atomic script), and its state
+gives OpenAI's headers directly: remaining = what fits now, reset = the time until the
+bucket is full. (A sliding-window log is exact too but keeps every request of the
+window; window counters are approximate at window edges.)
 
 Where the checks run:
 
@@ -48,7 +49,6 @@ from .redis_client import NoScriptError, PreparedCommand, RedisClient, RedisClie
 
 __all__ = [
     "GCRA_LUA",
-    "RATE_STATE_PREFIX",
     "REQUEST_LIMIT_LUA",
     "RateLimiter",
     "RefusalLog",
@@ -61,82 +61,108 @@ __all__ = [
 
 log = logging.getLogger("prism.origin")
 
-RATE_STATE_PREFIX = "prism:rl:"  # + project + ":rpm" | ":tpm" | ":key:{key_id}:rpm" | ...
-
-# The shared Lua: a limit check is {limit, state key, scope} (scope 1 project, 2 key).
-# Its reply is {admitted, limit, remaining, reset_ms, retry_ms, scope} for the limit
-# that binds: when refused, the one to wait longest for; else the one with least left.
-# A request of cost c fits when (tat - now) + c * step <= PERIOD + step / 2: the half
-# step absorbs float rounding, so exactly N unit requests fit in a full bucket of N.
+# The shared Lua. A limit and its state live in the project's limits hash (one HMGET
+# reads both, one HSET writes every state): ``rpm``, ``key.rpm``, ``id.{key}.rpm`` are the
+# limits (``prism.rate_limits``), ``s.rpm`` and ``s.{key}.rpm`` their TATs ("tpm" alike).
+# A check is {limit, state field, scope (1 project, 2 key), tat}. The reply is {admitted,
+# limit, remaining, reset_ms, retry_ms, scope} for the limit that binds: when refused, the
+# one to wait longest for; else the one with least left. A request of cost c fits when
+# (tat - now) + c * step <= PERIOD + step / 2: the half step absorbs float rounding, so
+# exactly N unit requests fit a full bucket of N. Numbers given to redis.call are written
+# with 17 significant digits: a TAT's double survives the round trip exactly.
 GCRA_LUA = f"""
 local PERIOD = 60000000
-local LIMITS, STATE = '{LIMITS_KEY_PREFIX}', '{RATE_STATE_PREFIX}'
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local function tat_of(key, now)
-  local tat = tonumber(redis.call('GET', key))
-  if tat == nil or tat < now then return now end
-  return tat
+local function checks_for(project, key_id, kind)
+  local h = '{LIMITS_KEY_PREFIX}' .. project
+  local mine = 's.' .. key_id .. '.' .. kind
+  local got = redis.call('HMGET', h, kind, 'key.' .. kind, 'id.' .. key_id .. '.' .. kind,
+                         's.' .. kind, mine)
+  local checks = {{}}
+  if got[1] then checks[1] = {{tonumber(got[1]), 's.' .. kind, 1, tonumber(got[4])}} end
+  local per_key = got[3] or got[2]
+  if per_key then checks[#checks + 1] = {{tonumber(per_key), mine, 2, tonumber(got[5])}} end
+  return h, checks
 end
-local function left(c, tat, now)
-  local n = math.floor((PERIOD + c[4] / 2 - (tat - now)) / c[4])
-  if n < 0 then return 0 end
-  return n
-end
-local function gcra(checks, cost, now)
+local function gcra(h, checks, cost, now)
   local worst = nil
   for _, c in ipairs(checks) do
-    c[4] = PERIOD / c[1]
-    c[5] = tat_of(c[2], now)
-    c[6] = c[5] + cost * c[4]
-    c[7] = c[6] - now - PERIOD - c[4] / 2
+    local step = PERIOD / c[1]
+    if c[4] == nil or c[4] < now then c[4] = now end
+    c[5] = step
+    c[6] = c[4] + cost * step
+    c[7] = c[6] - now - PERIOD - step / 2
     if c[7] > 0 and (worst == nil or c[7] > worst[7]) then worst = c end
   end
   if worst ~= nil then
-    return {{0, worst[1], left(worst, worst[5], now), math.ceil((worst[5] - now) / 1000),
-            math.ceil(worst[7] / 1000), worst[3]}}
+    local n = math.max(0, math.floor((PERIOD + worst[5] / 2 - (worst[4] - now)) / worst[5]))
+    return {{0, worst[1], n, math.ceil((worst[4] - now) / 1000), math.ceil(worst[7] / 1000),
+            worst[3]}}
   end
-  local least, least_left = nil, nil
+  local least, least_left, fields = nil, nil, {{}}
   for _, c in ipairs(checks) do
-    redis.call('SET', c[2], string.format('%.17g', c[6]), 'PX',
-               math.ceil((c[6] - now) / 1000) + 1)
-    local n = left(c, c[6], now)
+    fields[#fields + 1] = c[2]
+    fields[#fields + 1] = c[6]
+    local n = math.max(0, math.floor((PERIOD + c[5] / 2 - (c[6] - now)) / c[5]))
     if least == nil or n < least_left then least, least_left = c, n end
   end
+  redis.call('HSET', h, unpack(fields))
   return {{1, least[1], least_left, math.ceil((least[6] - now) / 1000), 0, least[3]}}
 end
-local function checks_for(project, key_id, field)
-  local got = redis.call('HMGET', LIMITS .. project, field, 'key.' .. field,
-                         'id.' .. key_id .. '.' .. field)
-  local checks = {{}}
-  local per_project, per_key = tonumber(got[1]), tonumber(got[3] or got[2])
-  local base = STATE .. project
-  if per_project then checks[#checks + 1] = {{per_project, base .. ':' .. field, 1}} end
-  if per_key then
-    checks[#checks + 1] = {{per_key, base .. ':key:' .. key_id .. ':' .. field, 2}}
-  end
-  return checks
-end
-local function give_back(checks, cost, now)
+local function give_back(h, checks, cost, now)
   for _, c in ipairs(checks) do
-    local tat = tonumber(redis.call('GET', c[2]))
-    if tat ~= nil then
-      tat = tat - cost * PERIOD / c[1]
-      if tat <= now then redis.call('DEL', c[2])
-      else redis.call('SET', c[2], string.format('%.17g', tat), 'PX',
-                      math.ceil((tat - now) / 1000) + 1) end
+    if c[4] ~= nil then
+      local tat = c[4] - cost * PERIOD / c[1]
+      if tat <= now then redis.call('HDEL', h, c[2]) else redis.call('HSET', h, c[2], tat) end
     end
   end
 end
 """
 
-# Spliced into the lookup script: ``project`` and ``ARGV[1]`` (the key id) are set;
-# ``rate`` is nil (no request limit applies) or the GCRA reply.
-REQUEST_LIMIT_LUA = """
-local checks = checks_for(project, ARGV[1], 'rpm')
-if #checks > 0 then rate = gcra(checks, 1, now_us()) end
+# Spliced into the lookup script, where ``project`` and ``ARGV[1]`` (the key id) are set
+# and ``rate`` is nil: sets ``rate`` to the GCRA reply when a request limit applies. The
+# same algorithm as ``GCRA_LUA`` for a cost of 1, written out flat: it runs on every hit
+# of a limited project, where each allocation and call shows.
+REQUEST_LIMIT_LUA = f"""
+local h = '{LIMITS_KEY_PREFIX}' .. project
+local mine = 's.' .. ARGV[1] .. '.rpm'
+local got = redis.call('HMGET', h, 'rpm', 'key.rpm', 'id.' .. ARGV[1] .. '.rpm', 's.rpm', mine)
+local per_key = got[3] or got[2]
+if got[1] or per_key then
+  local t = redis.call('TIME')
+  local now = t[1] * 1000000 + t[2]
+  local PERIOD = 60000000
+  local worst, worst_over, least, least_left = nil, 0, nil, nil
+  local checks = {{}}
+  if got[1] then checks[1] = {{tonumber(got[1]), 's.rpm', 1, tonumber(got[4]) or now}} end
+  if per_key then checks[#checks + 1] = {{tonumber(per_key), mine, 2, tonumber(got[5]) or now}} end
+  for _, c in ipairs(checks) do
+    local step = PERIOD / c[1]
+    if c[4] < now then c[4] = now end
+    local over = c[4] + step - now - PERIOD - step / 2
+    if over > 0 and over > worst_over then worst, worst_over = c, over end
+    c[5] = step
+  end
+  if worst then
+    local step = worst[5]
+    rate = {{0, worst[1], math.max(0, math.floor((PERIOD + step / 2 - (worst[4] - now)) / step)),
+            math.ceil((worst[4] - now) / 1000), math.ceil(worst_over / 1000), worst[3]}}
+  else
+    local fields = {{}}
+    for _, c in ipairs(checks) do
+      local new = c[4] + c[5]
+      fields[#fields + 1] = c[2]
+      fields[#fields + 1] = new
+      local left = math.floor((PERIOD + c[5] / 2 - (new - now)) / c[5])
+      if least == nil or left < least_left then least, least_left, c[6] = c, left, new end
+    end
+    redis.call('HSET', h, unpack(fields))
+    rate = {{1, least[1], least_left, math.ceil((least[6] - now) / 1000), 0, least[3]}}
+  end
+end
 """
 
 # ARGV: project, key id, token cost, '1' to give a request slot back when refused.
@@ -144,11 +170,14 @@ if #checks > 0 then rate = gcra(checks, 1, now_us()) end
 _ADMIT_TOKENS = (
     GCRA_LUA
     + """
-local checks = checks_for(ARGV[1], ARGV[2], 'tpm')
+local h, checks = checks_for(ARGV[1], ARGV[2], 'tpm')
 if #checks == 0 then return {2} end
 local now = now_us()
-local rate = gcra(checks, tonumber(ARGV[3]), now)
-if rate[1] == 0 and ARGV[4] == '1' then give_back(checks_for(ARGV[1], ARGV[2], 'rpm'), 1, now) end
+local rate = gcra(h, checks, tonumber(ARGV[3]), now)
+if rate[1] == 0 and ARGV[4] == '1' then
+  local _, requests = checks_for(ARGV[1], ARGV[2], 'rpm')
+  give_back(h, requests, 1, now)
+end
 return rate
 """
 )
@@ -157,7 +186,8 @@ return rate
 _SETTLE_TOKENS = (
     GCRA_LUA
     + """
-give_back(checks_for(ARGV[1], ARGV[2], 'tpm'), tonumber(ARGV[3]), now_us())
+local h, checks = checks_for(ARGV[1], ARGV[2], 'tpm')
+give_back(h, checks, tonumber(ARGV[3]), now_us())
 return 1
 """
 )
