@@ -4,8 +4,11 @@ the answer's usage, refusals in /metrics and (batched) in the audit log."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -14,12 +17,15 @@ import httpx
 import pytest
 import redis
 
+from deploy.local.ports import free_port
+from deploy.local.provider import ProviderServer
 from deploy.policy_store import PolicyStore
-from origin.audit import AUDIT_STREAM
-from origin.ratelimits import duration
+from origin.audit import AUDIT_STREAM, AuditWriter
+from origin.ratelimits import RefusalLog, duration
+from origin.redis_pipe import RedisPipe
 from prism import KeyRing, Limit, RateLimits
-from tests.fixtures.origin import OriginFactory, RunningOrigin
-from tests.polling import wait_for
+from tests.fixtures.origin import OriginFactory, RunningOrigin, origin_env
+from tests.polling import async_wait_for, wait_for
 
 CHAT = "/v1/chat/completions"
 
@@ -112,6 +118,63 @@ def test_two_origins_hold_one_limit_exactly(
     ) + second.metric(
         "prism_rate_limited_total", project="acme", kind="requests", scope="project"
     ) == len(refused)
+
+
+def test_two_origin_processes_hold_one_limit_exactly(
+    redis_url: str, provider: ProviderServer, api_key: str, store: PolicyStore
+) -> None:
+    """The same over `prism origin serve` processes, each with its own Redis connection."""
+    ports = [free_port() for _ in range(2)]
+    env = origin_env(redis_url, provider.url, PATH="/usr/bin:/bin")
+    serve = [sys.executable, "-m", "deploy.cli", "origin", "serve", "--admin-port", "0"]
+    servers = [
+        subprocess.Popen(
+            [*serve, "--port", str(port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for port in ports
+    ]
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
+
+    def up(url: str) -> bool:
+        try:
+            return httpx.get(url + "/healthz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        for url in urls:
+            wait_for(lambda url=url: up(url), timeout=30, interval=0.05)  # type: ignore[misc]
+        limit(store, project={"rpm": 30})
+        payload = body()
+        headers = {"authorization": f"Bearer {api_key}"}
+        clients = [httpx.Client(timeout=30) for _ in urls]
+        started = time.monotonic()
+        with ThreadPoolExecutor(16) as pool:
+            statuses = list(
+                pool.map(
+                    lambda i: (
+                        (
+                            clients[i % 2].post(urls[i % 2] + CHAT, json=payload, headers=headers)
+                        ).status_code
+                    ),
+                    range(100),
+                )
+            )
+        for client in clients:
+            client.close()
+        elapsed = time.monotonic() - started
+    finally:
+        for server in servers:
+            server.kill()  # nothing to drain: every answer has been read
+        for server in servers:
+            server.wait(10)
+    assert set(statuses) == {200, 429}
+    assert 30 <= statuses.count(200) <= 30 + int(elapsed / 2)
+    if elapsed < 2:
+        assert statuses.count(200) == 30
 
 
 def test_success_headers_count_down_and_reset_says_when_the_bucket_is_full(
@@ -311,3 +374,34 @@ def test_rate_limits_validate_with_clear_messages() -> None:
     ]:
         with pytest.raises(ValueError, match=message):
             RateLimits.from_dict(bad)
+
+
+async def test_refusals_after_the_first_become_one_record_with_their_count(
+    redis_url: str,
+) -> None:
+    pipe = RedisPipe(redis_url, 2.0)
+    writer = AuditWriter(pipe)
+    tasks: list[object] = []
+    log = RefusalLog(writer, lambda work: tasks.append(asyncio.ensure_future(work)), 0.05)
+    for _ in range(500):
+        log.record("acme", "keyaaaa1", "requests", "key")
+    log.record("acme", "keybbbb1", "tokens", "project")
+    admin = redis.Redis.from_url(redis_url, decode_responses=True)
+
+    def details() -> list[dict[str, object]]:
+        return [json.loads(f["detail"]) for _, f in admin.xrange(AUDIT_STREAM)]
+
+    await async_wait_for(lambda: len(details()) >= 3, within=5)
+    await asyncio.gather(*tasks)  # type: ignore[arg-type]
+
+    def canonical(items: list[dict[str, object]]) -> list[str]:
+        return sorted(json.dumps(item, sort_keys=True) for item in items)
+
+    assert canonical(details()) == canonical(
+        [
+            {"kind": "requests", "scope": "key", "count": 1},
+            {"kind": "tokens", "scope": "project", "count": 1},
+            {"kind": "requests", "scope": "key", "count": 499, "within_seconds": 0.05},
+        ]
+    )  # 501 refusals, three records
+    await pipe.close()
