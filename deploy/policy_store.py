@@ -46,6 +46,8 @@ PolicyChange = tuple[Policy | None, Policy | None]  # (before, after)
 
 
 class Keep:
+    """The type of ``KEEP``: "leave this part of the policy as it is"."""
+
     def __repr__(self) -> str:
         return "KEEP"
 

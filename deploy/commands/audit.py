@@ -32,9 +32,18 @@ def _summary(fields: dict[str, str]) -> str:
     if action.startswith("key."):
         return f"key {(after or before).get('key_id', '?')}"
     if action == "policy.set":
-        return f"allow {after.get('allow') or 'all'}; deny {after.get('deny') or 'none'}"
+        limits = after.get("rate_limits")
+        rates = f"; rate limits {json.dumps(limits, sort_keys=True)}" if limits else ""
+        return f"allow {after.get('allow') or 'all'}; deny {after.get('deny') or 'none'}{rates}"
     if action == "policy.refuse":
         return f"model {detail.get('model', '?')!r}: {detail.get('code', '?')}"
+    if action == "ratelimit.refuse":
+        within = detail.get("within_seconds")
+        when = f" in the {within:g} s after the first" if isinstance(within, float | int) else ""
+        return (
+            f"{detail.get('count', '?')} x over the {detail.get('scope', '?')} "
+            f"{detail.get('kind', '?')} limit{when}"
+        )
     return ""
 
 
