@@ -198,18 +198,15 @@ _SCOPES = {1: "project", 2: "key"}
 def duration(ms: int) -> str:
     """``ms`` as OpenAI writes its reset headers (Go's duration form): 0s, 12ms, 1.5s,
     6m0s, 1h0m0s."""
-    if ms <= 0:
-        return "0s"
     if ms < 1000:
-        return f"{ms}ms"
-    hours, rest = divmod(ms, 3_600_000)
-    minutes, rest = divmod(rest, 60_000)
-    seconds = f"{rest / 1000:.3f}".rstrip("0").rstrip(".")
-    if hours:
-        return f"{hours}h{minutes}m{seconds}s"
-    if minutes:
-        return f"{minutes}m{seconds}s"
-    return f"{seconds}s"
+        return f"{ms}ms" if ms > 0 else "0s"
+    seconds, millis = divmod(ms, 1000)
+    minutes, seconds = divmod(seconds, 60)
+    text = f"{seconds}.{millis:03d}".rstrip("0") + "s" if millis else f"{seconds}s"
+    if not minutes:
+        return text
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes}m{text}" if hours else f"{minutes}m{text}"
 
 
 def request_headers(rate: list[int]) -> dict[str, str]:
