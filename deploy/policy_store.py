@@ -30,29 +30,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Final, cast
+from typing import cast
 
 import redis
 
 from origin.audit import audit_record
-from prism import Policy, RateLimits, limits_key, policy_key, valid_project_id
+from prism import Budget, Policy, RateLimits, limits_key, policy_key, valid_project_id
 
 from . import audit_log
 from .key_store import KeyStoreError, KVRevocationPublisher, _translated, redact_url
 
-__all__ = ["KEEP", "Keep", "PolicyChange", "PolicyStore", "check_project", "sync_policy"]
+__all__ = ["PolicyChange", "PolicyStore", "check_project", "sync_policy"]
 
 PolicyChange = tuple[Policy | None, Policy | None]  # (before, after)
-
-
-class Keep:
-    """The type of ``KEEP``: "leave this part of the policy as it is"."""
-
-    def __repr__(self) -> str:
-        return "KEEP"
-
-
-KEEP: Final = Keep()  # ``PolicyStore.set``: leave this part of the policy as it is
 
 
 def check_project(project: str) -> str:
@@ -111,26 +101,22 @@ class PolicyStore:
         self,
         project: str,
         *,
-        allow: Sequence[str] | None = None,
-        deny: Sequence[str] | None = None,
-        rate_limits: RateLimits | Keep | None = KEEP,
+        allow: Sequence[str] = (),
+        deny: Sequence[str] = (),
+        budget: Budget | None = None,
+        rate_limits: RateLimits | None = None,
         updated_by: str | None = None,
     ) -> PolicyChange:
-        """Replace the project's policy; ``ValueError`` (and nothing changed) if invalid.
-
-        The model lists are replaced together when either is given and kept when neither
-        is; ``rate_limits`` is replaced when given (None removes them) and kept by default.
-        """
+        """Replace the project's policy; ``ValueError`` (and nothing changed) if invalid."""
         check_project(project)
-        keep_models = allow is None and deny is None
-        keep_limits = isinstance(rate_limits, Keep)
         draft = Policy(
-            allow=tuple(allow or ()),
-            deny=tuple(deny or ()),
-            rate_limits=None if isinstance(rate_limits, Keep) else rate_limits,
+            allow=tuple(allow),
+            deny=tuple(deny),
+            budget=budget,
+            rate_limits=rate_limits,
             updated_by=updated_by,
         )
-        return self._change(project, lambda before: _next(draft, before, keep_models, keep_limits))
+        return self._change(project, lambda before: _next(draft, before))
 
     def clear(self, project: str, *, actor: str | None = None) -> PolicyChange:
         """Remove the project's policy (every model allowed again)."""
@@ -198,15 +184,12 @@ def _parsed_or_none(raw: str | None) -> Policy | None:
         return None
 
 
-def _next(
-    draft: Policy, before: Policy | None, keep_models: bool = False, keep_limits: bool = False
-) -> Policy:
-    models = before if keep_models and before is not None else draft
-    limits = before if keep_limits and before is not None else draft
+def _next(draft: Policy, before: Policy | None) -> Policy:
     return Policy(
-        allow=models.allow,
-        deny=models.deny,
-        rate_limits=limits.rate_limits,
+        allow=draft.allow,
+        deny=draft.deny,
+        budget=draft.budget,
+        rate_limits=draft.rate_limits,
         revision=(before.revision if before else 0) + 1,
         updated_at=_now(),
         updated_by=draft.updated_by,

@@ -4,7 +4,7 @@ Every record is a flat map of strings in the stream ``prism:audit``::
 
     ts       ISO 8601 UTC, milliseconds
     action   key.create | key.revoke | policy.set | policy.clear | policy.refuse |
-             ratelimit.refuse
+             budget.refuse | ratelimit.refuse
     project  the project concerned
     actor    who: a login name for CLI changes, ``key:<key id>`` for a refusal
     before   JSON of the state before the change ("" for none)

@@ -5,7 +5,8 @@ A route handler over plain ASGI (``origin.asgi``). It makes one Redis round trip
 denies (403) before anything is served, serves a hit's stored bytes without parsing
 them, and on a miss answers as soon as the provider does; the cache writes (Redis
 and Workers KV, in parallel) run after, in the background, never in front of the
-client.
+client. A miss of a project with a budget reserves its bound before the provider is
+called and settles after (``origin/billing.py``); usage is counted in memory.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from prism import (
     CachePolicy,
     ChatRequest,
     PermissionDeniedError,
+    PrismError,
+    RateLimitError,
     RecentBodies,
     RecentEntries,
     classify,
@@ -34,7 +37,8 @@ from prism.routes import CHAT_PATH
 from .asgi import Request, disconnected, read_body
 from .asgi import StageTimer as _Timer
 from .audit import AuditWriter, audit_record
-from .auth import authenticate, check_forwarded_body
+from .auth import Caller, authenticate, check_forwarded_body
+from .billing import Charge
 from .flight import Call, ClientStream, Storage
 from .gateway import Gateway
 from .policies import ProjectPolicies
@@ -61,6 +65,7 @@ class ChatCompletions:
             gateway.spawn,
             lambda: gateway.cache.available,
         )
+        self.billing = gateway.billing
         self.policy = CachePolicy(default_ttl=gateway.settings.default_ttl)
         self._bodies = RecentBodies()
         self._entries = RecentEntries()
@@ -103,7 +108,7 @@ class ChatCompletions:
             if policy is not None:
                 policy.check_model(chat.model)
         except PermissionDeniedError as refusal:
-            self._audit_refusal(caller.project, caller.key_id, chat.model, refusal.code)
+            self._audit_refusal(caller, chat.model, refusal)
             raise
         out = {h.REQUEST_ID: request_id, h.CACHE_KEY: fp[: h.CACHE_KEY_PREFIX_LEN]}
         rate = lookup.rate  # the request rate limit's verdict, from the same round trip
@@ -112,9 +117,11 @@ class ChatCompletions:
                 raise self.limiter.refused(caller.project, caller.key_id, "requests", rate)
             out.update(request_headers(rate))
         if lookup.entry is not None:
-            envelope = self._entries.decode(lookup.entry, time.time())
+            now = time.time()  # once: a clock read is not free on every machine
+            envelope = self._entries.decode(lookup.entry, now)
             if envelope is not None:
                 out[h.CACHE_LAYER] = "redis"
+                self.billing.hit(caller.project, caller.key_id, chat.model, envelope, now)
                 if caller.fingerprint is not None:  # the edge: it writes KV with the time left
                     out[h.ENTRY_EXPIRES] = str(envelope.expires_at())
                 out[h.SERVER_TIMING] = h.server_timing(timer.stages)
@@ -123,8 +130,12 @@ class ChatCompletions:
                     return Reply(200, {**SSE, **out}, body)
                 return Reply(200, {**JSON, **out}, envelope.body)
         cacheable = lookup.available and not decision.bypass
-        out[h.CACHE_LAYER] = "miss" if cacheable else "bypass"
-        charge: TokenCharge | None = None
+        out[h.CACHE_LAYER] = layer = "miss" if cacheable else "bypass"
+        # The budget is the policy's, from the same lookup: none set, no Redis command here.
+        budget = policy.budget if policy is not None else None
+        if budget is not None and decision.read and fp in self.gw.flights:
+            budget = None  # joins the call in flight, which its starter pays for
+        tokens: TokenCharge | None = None
         rate_limits = policy.rate_limits if policy is not None else None
         if (
             rate_limits is not None
@@ -132,8 +143,8 @@ class ChatCompletions:
             and rate_limits.limits_tokens(caller.key_id)
         ):
             # Tokens are limited on misses only: admitted on the request's bound now,
-            # settled to its usage once answered.
-            charge = await self.limiter.admit_tokens(
+            # settled to its usage once answered (all given back when it joins a call).
+            tokens = await self.limiter.admit_tokens(
                 caller.project,
                 caller.key_id,
                 prompt_token_bound(chat),
@@ -141,28 +152,32 @@ class ChatCompletions:
                 out,
                 rate is not None,
             )
-        if charge is None:
-            return await self._miss(chat, fp, decision, cacheable, out, timer, receive, request_id)
         try:
+            try:
+                charge = await self.billing.open(caller.project, caller.key_id, chat, layer, budget)
+            except (RateLimitError, PermissionDeniedError) as refusal:
+                self._audit_refusal(caller, chat.model, refusal, "budget.refuse")
+                raise
             reply = await self._miss(
-                chat, fp, decision, cacheable, out, timer, receive, request_id, charge
+                chat, fp, decision, cacheable, out, timer, receive, request_id, charge, tokens
             )
         except BaseException:
-            charge.settle(None)  # no answer: every admitted token goes back
+            if tokens is not None:
+                tokens.settle(None)  # no answer: every admitted token goes back
             raise
-        if reply.status != 200:
-            charge.settle(None)
+        if tokens is not None and reply.status != 200:
+            tokens.settle(None)
         return reply
 
-    def _audit_refusal(self, project: str, key_id: str, model: str, code: str) -> None:
+    def _audit_refusal(
+        self, caller: Caller, model: str, refusal: PrismError, action: str = "policy.refuse"
+    ) -> None:
         """Into the audit log after the response, never delaying or failing it."""
         if self.gw.cache.available and self.audit.admit():
-            record = audit_record(
-                "policy.refuse",
-                project,
-                f"key:{key_id}",
-                detail={"model": model[:200], "code": code},
-            )
+            detail = {"model": model[:200], "code": refusal.code}
+            if action == "budget.refuse":
+                detail["message"] = refusal.message
+            record = audit_record(action, caller.project, f"key:{caller.key_id}", detail=detail)
             self.gw.spawn(self.audit.append(record))
 
     async def _miss(
@@ -175,31 +190,36 @@ class ChatCompletions:
         timer: _Timer,
         receive: Receive,
         request_id: str,
-        charge: TokenCharge | None = None,
+        charge: Charge,
+        tokens: TokenCharge | None = None,
     ) -> Reply:
         gw = self.gw
         storage = Storage(fp, decision.ttl) if cacheable and decision.write else None
-        call = Call(chat.body, chat.model, chat.stream, request_id, storage)
+        call = Call(chat.body, chat.model, chat.stream, request_id, storage, charge)
         # Join only requests that would accept a cached answer anyway; Redis being down
         # is no reason to call the provider once per identical request.
         key = fp if decision.read else None
         client_gone = functools.partial(disconnected, receive)
         async with gw.flights.subscribe(key, call) as subscription:
+            if subscription.call is not call:
+                charge.joined()
+                if tokens is not None:
+                    tokens.settle(None)  # joined a call in flight: it pays nothing
             stream: ClientStream | SettlingStream | None = None
             if chat.stream:
                 if not await subscription.started(client_gone):
                     return Reply(CLIENT_GONE, headers)
                 stream = subscription.follow(chat.include_usage)  # closing it is the leave
-                if charge is not None:  # settled when the stream ends or is closed
-                    stream = SettlingStream(stream, charge)
+                if tokens is not None:  # settled when the stream ends or is closed
+                    stream = SettlingStream(stream, tokens)
                 body, kind = b"", SSE
             else:
                 answer = await subscription.answer(client_gone)
                 if answer is None:
                     return Reply(CLIENT_GONE, headers)
                 body, kind = answer.body, JSON
-                if charge is not None:
-                    charge.settle(answer.completion)
+                if tokens is not None:
+                    tokens.settle(answer.completion)
             timer.mark("upstream")
             headers[h.PROVIDER] = subscription.provider
         headers[h.SERVER_TIMING] = h.server_timing(timer.stages)

@@ -12,6 +12,8 @@ import httpx
 
 from prism import encode_envelope, entry_key
 
+from .billing import Billing
+from .budgets import Budgets
 from .cache import RedisCache
 from .flight import FlightTable
 from .kv_writer import KVWriter
@@ -23,6 +25,7 @@ from .redis_client import RedisClient, RedisPyClient
 from .redis_pipe import RedisPipe
 from .router import Router
 from .settings import Settings
+from .usage import UsageRecorder
 
 __all__ = ["Gateway"]
 
@@ -63,6 +66,17 @@ class Gateway:
             self._kv_client = httpx.AsyncClient(transport=kv_transport, timeout=30.0)
             self.kv_writer = KVWriter(settings.kv, self._kv_client, self.metrics)
         self._background: set[asyncio.Task[Any]] = set()
+        self.usage = UsageRecorder(
+            self.redis, lambda: self.cache.available, settings.usage_flush_interval
+        )
+        self.metrics.registry.register(self.usage)
+        self.billing = Billing(
+            settings.providers,
+            Budgets(self.redis, settings.providers, settings.budget_hold),
+            self.usage,
+            self.spawn,
+            lambda: self.cache.available,
+        )
 
     def spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         """Run ``work`` after the response, holding a reference so it is not collected."""
@@ -100,6 +114,7 @@ class Gateway:
 
     async def start(self) -> None:
         self.cache.start()
+        self.usage.start()
         if self.kv_writer is not None:
             self.kv_writer.start()
 
@@ -108,6 +123,7 @@ class Gateway:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(5):
                     await asyncio.gather(*self._background, return_exceptions=True)
+        await self.usage.close()  # after the settles: the last counts go out
         if self.kv_writer is not None:
             await self.kv_writer.stop()
         if self._kv_client is not None:

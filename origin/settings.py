@@ -60,6 +60,10 @@ class Settings:
     # The whole request (headers and body) must arrive within this; else 408 and close.
     read_timeout: float = 30.0
     release: str = "dev"  # what /healthz says is running: the deploy's release id
+    # A budget reservation not settled by then (its process died) is freed: longer than
+    # any provider call may take (retries and hedges included).
+    budget_hold: float = 900.0
+    usage_flush_interval: float = 1.0  # usage counters go to Redis this often (and at exit)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -108,7 +112,13 @@ class Settings:
             default_ttl=("PRISM_CACHE_TTL", int),
             fallback_ttl=("PRISM_FALLBACK_TTL", int),
             read_timeout=("PRISM_READ_TIMEOUT", float),
+            budget_hold=("PRISM_BUDGET_HOLD_SECONDS", float),
+            usage_flush_interval=("PRISM_USAGE_FLUSH_INTERVAL", float),
         )
+        if numbers.get("budget_hold", 60) < 60:
+            raise SettingsError("PRISM_BUDGET_HOLD_SECONDS must be at least 60 (seconds).")
+        if not 0.05 <= numbers.get("usage_flush_interval", 1) <= 60:
+            raise SettingsError("PRISM_USAGE_FLUSH_INTERVAL must be 0.05 to 60 (seconds).")
         if numbers.get("fallback_ttl", MIN_TTL) < MIN_TTL:
             raise SettingsError(f"PRISM_FALLBACK_TTL must be at least {MIN_TTL} (seconds).")
         return cls(

@@ -35,19 +35,21 @@ from .keys import (
     parse_key_secrets,
     valid_project_id,
 )
-from .policy import POLICY_KEY_PREFIX, Policy, PolicyMemo, policy_key
+from .policy import BUDGET_PERIODS, POLICY_KEY_PREFIX, Budget, Policy, PolicyMemo, policy_key
 from .rate_limits import LIMITS_KEY_PREFIX, Limit, RateLimits, limits_key
 from .recent import RecentBodies, RecentEntries
 from .request import ChatRequest, Limits, parse_chat_request
 from .sse import SSEDecoder, StreamAssembler, replay
 
 __all__ = [
+    "BUDGET_PERIODS",
     "EXCLUDED_FIELDS",
     "LIMITS_KEY_PREFIX",
     "MIN_TTL",
     "POLICY_KEY_PREFIX",
     "REVOKED_KEY",
     "AuthenticationError",
+    "Budget",
     "CacheDecision",
     "CachePolicy",
     "ChatRequest",

@@ -1,22 +1,27 @@
-"""A project's policy: which models its keys may use, its rate limits (and, later, its budget).
+"""A project's policy: which models its keys may use, how much it may spend, how fast.
 
 One record per project, canonical JSON, stored in Redis at ``prism:policy:{project}``
 (the origin reads it in the same round trip as the entry) and published under the same
 key to Workers KV (each edge isolate reads it at most once a minute). ::
 
-    {"allow": ["gpt-4o*"], "deny": ["o1*"], "revision": 3,
-     "updated_at": "2026-11-30T22:50:00.000Z", "updated_by": "ops", "v": 1}
+    {"allow": ["gpt-4o*"], "budget": {"period": "day", "usd": 25.0}, "deny": ["o1*"],
+     "revision": 3, "updated_at": "2026-11-30T22:50:00.000Z", "updated_by": "ops", "v": 1}
 
 Model patterns are globs (``fnmatch``, case-sensitive): ``*``, ``?`` and ``[...]``.
 A model is allowed when no ``deny`` pattern matches it and either ``allow`` is empty
 or an ``allow`` pattern matches it: deny wins. No record at all allows every model.
 
-``rate_limits`` (optional; ``prism.rate_limits``) sets requests and tokens per minute for
-the project and for each of its keys; it appears in the record only when set, so a
-policy without limits keeps the bytes it had before limits existed.
+``budget`` (optional): at most ``usd`` US dollars of provider cost per UTC ``day`` or
+``month`` for the whole project; the origin enforces it (``origin/budgets.py``), the edge
+ignores it (it only serves hits, which cost nothing).
+
+``rate_limits`` (optional; ``prism.rate_limits``): requests and tokens per minute for the
+project and for each of its keys; the origin enforces them (``origin/ratelimits.py``).
+
+Both appear in the record only when set, so a policy without them keeps its bytes.
 
 Reserved names, refused until they are implemented so a policy never claims a limit
-that nothing enforces: ``budget``, ``cache`` (and per-key policies).
+that nothing enforces: ``cache`` (and per-key policies).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from typing import Any
 from .errors import PermissionDeniedError
 from .rate_limits import RateLimits
 
-__all__ = ["POLICY_KEY_PREFIX", "Policy", "PolicyMemo", "policy_key"]
+__all__ = ["BUDGET_PERIODS", "POLICY_KEY_PREFIX", "Budget", "Policy", "PolicyMemo", "policy_key"]
 
 POLICY_KEY_PREFIX = "prism:policy:"
 FORMAT_VERSION = 1
@@ -38,8 +43,11 @@ MAX_PATTERNS = 64
 MAX_PATTERN_LEN = 200
 _MAX_TEXT = 100
 _MAX_DECIDED = 1024  # models remembered per policy: a client cycling names cannot grow it
-_RESERVED = ("budget", "cache")
-_FIELDS = ("allow", "deny", "rate_limits", "revision", "updated_at", "updated_by", "v")
+_RESERVED = ("cache",)
+_FIELDS = ("allow", "budget", "deny", "rate_limits", "revision", "updated_at", "updated_by", "v")
+BUDGET_PERIODS = ("day", "month")
+MAX_BUDGET_USD = 1_000_000_000  # a typo's guard: more than anyone means
+_MICROS = 1_000_000
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
@@ -83,6 +91,46 @@ def _matcher(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
 
 
 @dataclass(frozen=True, slots=True)
+class Budget:
+    """At most ``usd`` dollars of provider cost per UTC ``period`` (``day`` or ``month``).
+    Kept exact to the micro-dollar: the origin counts in integer micro-USD."""
+
+    usd: float
+    period: str = "month"
+
+    def __post_init__(self) -> None:
+        usd = self.usd
+        if isinstance(usd, bool) or not isinstance(usd, (int, float)) or usd != usd:
+            raise ValueError("budget.usd: must be a number of US dollars")
+        if not 0 < usd <= MAX_BUDGET_USD:
+            raise ValueError(f"budget.usd: must be above 0 and at most {MAX_BUDGET_USD:,}")
+        if round(usd * _MICROS) < 1:
+            raise ValueError("budget.usd: must be at least 0.000001 (one micro-dollar)")
+        if self.period not in BUDGET_PERIODS:
+            periods = " or ".join(BUDGET_PERIODS)
+            raise ValueError(f"budget.period: must be {periods}, got {str(self.period)[:20]!r}")
+        object.__setattr__(self, "usd", round(usd * _MICROS) / _MICROS)
+
+    @property
+    def micro_usd(self) -> int:
+        return round(self.usd * _MICROS)
+
+    @classmethod
+    def from_value(cls, value: Any) -> Budget:
+        if not isinstance(value, dict):
+            raise ValueError('budget: must be an object like {"usd": 25, "period": "day"}')
+        unknown = set(value) - {"usd", "period"}
+        if unknown:
+            raise ValueError(f"budget.{sorted(map(str, unknown))[0][:40]}: unknown field")
+        if "usd" not in value:
+            raise ValueError("budget.usd: required")
+        return cls(usd=value["usd"], period=value.get("period", "month"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"period": self.period, "usd": self.usd}
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     """A project's model policy; immutable, and checked without I/O."""
 
@@ -91,6 +139,7 @@ class Policy:
     revision: int = 0  # +1 on every change (the store sets it)
     updated_at: str | None = None  # ISO 8601 UTC
     updated_by: str | None = None
+    budget: Budget | None = None
     rate_limits: RateLimits | None = None  # None: no rate limit
     _allow: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
     _deny: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
@@ -106,6 +155,8 @@ class Policy:
             raise ValueError("revision: must not be negative")
         _text("updated_at", self.updated_at)
         _text("updated_by", self.updated_by)
+        if self.budget is not None and not isinstance(self.budget, Budget):
+            raise ValueError("budget: must be a Budget")
         if self.rate_limits is not None and not isinstance(self.rate_limits, RateLimits):
             raise ValueError("rate_limits: must be a RateLimits")
         object.__setattr__(self, "allow", allow)
@@ -141,6 +192,7 @@ class Policy:
             revision=data.get("revision", 0),
             updated_at=data.get("updated_at"),
             updated_by=data.get("updated_by"),
+            budget=None if data.get("budget") is None else Budget.from_value(data["budget"]),
             rate_limits=(
                 None
                 if data.get("rate_limits") is None
@@ -157,6 +209,8 @@ class Policy:
             "updated_by": self.updated_by,
             "v": FORMAT_VERSION,
         }
+        if self.budget is not None:  # absent when unset: older records keep their bytes
+            out["budget"] = self.budget.to_dict()
         if self.rate_limits is not None:
             out["rate_limits"] = self.rate_limits.to_dict()
         return out

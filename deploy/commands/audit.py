@@ -32,10 +32,13 @@ def _summary(fields: dict[str, str]) -> str:
     if action.startswith("key."):
         return f"key {(after or before).get('key_id', '?')}"
     if action == "policy.set":
+        budget = after.get("budget")
+        spend = f"; budget ${budget['usd']}/{budget['period']}" if isinstance(budget, dict) else ""
         limits = after.get("rate_limits")
         rates = f"; rate limits {json.dumps(limits, sort_keys=True)}" if limits else ""
-        return f"allow {after.get('allow') or 'all'}; deny {after.get('deny') or 'none'}{rates}"
-    if action == "policy.refuse":
+        allow, deny = after.get("allow") or "all", after.get("deny") or "none"
+        return f"allow {allow}; deny {deny}{spend}{rates}"
+    if action in ("policy.refuse", "budget.refuse"):
         return f"model {detail.get('model', '?')!r}: {detail.get('code', '?')}"
     if action == "ratelimit.refuse":
         within = detail.get("within_seconds")

@@ -253,3 +253,40 @@ def _report(
     console.print(
         "results: " + ", ".join(str(p) for p in paths.values()), highlight=False, soft_wrap=True
     )
+
+
+@app.command("budget")
+def budget_command(
+    concurrent: Annotated[
+        int, typer.Option(help="Concurrent misses against a budget with room for 10.")
+    ] = 200,
+    misses: Annotated[int, typer.Option(help="Sequential misses per side (budget or not).")] = 200,
+    as_json: JsonOption = False,
+) -> None:
+    """Budgets under load, in one process on loopback (a private Redis, the provider
+    stand-in, the origin): how many of CONCURRENT distinct misses a budget with room for
+    10 admits, and what a budget adds to a miss (end to end, and its Redis script alone).
+
+    Example: prism bench budget --concurrent 200
+    """
+    from deploy.bench.budget import run_budget_bench
+
+    if not 1 <= concurrent <= 1000 or not 20 <= misses <= 10_000:
+        raise typer.BadParameter("--concurrent must be 1-1000 and --misses 20-10000")
+    result = run_budget_bench(concurrent, misses)
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    admission, miss = result["admission"], result["miss_path"]
+    typer.echo(
+        f"admission: {admission['admitted']} of {admission['concurrent']} concurrent misses "
+        f"admitted (the budget holds {admission['budget_room']}), {admission['refused_429']} "
+        f"refused; spent ${admission['spent_usd']:.6f} of ${admission['limit_usd']:.6f}, "
+        f"reserved after: ${admission['reserved_after_usd']:.6f}; {admission['wall_s']} s"
+    )
+    typer.echo(
+        f"miss p50: {miss['no_budget']['p50_ms']} ms without a budget, "
+        f"{miss['budget']['p50_ms']} ms with one; the reservation script alone: "
+        f"{miss['redis_script']['reserve_p50_us']} us (settle, after the answer: "
+        f"{miss['redis_script']['settle_p50_us']} us)"
+    )

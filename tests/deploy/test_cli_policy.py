@@ -9,7 +9,7 @@ import redis
 from typer.testing import CliRunner, Result
 
 from deploy.cli import app
-from prism import Policy, policy_key
+from prism import Budget, Policy, policy_key
 from tests.fixtures.workers import KVApi
 
 runner = CliRunner()
@@ -86,13 +86,20 @@ def test_set_show_clear_reach_redis_and_kv(
     ("args", "message"),
     [
         (["set", "--project", "Acme!", "--deny", "o1*"], "--project: 'Acme!' is not a project id"),
-        (["set", "--project", "acme"], "give at least one --allow, --deny or rate limit option"),
+        (["set", "--project", "acme"], "give at least one --allow, --deny, --budget or rate limit option"),
+        (["set", "--project", "acme", "--budget", "-5"], "invalid policy: budget.usd: must be above 0"),
+        (["set", "--project", "acme", "--budget", "0"], "invalid policy: budget.usd: must be above 0"),
+        (["set", "--project", "acme", "--budget", "ten"], "--budget must be a number of US dollars, got 'ten'"),
+        (["set", "--project", "acme", "--budget", "nan"], "invalid policy: budget.usd: must be a number"),
+        (["set", "--project", "acme", "--budget", "1e12"], "budget.usd: must be above 0 and at most"),
+        (["set", "--project", "acme", "--budget", "0.0000001"], "budget.usd: must be at least 0.000001"),
+        (["set", "--project", "acme", "--budget", "5", "--period", "week"], "--period must be day or month"),
+        (["set", "--project", "acme", "--deny", "o1", "--period", "day"], "--period needs --budget"),
         (["set", "--project", "acme", "--rpm", "0"], "invalid policy: --rpm: must be between 1 and 1,000,000 (got 0)"),
         (["set", "--project", "acme", "--key-tpm", "2000000000"], "--key-tpm: must be between 1 and 1,000,000,000"),
         (["set", "--project", "acme", "--key-limit", "abc"], "--key-limit: 'abc' is not KEY_ID:rpm=N[,tpm=N]"),
         (["set", "--project", "acme", "--key-limit", "short:rpm=5"], "rate_limits.keys: 'short' is not a key id"),
         (["set", "--project", "acme", "--key-limit", "abcdefgh:rps=5"], "--key-limit abcdefgh.rps: unknown field"),
-        (["set", "--project", "acme", "--no-rate-limits", "--rpm", "5"], "--no-rate-limits: give it alone"),
         (["set", "--project", "acme", "--allow", ""], "invalid policy: allow[0]: must be a non-empty"),
         (["set", "--project", "acme", "--deny", "o1 *"], "invalid policy: deny[0]: 'o1 *' has whitespace"),
         (["set", "--project", "acme", *[a for i in range(65) for a in ("--deny", f"m{i}")]], "deny: at most 64"),
@@ -113,6 +120,36 @@ def test_bad_input_is_one_clear_line_and_changes_nothing(
     assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
     assert in_redis(redis_url) == before_redis
     assert kv_api_reset.get_text(policy_key("acme")) == before_kv
+
+
+def test_a_budget_is_set_shown_published_and_audited(
+    env: dict[str, str], redis_url: str, kv_api_reset: KVApi
+) -> None:
+    result = policy(
+        env, "set", "-p", "acme", "--deny", "o1*", "--budget", "$1,250.5", "--period", "day",
+        "--by", "ops",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "deny o1*; budget $1,250.5 per UTC day (revision 1)" in result.stdout
+    stored = Policy.parse(in_redis(redis_url) or b"")
+    assert stored.budget == Budget(1250.5, "day") and stored.deny == ("o1*",)
+    assert kv_api_reset.get_text(policy_key("acme")) == stored.encode().decode()
+    shown = json.loads(policy(env, "show", "-p", "acme", "--json").stdout)
+    assert shown["policy"]["budget"] == {"period": "day", "usd": 1250.5}
+    monthly = policy(env, "set", "-p", "acme", "--budget", "10", "--json")  # replaces all
+    after = json.loads(monthly.stdout)["after"]
+    assert after["budget"] == {"period": "month", "usd": 10.0} and after["deny"] == []
+
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        records = [fields for _, fields in client.xrange("prism:audit")]
+    finally:
+        client.close()
+    sets = [r for r in records if r["action"] == "policy.set"]
+    assert json.loads(sets[0]["after"])["budget"] == {"period": "day", "usd": 1250.5}
+    assert json.loads(sets[1]["before"])["budget"] == {"period": "day", "usd": 1250.5}
+    audit = runner.invoke(app, ["audit", "--project", "acme"], env=env)
+    assert "budget $10.0/month" in audit.stdout
 
 
 def test_without_kv_settings_redis_is_saved_and_the_command_says_the_edge_was_not_told(
@@ -145,22 +182,21 @@ def test_an_unreachable_redis_is_one_line(env: dict[str, str]) -> None:
     assert "cannot reach Redis" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_rate_limits_are_set_shown_kept_and_removed(
+def test_rate_limits_are_set_shown_replaced_and_removed(
     env: dict[str, str], redis_url: str, kv_api_reset: KVApi
 ) -> None:
     admin = redis.Redis.from_url(redis_url, decode_responses=True)
-    assert policy(env, "set", "--project", "acme", "--deny", "o1*").exit_code == 0
     result = policy(
-        env, "set", "--project", "acme", "--rpm", "600", "--tpm", "200000", "--key-rpm", "60",
-        "--key-limit", "bigkey01:rpm=120,tpm=50000", "--by", "ops",
+        env, "set", "--project", "acme", "--deny", "o1*", "--rpm", "600", "--tpm", "200000",
+        "--key-rpm", "60", "--key-limit", "bigkey01:rpm=120,tpm=50000", "--by", "ops",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert (
-        "rate limits project 600 rpm and 200,000 tpm; each key 60 rpm; "
+        "deny o1*; rate limits project 600 rpm and 200,000 tpm; each key 60 rpm; "
         "key bigkey01 120 rpm and 50,000 tpm" in result.stdout
     )
     stored = Policy.parse(in_redis(redis_url) or b"")
-    assert stored.deny == ("o1*",)  # the model lists were kept
+    assert stored.deny == ("o1*",)
     assert stored.rate_limits is not None
     assert stored.rate_limits.to_dict() == {
         "project": {"rpm": 600, "tpm": 200000},
@@ -180,19 +216,21 @@ def test_rate_limits_are_set_shown_kept_and_removed(
     shown = policy(env, "show", "--project", "acme", "--json")
     assert json.loads(shown.stdout)["policy"]["rate_limits"]["key"] == {"rpm": 60}
 
-    # --allow alone keeps the limits; the change is audited with before and after.
-    assert policy(env, "set", "--project", "acme", "--allow", "gpt-*").exit_code == 0
-    kept = Policy.parse(in_redis(redis_url) or b"")
-    assert kept.rate_limits == stored.rate_limits and kept.deny == ()
+    # The origin's state of a limit (fields "s.*") survives a change of the limits.
+    admin.hset("prism:limits:acme", "s.rpm", "1764800000000000")
+    assert policy(env, "set", "--project", "acme", "--key-tpm", "1000").exit_code == 0
+    assert admin.hgetall("prism:limits:acme") == {"key.tpm": "1000", "s.rpm": "1764800000000000"}
     last = admin.xrevrange("prism:audit", count=1)[0][1]
     assert last["action"] == "policy.set"
     assert json.loads(last["before"])["rate_limits"] == stored.rate_limits.to_dict()
+    assert json.loads(last["after"])["rate_limits"] == {"key": {"tpm": 1000}}
+    assert "rate limits" in policy(env, "show", "--project", "acme").stdout
 
-    removed = policy(env, "set", "--project", "acme", "--no-rate-limits", "--json")
-    assert removed.exit_code == 0, removed.output
-    assert "rate_limits" not in json.loads(removed.stdout)["after"]
+    # `set` replaces the whole policy: without rate limit options, none; the hash goes.
+    replaced = policy(env, "set", "--project", "acme", "--allow", "gpt-*", "--json")
+    assert replaced.exit_code == 0, replaced.output
+    assert "rate_limits" not in json.loads(replaced.stdout)["after"]
     assert admin.exists("prism:limits:acme") == 0
-    assert policy(env, "set", "--project", "acme", "--key-tpm", "1000").exit_code == 0
-    assert admin.hgetall("prism:limits:acme") == {"key.tpm": "1000"}
+    assert policy(env, "set", "--project", "acme", "--rpm", "5").exit_code == 0
     assert policy(env, "clear", "--project", "acme").exit_code == 0
     assert admin.exists("prism:limits:acme") == 0
