@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -25,11 +26,12 @@ from deploy.policy_store import PolicyStore
 from origin.audit import AUDIT_STREAM, AuditWriter
 from origin.ratelimits import RefusalLog, duration
 from origin.redis_pipe import RedisPipe
-from prism import KeyRing, Limit, RateLimits
+from prism import Budget, KeyRing, Limit, RateLimits
 from tests.fixtures.origin import OriginFactory, RunningOrigin, origin_env
 from tests.polling import async_wait_for, wait_for
 
 CHAT = "/v1/chat/completions"
+PRICED = "gpt-4o-mini"  # a model with a price, for budgets
 
 
 @pytest.fixture
@@ -414,3 +416,52 @@ async def test_refusals_after_the_first_become_one_record_with_their_count(
         ]
     )  # 501 refusals, three records
     await pipe.close()
+
+
+@pytest.fixture
+def priced_origin(
+    origin_factory: OriginFactory, provider: ProviderServer, tmp_path: Path
+) -> RunningOrigin:
+    config = tmp_path / "providers.toml"
+    config.write_text(
+        f'[providers.p]\nbase_url = "{provider.url}/v1"\n[models]\n"{PRICED}" = ["p"]\n'
+    )
+    return origin_factory(PRISM_PROVIDERS_FILE=str(config))
+
+
+def test_tokens_go_back_when_the_budget_refuses_or_the_request_joins_a_call(
+    priced_origin: RunningOrigin, api_key: str, store: PolicyStore, provider: ProviderServer
+) -> None:
+    origin = priced_origin
+    tiny = Budget(0.0001, "day")  # less than 1000 completion tokens cost
+    store.set("acme", budget=tiny, rate_limits=RateLimits(project=Limit(tpm=6000)))
+    refused = post(origin, api_key, body(model=PRICED, max_tokens=1000))
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "budget_exceeded"
+    small = post(origin, api_key, body(model=PRICED, max_tokens=10))
+    assert small.status_code == 200, small.text
+    # Only the small request's bound is out (at 100 tokens a second, little refilled).
+    own_bound = 6000 - int(small.headers["x-ratelimit-remaining-tokens"])
+    assert 10 < own_bound < 200
+
+    store.set("acme", budget=Budget(5, "day"), rate_limits=RateLimits(project=Limit(tpm=6000)))
+    origin.wait_stored()
+    provider.control.set_fault("latency", ms=300)
+    payload = body(model=PRICED, max_tokens=1000)
+
+    async def together() -> list[httpx.Response]:
+        async with httpx.AsyncClient(
+            base_url=origin.url, headers={"authorization": f"Bearer {api_key}"}, timeout=30
+        ) as http:
+            return await asyncio.gather(*(http.post(CHAT, json=payload) for _ in range(4)))
+
+    answers = asyncio.run(together())
+    provider.control.clear()
+    assert [r.status_code for r in answers] == [200] * 4
+    assert provider.control.stats()["chat_requests"] == 2  # the small one, and these four's
+    origin.wait_stored()
+    used = answers[0].json()["usage"]["total_tokens"]
+    after = post(origin, api_key, body(model=PRICED, max_tokens=10))
+    left = int(after.headers["x-ratelimit-remaining-tokens"])
+    # Out now: one call's usage (joiners gave their bounds back) and this request's bound,
+    # less what refilled since (100 a second); four unsettled bounds would be over 4,000.
+    assert 6000 - used - 2 * own_bound - 300 <= left <= 6000 - used - own_bound + 300
