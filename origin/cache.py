@@ -48,10 +48,10 @@ REVOKED_WHILE_UNAVAILABLE = Lookup(available=False, revoked=True)
 # KEYS[1] = the revoked set, KEYS[2] = the entry, KEYS[3] = the project's policy, either
 # "" when not wanted; ARGV[1] = the key id, ARGV[2] = "1" when the request counts toward
 # the project's request rate limits. A missing value comes back as false (nil), which
-# keeps its place in the reply. Revoked: nothing else is read. The rate limit code runs
-# (and its functions are even defined) only when the policy record sets rate limits;
-# a refused request reads no entry. The limits' keys are named inside the script, from
-# the project (a single Redis, not a cluster).
+# keeps its place in the reply. Revoked: nothing else is read. The request rate limit
+# check (origin.ratelimits) runs only when the policy record sets rate limits; a refused
+# request reads no entry. The limits' hash is named inside the script, from the project
+# (a single Redis, not a cluster).
 LOOKUP_SCRIPT = f"""
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return {{1}} end
 local entry, policy, rate = false, false, nil
