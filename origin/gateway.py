@@ -46,13 +46,15 @@ class Gateway:
         self.settings = settings
         self.metrics = Metrics()
         if redis is None:
-            redis = (
-                RedisPyClient(settings.redis_url, settings.redis_timeout)
-                if settings.redis_client == "redis-py"
-                else RedisPipe(settings.redis_url, settings.redis_timeout)
-            )
+            redis = _redis_client(settings, settings.redis_url)
         self.redis = redis
-        self.cache = RedisCache(self.redis, self.metrics, settings.redis_retry_after)
+        # The hot lookup on a nearby replica, when there is one; everything else on `redis`.
+        self.redis_reader = (
+            _redis_client(settings, settings.redis_read_url) if settings.redis_read_url else None
+        )
+        self.cache = RedisCache(
+            self.redis, self.metrics, settings.redis_retry_after, reader=self.redis_reader
+        )
         connectors = connectors or {}
         self.providers: dict[str, ChatProvider] = {
             name: build_provider(spec, connectors.get(name))
@@ -132,3 +134,11 @@ class Gateway:
             await provider.aclose()
         await self.cache.close()
         await self.redis.close()
+        if self.redis_reader is not None:
+            await self.redis_reader.close()
+
+
+def _redis_client(settings: Settings, url: str) -> RedisClient:
+    if settings.redis_client == "redis-py":
+        return RedisPyClient(url, settings.redis_timeout)
+    return RedisPipe(url, settings.redis_timeout)

@@ -49,7 +49,9 @@ from .redis_client import NoScriptError, PreparedCommand, RedisClient, RedisClie
 
 __all__ = [
     "GCRA_LUA",
+    "RATE_CHECK_SCRIPT",
     "REQUEST_LIMIT_LUA",
+    "LoadedScript",
     "RateLimiter",
     "RefusalLog",
     "SettlingStream",
@@ -165,6 +167,14 @@ if got[1] or per_key then
 end
 """
 
+# The request check alone, on the primary after a replica's lookup: ARGV = key id,
+# project. Reply: the GCRA reply, or {} when no request limit applies.
+RATE_CHECK_SCRIPT = f"""
+local project, rate = ARGV[2], nil
+{REQUEST_LIMIT_LUA}
+return rate or {{}}
+"""
+
 # ARGV: project, key id, token cost, '1' to give a request slot back when refused.
 # Reply: the GCRA reply, or {2} when no token limit applies (any more).
 _ADMIT_TOKENS = (
@@ -252,7 +262,7 @@ def rate_limit_error(
     return error
 
 
-class _Script:
+class LoadedScript:
     """A script run by EVALSHA, loaded on first use and again after Redis lost it."""
 
     __slots__ = ("_command", "_source")
@@ -391,8 +401,8 @@ class RateLimiter:
         self._metrics = metrics
         self._spawn = spawn
         self._available = available
-        self._admit = _Script(_ADMIT_TOKENS)
-        self._settle = _Script(_SETTLE_TOKENS)
+        self._admit = LoadedScript(_ADMIT_TOKENS)
+        self._settle = LoadedScript(_SETTLE_TOKENS)
         self.refusals = RefusalLog(audit, spawn)
 
     def refused(

@@ -50,6 +50,9 @@ class Settings:
     forward_secret: bytes = field(repr=False)
     providers: ProviderConfig
     redis_url: str = DEFAULT_REDIS_URL
+    # A replica near this origin for the hot lookup (PRISM_REDIS_READ_URL); every write,
+    # and the revoked set the lookup is checked against, stay on the primary.
+    redis_read_url: str | None = field(default=None, repr=False)
     kv: KVSettings | None = None
     limits: Limits = field(default_factory=Limits)
     default_ttl: int = 86_400
@@ -126,6 +129,7 @@ class Settings:
             forward_secret=forward.encode(),
             providers=providers,
             redis_url=env.get("REDIS_URL") or env.get("PRISM_REDIS_URL") or DEFAULT_REDIS_URL,
+            redis_read_url=env.get("PRISM_REDIS_READ_URL") or None,
             redis_client=redis_client,
             kv=kv,
             release=env.get("PRISM_RELEASE") or "dev",

@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from deploy.cli import app
 from deploy.local.ports import free_port
 from deploy.local.provider import ProviderServer
+from deploy.local.redis import RedisServer
 from deploy.policy_store import PolicyStore
 from origin.audit import AUDIT_STREAM, AuditWriter
 from origin.ratelimits import RefusalLog, duration
@@ -465,3 +466,37 @@ def test_tokens_go_back_when_the_budget_refuses_or_the_request_joins_a_call(
     # Out now: one call's usage (joiners gave their bounds back) and this request's bound,
     # less what refilled since (100 a second); four unsettled bounds would be over 4,000.
     assert 6000 - used - 2 * own_bound - 300 <= left <= 6000 - used - own_bound + 300
+
+
+def test_an_origin_reading_a_replica_holds_the_same_limit_on_the_primary(
+    origin_factory: OriginFactory,
+    provider: ProviderServer,
+    api_key: str,
+    tmp_path: Path,
+) -> None:
+    """One limit across regions: the near origin on the primary, the far one looking up
+    on a replica (which cannot write); the limit's state lives on the primary."""
+    (tmp_path / "primary").mkdir()
+    (tmp_path / "replica").mkdir()
+    with RedisServer(workdir=tmp_path / "primary") as primary:
+        replica = RedisServer(workdir=tmp_path / "replica", replica_of=primary).start()
+        try:
+            reader = redis.Redis.from_url(replica.url)
+            wait_for(lambda: reader.info("replication").get("master_link_status") == "up", 10)
+            near = origin_factory(origin_env(primary.url, provider.url))
+            far = origin_factory(
+                origin_env(primary.url, provider.url, PRISM_REDIS_READ_URL=replica.url)
+            )
+            policies = PolicyStore.from_url(primary.url)
+            policies.set("acme", rate_limits=RateLimits(key=Limit(rpm=4)), updated_by="test")
+            policies.close()
+            wait_for(lambda: reader.exists("prism:limits:acme"), 5)  # replicated
+            statuses = [post((near, far)[i % 2], api_key, body()).status_code for i in range(6)]
+            assert statuses == [200, 200, 200, 200, 429, 429]
+            refused = post(far, api_key, body())
+            assert refused.json()["error"]["type"] == "requests"
+            assert refused.headers["x-ratelimit-limit-requests"] == "4"
+            assert far.metric("prism_redis_errors_total", op="lookup_replica") == 0
+            reader.close()
+        finally:
+            replica.stop()
