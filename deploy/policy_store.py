@@ -35,7 +35,7 @@ from typing import cast
 import redis
 
 from origin.audit import audit_record
-from prism import Budget, Policy, RateLimits, limits_key, policy_key, valid_project_id
+from prism import Budget, CacheRules, Policy, RateLimits, limits_key, policy_key, valid_project_id
 
 from . import audit_log
 from .key_store import KeyStoreError, KVRevocationPublisher, _translated, redact_url
@@ -106,6 +106,7 @@ class PolicyStore:
         budget: Budget | None = None,
         rate_limits: RateLimits | None = None,
         updated_by: str | None = None,
+        cache: CacheRules | None = None,
     ) -> PolicyChange:
         """Replace the project's policy; ``ValueError`` (and nothing changed) if invalid."""
         check_project(project)
@@ -115,6 +116,7 @@ class PolicyStore:
             budget=budget,
             rate_limits=rate_limits,
             updated_by=updated_by,
+            cache=cache,
         )
         return self._change(project, lambda before: _next(draft, before))
 
@@ -193,6 +195,7 @@ def _next(draft: Policy, before: Policy | None) -> Policy:
         revision=(before.revision if before else 0) + 1,
         updated_at=_now(),
         updated_by=draft.updated_by,
+        cache=draft.cache,
     )
 
 

@@ -300,7 +300,8 @@ class EdgeHandler:
         out.setdefault(h.CACHE_LAYER, "bypass")
         if origin.region:
             out[ORIGIN_REGION] = origin.region
-        if fp:
+        # A semantic hit names the entry that answered (another question's), as the origin said.
+        if fp and out[h.CACHE_LAYER] != "semantic":
             out[h.CACHE_KEY] = fp[: h.CACHE_KEY_PREFIX_LEN]
         return EdgeResponse(reply.status, out, passthrough=reply)
 

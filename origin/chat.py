@@ -44,6 +44,7 @@ from .gateway import Gateway
 from .policies import ProjectPolicies
 from .ratelimits import RateLimiter, SettlingStream, TokenCharge, request_headers
 from .responses import Reply
+from .semantic import Pending, SemanticCache, question
 from .tokens import completion_token_bound, prompt_token_bound
 
 __all__ = ["ChatCompletions"]
@@ -72,11 +73,12 @@ class ChatCompletions:
 
     async def __call__(self, request: Request) -> Reply:
         """A route handler (``asgi.Routes``): errors are raised, and rendered there."""
-        return await self._handle(request.headers, request.receive, request.id, request.timer)
-
-    async def _handle(
-        self, headers: dict[str, str], receive: Receive, request_id: str, timer: _Timer
-    ) -> Reply:
+        headers, receive, request_id, timer = (
+            request.headers,
+            request.receive,
+            request.id,
+            request.timer,
+        )
         gw = self.gw
         # Routes admits only POST here; a forward signed for anything else is refused.
         caller = authenticate(
@@ -131,6 +133,16 @@ class ChatCompletions:
                 return Reply(200, {**JSON, **out}, envelope.body)
         cacheable = lookup.available and not decision.bypass
         out[h.CACHE_LAYER] = layer = "miss" if cacheable else "bypass"
+        pending: Pending | None = None
+        # Only for a project whose policy opts in: any other request pays one attribute check.
+        rules = policy.cache if policy is not None else None
+        if rules is not None and rules.semantic and cacheable and gw.semantic is not None:
+            found = await self._semantic(
+                gw.semantic, rules.threshold, caller, chat, decision, out, timer
+            )
+            if isinstance(found, Reply):
+                return found
+            pending = found
         # The budget is the policy's, from the same lookup: none set, no Redis command here.
         budget = policy.budget if policy is not None else None
         if budget is not None and decision.read and fp in self.gw.flights:
@@ -159,8 +171,9 @@ class ChatCompletions:
                 self._audit_refusal(caller, chat.model, refusal, "budget.refuse")
                 raise
             reply = await self._miss(
-                chat, fp, decision, cacheable, out, timer, receive, request_id, charge, tokens
-            )
+                chat, fp, decision, cacheable, out, timer, receive, request_id, charge, pending,
+                tokens,
+            )  # fmt: skip
         except BaseException:
             if tokens is not None:
                 tokens.settle(None)  # no answer: every admitted token goes back
@@ -168,6 +181,39 @@ class ChatCompletions:
         if tokens is not None and reply.status != 200:
             tokens.settle(None)
         return reply
+
+    async def _semantic(
+        self,
+        semantic: SemanticCache,
+        threshold: float,
+        caller: Caller,
+        chat: ChatRequest,
+        decision: CacheDecision,
+        out: dict[str, str],
+        timer: _Timer,
+    ) -> Reply | Pending | None:
+        """A paraphrase's answer from the semantic layer (a hit: nothing spent, like a
+        Redis hit), or the question for the miss to index once its answer is stored
+        (None: the request is not a question)."""
+        asked = question(caller.project, CHAT_PATH, chat)
+        if asked is None or not semantic.available:
+            return None
+        if not decision.read:
+            return semantic.pending(asked) if decision.write else None
+        match, pending = await semantic.lookup(asked, threshold)
+        timer.mark("semantic")
+        if match is None:
+            return pending
+        envelope = match.envelope
+        self.billing.hit(caller.project, caller.key_id, chat.model, envelope, time.time())
+        out[h.CACHE_LAYER] = "semantic"
+        out[h.CACHE_KEY] = match.fingerprint[: h.CACHE_KEY_PREFIX_LEN]
+        out[h.SEMANTIC_SCORE] = f"{match.score:.4f}"
+        out[h.SERVER_TIMING] = h.server_timing(timer.stages)
+        if chat.stream:
+            body = replay(envelope.completion(), chat.include_usage)
+            return Reply(200, {**SSE, **out}, body)
+        return Reply(200, {**JSON, **out}, envelope.body)
 
     def _audit_refusal(
         self, caller: Caller, model: str, refusal: PrismError, action: str = "policy.refuse"
@@ -191,10 +237,11 @@ class ChatCompletions:
         receive: Receive,
         request_id: str,
         charge: Charge,
+        semantic: Pending | None = None,
         tokens: TokenCharge | None = None,
     ) -> Reply:
         gw = self.gw
-        storage = Storage(fp, decision.ttl) if cacheable and decision.write else None
+        storage = Storage(fp, decision.ttl, semantic) if cacheable and decision.write else None
         call = Call(chat.body, chat.model, chat.stream, request_id, storage, charge)
         # Join only requests that would accept a cached answer anyway; Redis being down
         # is no reason to call the provider once per identical request.

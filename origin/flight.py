@@ -51,6 +51,7 @@ class Storage(NamedTuple):
 
     fingerprint: str
     ttl: int  # seconds, before the fallback cap
+    semantic: Any = None  # the question to index once stored (origin.semantic.Pending)
 
 
 class Call(NamedTuple):  # a tuple: made on every miss, and cheaper than a frozen dataclass
@@ -66,9 +67,9 @@ class Call(NamedTuple):  # a tuple: made on every miss, and cheaper than a froze
     on_end: Callable[[UpstreamCompletion | None, str, str], None] | None = None
 
 
-# Caches a complete answer: (fingerprint, answer, model, ttl, fallback) -> the pending
-# Redis write, if one was started (the flight stays joinable until it has landed).
-Store = Callable[[str, UpstreamCompletion, str, int, bool], "asyncio.Future[Any] | None"]
+# Caches a complete answer: (fingerprint, answer, model, ttl, fallback, semantic) -> the
+# pending Redis write, if one was started (the flight stays joinable until it has landed).
+Store = Callable[[str, UpstreamCompletion, str, int, bool, Any], "asyncio.Future[Any] | None"]
 
 # Finishes when the client has gone away (``http.disconnect``); made only while waiting.
 ClientGone = Callable[[], Awaitable[object]]
@@ -477,9 +478,11 @@ class FlightTable:
                 log.exception("accounting for request %s failed", call.request_id)
         pending = None
         if result is not None and call.storage is not None:
-            fingerprint, ttl = call.storage
+            fingerprint, ttl, semantic = call.storage
             try:
-                pending = self._store(fingerprint, result, call.model, ttl, flight._fallback)
+                pending = self._store(
+                    fingerprint, result, call.model, ttl, flight._fallback, semantic
+                )
             except Exception:
                 log.exception("storing the answer for request %s failed", call.request_id)
         if pending is None or pending.done():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
@@ -24,6 +25,7 @@ from .providers.registry import build_provider
 from .redis_client import RedisClient, RedisPyClient
 from .redis_pipe import RedisPipe
 from .router import Router
+from .semantic import Pending, SemanticCache, build_semantic_cache
 from .settings import Settings
 from .usage import UsageRecorder
 
@@ -79,6 +81,10 @@ class Gateway:
             self.spawn,
             lambda: self.cache.available,
         )
+        # None when PRISM_SEMANTIC_MODEL=off; the model itself loads on first use.
+        self.semantic: SemanticCache | None = build_semantic_cache(
+            settings, self.redis, self.metrics
+        )
 
     def spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         """Run ``work`` after the response, holding a reference so it is not collected."""
@@ -99,20 +105,36 @@ class Gateway:
         model: str,
         ttl: int,
         fallback: bool = False,
+        semantic: Pending | None = None,
     ) -> asyncio.Task[bool]:
         """Write a new entry to Redis and queue it for Workers KV; neither delays the client.
-        Returns the Redis write (the flight stays joinable until it has landed)."""
+        Returns the Redis write (the flight stays joinable until it has landed). A
+        ``semantic`` question is indexed once the entry is in Redis, expiring with it."""
         if fallback:
             # A fallback's answer is kept briefly: the primary's takes over once it is back.
             ttl = min(ttl, self.settings.fallback_ttl)
         usage = result.completion.get("usage")
+        created = int(time.time())
         data = encode_envelope(
-            result.body, model=model, ttl=ttl, usage=usage if isinstance(usage, dict) else None
+            result.body,
+            model=model,
+            ttl=ttl,
+            usage=usage if isinstance(usage, dict) else None,
+            created=created,
         )
         write = self.spawn(self.cache.store(fingerprint, data, ttl))
         if self.kv_writer is not None:
             self.kv_writer.submit(entry_key(fingerprint), data, ttl)
+        if semantic is not None and self.semantic is not None:
+            self.spawn(self._index(write, semantic, fingerprint, created + ttl))
         return write
+
+    async def _index(
+        self, write: asyncio.Task[bool], semantic: Pending, fingerprint: str, expires: int
+    ) -> None:
+        # After the entry has landed: the index never points at an entry not yet written.
+        if await asyncio.shield(write) and self.semantic is not None:
+            await self.semantic.add(semantic, fingerprint, expires)
 
     async def start(self) -> None:
         self.cache.start()
@@ -132,6 +154,8 @@ class Gateway:
             await self._kv_client.aclose()
         for provider in self.providers.values():
             await provider.aclose()
+        if self.semantic is not None:
+            self.semantic.close()
         await self.cache.close()
         await self.redis.close()
         if self.redis_reader is not None:

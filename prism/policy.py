@@ -15,13 +15,19 @@ or an ``allow`` pattern matches it: deny wins. No record at all allows every mod
 ``month`` for the whole project; the origin enforces it (``origin/budgets.py``), the edge
 ignores it (it only serves hits, which cost nothing).
 
+``cache`` (optional) opts the project into the origin's semantic cache (off when absent)::
+
+    "cache": {"semantic": true, "threshold": 0.92}
+
+``threshold`` is the least cosine similarity a paraphrase needs, from
+``MIN_SEMANTIC_THRESHOLD`` to ``MAX_SEMANTIC_THRESHOLD``; when left out, the measured
+default (``DEFAULT_SEMANTIC_THRESHOLD``) is written into the record.
+
 ``rate_limits`` (optional; ``prism.rate_limits``): requests and tokens per minute for the
 project and for each of its keys; the origin enforces them (``origin/ratelimits.py``).
 
-Both appear in the record only when set, so a policy without them keeps its bytes.
-
-Reserved names, refused until they are implemented so a policy never claims a limit
-that nothing enforces: ``cache`` (and per-key policies).
+Optional parts appear in the record only when set, so a policy without them keeps its
+bytes. Per-key policies are not supported.
 """
 
 from __future__ import annotations
@@ -35,7 +41,18 @@ from typing import Any
 from .errors import PermissionDeniedError
 from .rate_limits import RateLimits
 
-__all__ = ["BUDGET_PERIODS", "POLICY_KEY_PREFIX", "Budget", "Policy", "PolicyMemo", "policy_key"]
+__all__ = [
+    "BUDGET_PERIODS",
+    "DEFAULT_SEMANTIC_THRESHOLD",
+    "MAX_SEMANTIC_THRESHOLD",
+    "MIN_SEMANTIC_THRESHOLD",
+    "POLICY_KEY_PREFIX",
+    "Budget",
+    "CacheRules",
+    "Policy",
+    "PolicyMemo",
+    "policy_key",
+]
 
 POLICY_KEY_PREFIX = "prism:policy:"
 FORMAT_VERSION = 1
@@ -43,8 +60,11 @@ MAX_PATTERNS = 64
 MAX_PATTERN_LEN = 200
 _MAX_TEXT = 100
 _MAX_DECIDED = 1024  # models remembered per policy: a client cycling names cannot grow it
-_RESERVED = ("cache",)
-_FIELDS = ("allow", "budget", "deny", "rate_limits", "revision", "updated_at", "updated_by", "v")
+_RESERVED: tuple[str, ...] = ()
+_FIELDS = (
+    "allow", "budget", "cache", "deny", "rate_limits", "revision", "updated_at", "updated_by",
+    "v",
+)  # fmt: skip
 BUDGET_PERIODS = ("day", "month")
 MAX_BUDGET_USD = 1_000_000_000  # a typo's guard: more than anyone means
 _MICROS = 1_000_000
@@ -88,6 +108,52 @@ def _matcher(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
     if not patterns:
         return None
     return re.compile("|".join(fnmatch.translate(p) for p in patterns))
+
+
+# The semantic cache's threshold (cosine similarity, all-MiniLM-L6-v2): the default is the
+# lowest with no wrong hit on the labelled set (deploy/bench/data/semantic_pairs.jsonl).
+DEFAULT_SEMANTIC_THRESHOLD = 0.94
+MIN_SEMANTIC_THRESHOLD = 0.9
+MAX_SEMANTIC_THRESHOLD = 0.99
+_CACHE_FIELDS = ("semantic", "threshold")
+
+
+@dataclass(frozen=True, slots=True)
+class CacheRules:
+    """A project's cache options: whether its misses may be answered semantically."""
+
+    semantic: bool = False
+    threshold: float = DEFAULT_SEMANTIC_THRESHOLD
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.semantic, bool):
+            raise ValueError("cache.semantic: must be true or false")
+        low, high = MIN_SEMANTIC_THRESHOLD, MAX_SEMANTIC_THRESHOLD
+        value = self.threshold
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not low <= value <= high
+        ):
+            raise ValueError(f"cache.threshold: must be a number from {low} to {high}")
+        object.__setattr__(self, "threshold", float(value))
+
+    @classmethod
+    def from_dict(cls, data: Any) -> CacheRules:
+        if not isinstance(data, dict):
+            raise ValueError('cache: must be an object, e.g. {"semantic": true}')
+        for name in data:
+            if name not in _CACHE_FIELDS:
+                raise ValueError(
+                    f"cache.{str(name)[:40]}: unknown field (known: {', '.join(_CACHE_FIELDS)})"
+                )
+        return cls(
+            semantic=data.get("semantic", False),
+            threshold=data.get("threshold", DEFAULT_SEMANTIC_THRESHOLD),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"semantic": self.semantic, "threshold": self.threshold}
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +206,7 @@ class Policy:
     updated_at: str | None = None  # ISO 8601 UTC
     updated_by: str | None = None
     budget: Budget | None = None
+    cache: CacheRules | None = None  # None: no cache options (no semantic cache)
     rate_limits: RateLimits | None = None  # None: no rate limit
     _allow: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
     _deny: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
@@ -157,6 +224,8 @@ class Policy:
         _text("updated_by", self.updated_by)
         if self.budget is not None and not isinstance(self.budget, Budget):
             raise ValueError("budget: must be a Budget")
+        if self.cache is not None and not isinstance(self.cache, CacheRules):
+            raise ValueError("cache: must be cache options")
         if self.rate_limits is not None and not isinstance(self.rate_limits, RateLimits):
             raise ValueError("rate_limits: must be a RateLimits")
         object.__setattr__(self, "allow", allow)
@@ -193,6 +262,7 @@ class Policy:
             updated_at=data.get("updated_at"),
             updated_by=data.get("updated_by"),
             budget=None if data.get("budget") is None else Budget.from_value(data["budget"]),
+            cache=None if data.get("cache") is None else CacheRules.from_dict(data["cache"]),
             rate_limits=(
                 None
                 if data.get("rate_limits") is None
@@ -211,6 +281,8 @@ class Policy:
         }
         if self.budget is not None:  # absent when unset: older records keep their bytes
             out["budget"] = self.budget.to_dict()
+        if self.cache is not None:  # absent rather than null: older readers know no "cache"
+            out["cache"] = self.cache.to_dict()
         if self.rate_limits is not None:
             out["rate_limits"] = self.rate_limits.to_dict()
         return out

@@ -25,7 +25,7 @@ from deploy.local.workers import RuntimeStartError, ToolchainNotFoundError
 
 from ._options import JsonOption
 
-__all__ = ["app", "bench_command", "faults_command"]
+__all__ = ["app", "bench_command", "budget_command", "faults_command", "semantic_command"]
 
 # The callback's docstring is the group's help: `prism bench` itself is the layer benchmark.
 app = typer.Typer(name="bench")
@@ -253,6 +253,67 @@ def _report(
     console.print(
         "results: " + ", ".join(str(p) for p in paths.values()), highlight=False, soft_wrap=True
     )
+
+
+@app.command("semantic")
+def semantic_command(
+    threshold: Annotated[
+        float | None,
+        typer.Option(help="The threshold to report in detail. [default: the policy's default]"),
+    ] = None,
+    model: Annotated[
+        Path | None,
+        typer.Option(help="A sentence-transformers model directory. [default: the bundled one]"),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Measure the semantic cache's precision on the labelled question pairs (paraphrases
+    that should match, near misses that must not), at a sweep of thresholds, with and
+    without the lexical guard; and the model's cost (ms per embedding, RSS).
+
+    Example: prism bench semantic --threshold 0.92
+    """
+    from deploy.bench.semantic import run
+    from prism import DEFAULT_SEMANTIC_THRESHOLD
+
+    chosen = DEFAULT_SEMANTIC_THRESHOLD if threshold is None else threshold
+    try:
+        report = run(chosen, model)
+    except (RuntimeError, OSError, ImportError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        typer.echo(json.dumps(report.to_dict()))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"Semantic cache precision ({report.model}, {report.pairs} pairs)")
+    for column in ("set", "threshold", "hit rate", "wrong hits", "hit rate*", "wrong hits*"):
+        table.add_column(column, justify="right")
+    for row in report.rows:
+        mark = " <" if row.threshold == chosen else ""
+        table.add_row(
+            row.split,
+            f"{row.threshold:.2f}{mark}",
+            f"{row.hit_rate:.1%}",
+            f"{row.wrong_hit_rate:.1%}",
+            f"{row.hit_rate_unguarded:.1%}",
+            f"{row.wrong_hit_rate_unguarded:.1%}",
+        )
+    stdout = Console() if Console().is_terminal else Console(width=120)
+    stdout.print(table)
+    stdout.print("* without the lexical guard (cosine similarity alone)")
+    stdout.print(
+        f"{report.paraphrases} paraphrases, {report.near_misses} near misses; at "
+        f"{chosen:.2f}: {len(report.wrong_hits)} wrong hits, {len(report.missed)} missed "
+        f"paraphrases. Model: loaded in {report.load_seconds:.2f} s, "
+        f"{report.embed_ms_p50:.1f} ms p50 / {report.embed_ms_p99:.1f} ms p99 per "
+        f"embedding, RSS {report.rss_mb:.0f} MB."
+    )
+    for wrong in report.wrong_hits:
+        stdout.print(
+            f"wrong hit ({wrong['kind']}, {wrong['score']}): {wrong['a']!r} ~ {wrong['b']!r}"
+        )
 
 
 @app.command("budget")

@@ -16,7 +16,12 @@ import typer
 
 from deploy.key_store import DEFAULT_KV_API, DEFAULT_REDIS_URL, KeyStoreError
 from deploy.policy_store import PolicyChange, PolicyStore, check_project, sync_policy
-from prism import BUDGET_PERIODS, Budget, Limit, Policy, RateLimits, policy_key
+from prism import BUDGET_PERIODS, Budget, CacheRules, Limit, Policy, RateLimits, policy_key
+from prism.policy import (
+    DEFAULT_SEMANTIC_THRESHOLD,
+    MAX_SEMANTIC_THRESHOLD,
+    MIN_SEMANTIC_THRESHOLD,
+)
 from prism.rate_limits import MAX_RPM, MAX_TPM
 
 from ._options import JsonOption
@@ -69,8 +74,12 @@ def _describe(policy: Policy | None) -> str:
     deny = ", ".join(policy.deny) or "nothing"
     budget = policy.budget
     spend = f"; budget ${budget.usd:,} per UTC {budget.period}" if budget else ""
+    cache = policy.cache
+    semantic = (
+        f"; semantic cache on (threshold {cache.threshold})" if cache and cache.semantic else ""
+    )
     limits = "" if policy.rate_limits is None else f"; rate limits {policy.rate_limits.describe()}"
-    return f"allow {allow}; deny {deny}{spend}{limits} (revision {policy.revision})"
+    return f"allow {allow}; deny {deny}{spend}{semantic}{limits} (revision {policy.revision})"
 
 
 def _as_dict(policy: Policy | None) -> dict[str, object] | None:
@@ -203,15 +212,34 @@ def set_policy(
         str | None,
         typer.Option("--period", help="The budget's UTC period: day or month. [default: month]"),
     ] = None,
+    updated_by: Annotated[
+        str | None,
+        typer.Option("--by", help="Recorded with the change. [default: your login name]"),
+    ] = None,
+    # -- the semantic cache (cache.semantic / cache.threshold) --
+    semantic: Annotated[
+        bool | None,
+        typer.Option(
+            "--semantic/--no-semantic",
+            help="Answer paraphrases of cached questions from their answers (the origin's "
+            "semantic cache). [default: off]",
+        ),
+    ] = None,
+    semantic_threshold: Annotated[
+        float | None,
+        typer.Option(
+            "--semantic-threshold",
+            help=f"Least similarity a paraphrase needs ({MIN_SEMANTIC_THRESHOLD}-"
+            f"{MAX_SEMANTIC_THRESHOLD}). [default: {DEFAULT_SEMANTIC_THRESHOLD}, measured by "
+            "`prism bench semantic`]",
+        ),
+    ] = None,
+    # -- rate limits (rate_limits) --
     rpm: RpmOption = None,
     tpm: TpmOption = None,
     key_rpm: KeyRpmOption = None,
     key_tpm: KeyTpmOption = None,
     key_limit: KeyLimitOption = None,
-    updated_by: Annotated[
-        str | None,
-        typer.Option("--by", help="Recorded with the change. [default: your login name]"),
-    ] = None,
     redis_url: RedisUrlOption = DEFAULT_REDIS_URL,
     kv_api_url: KVApiOption = DEFAULT_KV_API,
     kv_account_id: KVAccountOption = "",
@@ -220,33 +248,38 @@ def set_policy(
     no_kv: NoKVOption = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Replace PROJECT's policy (models, budget, rate limits): at once at the origin,
-    within ~2 min at the edge.
+    """Replace PROJECT's policy (models, budget, semantic cache, rate limits): at once at
+    the origin, within ~2 min at the edge.
 
     Patterns are case-sensitive globs (*, ?, [...]). A model is allowed when no --deny
     matches it and --allow is empty or one --allow matches it. A refused model is a
     403 `model_not_allowed`. --budget caps the provider cost of the whole project per
-    UTC --period; a request that does not fit is a 429 `budget_exceeded`. --rpm/--tpm
-    limit the whole project's requests/tokens per minute, --key-rpm/--key-tpm each key's,
-    --key-limit one key's own; a request over a limit is a 429 `rate_limit_exceeded`.
-    The whole policy is replaced: give every part you want kept. An invalid policy
-    changes nothing.
+    UTC --period; a request that does not fit is a 429 `budget_exceeded`. The whole
+    policy is replaced: give every part you want kept. An invalid policy changes nothing.
+
+    --semantic answers paraphrases of questions the project already asked from their
+    cached answers (the origin's semantic cache), at --semantic-threshold.
+
+    --rpm/--tpm limit the whole project's requests/tokens per minute, --key-rpm/--key-tpm
+    each key's, --key-limit one key's own; a request over a limit is a 429
+    `rate_limit_exceeded`.
 
     Example: prism policy set --project acme --allow 'gpt-4o*' --deny 'o1*' --budget 25 --period day
-
+    Example: prism policy set --project acme --allow 'gpt-4o*' --semantic
     Example: prism policy set --project acme --rpm 600 --tpm 200000 --key-rpm 60
     """
     try:
         rates = rate_limits_option(rpm, tpm, key_rpm, key_tpm, key_limit)
     except ValueError as error:
         raise fail(f"invalid policy: {error}", 2) from None
-    if not allow and not deny and budget is None and rates is None:
+    if not allow and not deny and budget is None and not semantic and rates is None:
         raise fail(
-            "give at least one --allow, --deny, --budget or rate limit option "
-            "(`prism policy clear` removes it)",
+            "give at least one --allow, --deny or --budget, or --semantic, or a rate limit "
+            "option (`prism policy clear` removes it)",
             2,
         )
     limit = _budget(budget, period)
+    cache = _semantic_cache(semantic, semantic_threshold)
     with open_store(redis_url, project) as store:
         try:
             change = store.set(
@@ -256,6 +289,7 @@ def set_policy(
                 budget=limit,
                 rate_limits=rates,
                 updated_by=updated_by or default_user(),
+                cache=cache,
             )
         except ValueError as error:
             raise fail(f"invalid policy: {error}", 2) from None
@@ -267,6 +301,18 @@ def set_policy(
             no_kv,
             as_json,
         )
+
+
+def _semantic_cache(semantic: bool | None, threshold: float | None) -> CacheRules | None:
+    """The cache options the flags give; exits 2 saying what is wrong."""
+    if not semantic:
+        if threshold is not None:
+            raise fail("--semantic-threshold needs --semantic", 2)
+        return None
+    try:
+        return CacheRules(True, DEFAULT_SEMANTIC_THRESHOLD if threshold is None else threshold)
+    except ValueError as error:
+        raise fail(f"invalid policy: {error}", 2) from None
 
 
 def _budget(usd: str | None, period: str | None) -> Budget | None:

@@ -86,7 +86,7 @@ def test_set_show_clear_reach_redis_and_kv(
     ("args", "message"),
     [
         (["set", "--project", "Acme!", "--deny", "o1*"], "--project: 'Acme!' is not a project id"),
-        (["set", "--project", "acme"], "give at least one --allow, --deny, --budget or rate limit option"),
+        (["set", "--project", "acme"], "give at least one --allow, --deny or --budget, or --semantic, or a rate limit option"),
         (["set", "--project", "acme", "--budget", "-5"], "invalid policy: budget.usd: must be above 0"),
         (["set", "--project", "acme", "--budget", "0"], "invalid policy: budget.usd: must be above 0"),
         (["set", "--project", "acme", "--budget", "ten"], "--budget must be a number of US dollars, got 'ten'"),
