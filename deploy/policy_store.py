@@ -29,7 +29,7 @@ from typing import cast
 import redis
 
 from origin.audit import audit_record
-from prism import Policy, policy_key, valid_project_id
+from prism import Budget, CacheRules, Policy, policy_key, valid_project_id
 
 from . import audit_log
 from .key_store import KeyStoreError, KVRevocationPublisher, _translated, redact_url
@@ -97,11 +97,15 @@ class PolicyStore:
         *,
         allow: Sequence[str] = (),
         deny: Sequence[str] = (),
+        budget: Budget | None = None,
         updated_by: str | None = None,
+        cache: CacheRules | None = None,
     ) -> PolicyChange:
         """Replace the project's policy; ``ValueError`` (and nothing changed) if invalid."""
         check_project(project)
-        draft = Policy(allow=tuple(allow), deny=tuple(deny), updated_by=updated_by)
+        draft = Policy(
+            allow=tuple(allow), deny=tuple(deny), budget=budget, updated_by=updated_by, cache=cache
+        )
         return self._change(project, lambda before: _next(draft, before))
 
     def clear(self, project: str, *, actor: str | None = None) -> PolicyChange:
@@ -163,9 +167,11 @@ def _next(draft: Policy, before: Policy | None) -> Policy:
     return Policy(
         allow=draft.allow,
         deny=draft.deny,
+        budget=draft.budget,
         revision=(before.revision if before else 0) + 1,
         updated_at=_now(),
         updated_by=draft.updated_by,
+        cache=draft.cache,
     )
 
 

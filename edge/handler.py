@@ -41,19 +41,26 @@ from prism import headers as h
 from prism.routes import CHAT_PATH
 
 from .deadlines import StageTimer
+from .origins import ORIGIN_DOWN, Origin, Origins
 from .platform import EdgeRequest, EdgeResponse, Platform
 from .policies import PolicyCache
 from .revocation import RevocationSet
 from .routes import ROUTES, canonical_path
 from .settings import EdgeSettings
 
-__all__ = ["EdgeHandler"]
+__all__ = ["ORIGIN_REGION", "EdgeHandler"]
 
 JSON = "application/json"
 SSE = "text/event-stream"
 _MIN_KV_TTL = 60
 # Request headers the origin may need; everything else (cookies, the API key) stays here.
 _FORWARDED = ("content-type", "cache-control", "accept", "openai-organization")
+# Which origin answered, when the edge has several (PRISM_ORIGINS).
+ORIGIN_REGION = "x-prism-origin-region"
+# Failing over after a timeout stays under the ~100 s Cloudflare allows a response to
+# start; a failover gets at least this much time, else the last failure is the answer.
+_ORIGIN_BUDGET = 95.0
+_MIN_ATTEMPT = 1.0
 
 
 class EdgeHandler:
@@ -64,6 +71,9 @@ class EdgeHandler:
         self.settings = settings
         self.revoked = RevocationSet(settings.revocation_ttl)
         self.policies = PolicyCache(settings.policy_ttl)
+        self.origins = Origins(
+            settings.origins or (Origin("", settings.origin_url),), settings.origin_avoid
+        )
         self._bodies = RecentBodies(size=256)
         self._entries = RecentEntries(size=64)
         # One timer per request for every stage's limit (see edge/deadlines.py).
@@ -237,39 +247,67 @@ class EdgeHandler:
         """``method path`` at the origin (the route's own spelling, no query: the API
         routes take none), signed for exactly that method, path and fingerprint."""
         headers = {name: request.headers[name] for name in _FORWARDED if name in request.headers}
-        headers[h.FORWARD] = sign_forward(
-            self.settings.forward_secret,
-            method=method,
-            path=path,
-            project=identity.project,
-            key_id=identity.key_id,
-            fingerprint=fp,
-            now=platform.now(),
-        )
         if h.REQUEST_ID in request.headers:
             headers[h.REQUEST_ID] = request.headers[h.REQUEST_ID]
         started = platform.now()
-        try:
-            async with self._stages.within(self.settings.origin_timeout):
-                reply = await platform.fetch_origin(
-                    method, self.settings.origin_url + path, headers, body
+        # Nearest origin first; the next one when it does not answer (see edge/origins.py).
+        plan = self.origins.plan(platform.location, started)
+        deadline = started + max(self.settings.origin_timeout, _ORIGIN_BUDGET)
+        for attempt, origin in enumerate(plan, 1):
+            tried = platform.now()
+            # Signed per attempt: the header lives a few seconds, a failover may come later.
+            headers[h.FORWARD] = sign_forward(
+                self.settings.forward_secret,
+                method=method,
+                path=path,
+                project=identity.project,
+                key_id=identity.key_id,
+                fingerprint=fp,
+                now=tried,
+            )
+            last = attempt == len(plan)
+            wait = min(self.settings.origin_timeout, deadline - tried)
+            try:
+                async with self._stages.within(wait):
+                    reply = await platform.fetch_origin(method, origin.url + path, headers, body)
+            except TimeoutError:
+                failure: UpstreamError = UpstreamTimeoutError(
+                    f"The Prism origin did not start its answer in time ({wait:g} s).",
+                    code="origin_timeout",
                 )
-        except TimeoutError:
-            raise UpstreamTimeoutError(
-                "The Prism origin did not start its answer in time "
-                f"({self.settings.origin_timeout:g} s).",
-                code="origin_timeout",
-            ) from None
-        except Exception:
-            raise UpstreamError(
-                "The Prism origin is unreachable from this edge.", code="origin_unreachable"
-            ) from None
-        timings.append(("origin", _ms(started, platform.now())))
+            except Exception:
+                failure = UpstreamError(
+                    "The Prism origin is unreachable from this edge.", code="origin_unreachable"
+                )
+            else:
+                # Any answer but a 502/503/504 without the origin's own headers (which never
+                # reached Prism: a proxy in front of it says the origin is down) is final.
+                if reply.status not in ORIGIN_DOWN or reply.header(h.CACHE_LAYER) is not None:
+                    self.origins.answered(origin)
+                    break
+                if last:  # every origin is down: the last one's reply is passed on as it is
+                    self.origins.failed(origin, platform.now())
+                    break
+                failure = UpstreamError("The Prism origin is down.", code="origin_unreachable")
+            self.origins.failed(origin, platform.now())
+            if origin.region:
+                timings.append((f'origin-error;desc="{origin.region}"', _ms(tried, platform.now())))
+            if last or deadline - platform.now() < _MIN_ATTEMPT:
+                raise failure
+        timings.append(
+            (
+                f'origin;desc="{origin.region}"' if origin.region else "origin",
+                _ms(tried, platform.now()),
+            )
+        )
         out = reply.headers()
         out.pop("content-length", None)  # the runtime sets it for what it actually sends
         out.pop(h.ENTRY_EXPIRES, None)  # for this edge only (read from the reply itself)
         out.setdefault(h.CACHE_LAYER, "bypass")
-        if fp:
+        if origin.region:
+            out[ORIGIN_REGION] = origin.region
+        # A semantic hit names the entry that answered (another question's), as the origin said.
+        if fp and out[h.CACHE_LAYER] != "semantic":
             out[h.CACHE_KEY] = fp[: h.CACHE_KEY_PREFIX_LEN]
         return EdgeResponse(reply.status, out, passthrough=reply)
 

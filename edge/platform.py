@@ -10,6 +10,8 @@ from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .origins import Location
+
 __all__ = ["EdgeRequest", "EdgeResponse", "OriginReply", "Platform"]
 
 
@@ -55,6 +57,11 @@ class Platform(Protocol):
     ) -> OriginReply: ...
 
     def wait_until(self, work: Coroutine[Any, Any, Any]) -> None: ...
+
+    def location(self) -> Location:
+        """Where the request comes from (``request.cf``); asked only to choose among
+        several origins."""
+        ...
 
     def now(self) -> float: ...
 

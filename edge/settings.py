@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from prism import KeyRing, Limits, parse_key_secrets
 
+from .origins import DEFAULT_AVOID_SECONDS, Origin, parse_origins
+
 __all__ = ["EdgeSettings"]
 
 
@@ -14,7 +16,10 @@ __all__ = ["EdgeSettings"]
 class EdgeSettings:
     key_ring: KeyRing = field(repr=False)
     forward_secret: bytes = field(repr=False)
-    origin_url: str
+    origin_url: str  # the first of ``origins``
+    # PRISM_ORIGINS (else ORIGIN_URL as the only one): see edge/origins.py.
+    origins: tuple[Origin, ...] = ()
+    origin_avoid: float = DEFAULT_AVOID_SECONDS  # a failed origin is tried last this long
     kv_timeout: float = 0.5  # a slow KV read falls through to the origin
     body_timeout: float = 10.0  # a request body that takes longer is a 408
     # The origin's first byte (a whole answer, for a JSON miss) may take this long; then 504.
@@ -30,13 +35,15 @@ class EdgeSettings:
         """``get`` reads one binding (a Worker var or secret) by name, None when unset."""
         secret = get("PRISM_KEY_SECRET") or ""
         forward = get("PRISM_FORWARD_SECRET") or ""
-        origin = get("ORIGIN_URL") or ""
+        origins = parse_origins(
+            get("PRISM_ORIGINS"), get("ORIGIN_URL"), get("PRISM_ORIGIN_REGIONS")
+        )
         missing = [
             name
             for name, value in (
                 ("PRISM_KEY_SECRET", secret),
                 ("PRISM_FORWARD_SECRET", forward),
-                ("ORIGIN_URL", origin),
+                ("ORIGIN_URL (or PRISM_ORIGINS)", origins),
             )
             if not value
         ]
@@ -50,6 +57,7 @@ class EdgeSettings:
             ("origin_timeout", "PRISM_ORIGIN_TIMEOUT_MS", 1000),
             ("revocation_ttl", "PRISM_REVOCATION_TTL_SECONDS", 1),
             ("policy_ttl", "PRISM_POLICY_TTL_SECONDS", 1),
+            ("origin_avoid", "PRISM_ORIGIN_AVOID_SECONDS", 1),
         ):
             value = get(binding)
             if value:
@@ -60,6 +68,7 @@ class EdgeSettings:
         return cls(
             key_ring=parse_key_secrets(secret),
             forward_secret=forward.encode(),
-            origin_url=origin.rstrip("/"),
+            origin_url=origins[0].url,
+            origins=origins,
             **optional,  # type: ignore[arg-type]
         )

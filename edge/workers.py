@@ -17,6 +17,7 @@ from pyodide.ffi import create_once_callable, to_js
 
 from .build_info import KV_BINDING
 from .handler import EdgeHandler
+from .origins import NOWHERE, Location
 from .platform import EdgeRequest, EdgeResponse
 from .settings import EdgeSettings
 
@@ -137,6 +138,17 @@ class WorkersPlatform:
 
     def now(self) -> float:
         return time.time()
+
+    def location(self) -> Location:
+        # ``request.cf``: Cloudflare's own; the local runtime takes it from a header.
+        cf = getattr(self._request, "cf", None)
+        if cf is None:
+            return NOWHERE
+        return Location(
+            str(getattr(cf, "continent", None) or ""),
+            str(getattr(cf, "country", None) or ""),
+            str(getattr(cf, "colo", None) or ""),
+        )
 
     def log_error(self, message: str) -> None:
         js.console.error(message)

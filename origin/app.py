@@ -113,6 +113,7 @@ def create_app(
                     "enabled": writer is not None,
                     "queued": writer.queued if writer is not None else 0,
                 },
+                "semantic": _semantic_health(gateway),
                 "background_writes": gateway.background_tasks,
                 "uptime_seconds": round(time.time() - started, 1),
             }
@@ -128,6 +129,15 @@ def create_app(
     ]
     admin = Routes([Route("/healthz", health), Route("/metrics", metrics)])
     return OriginApp(gateway, api, admin)
+
+
+def _semantic_health(gateway: Gateway) -> dict[str, object]:
+    """Whether the semantic layer is on, its model loaded (on first use), or why not."""
+    semantic = gateway.semantic
+    if semantic is None:
+        return {"enabled": False}
+    embedder = semantic.embedder
+    return {"enabled": True, "loaded": embedder.loaded, "error": embedder.failed}
 
 
 def _models_body(names: Iterable[str], created: float) -> bytes:

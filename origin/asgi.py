@@ -49,7 +49,7 @@ log = logging.getLogger("prism.origin")
 
 
 class StageTimer:
-    """Milliseconds per named stage, for Server-Timing, and the time since the start."""
+    """Milliseconds per named stage, for Server-Timing, and when the request arrived."""
 
     __slots__ = ("_last", "stages", "started")
 
@@ -61,10 +61,6 @@ class StageTimer:
         now = time.perf_counter()
         self.stages.append((stage, (now - self._last) * 1000))
         self._last = now
-
-    def elapsed(self) -> float:
-        """Seconds since the request arrived."""
-        return time.perf_counter() - self.started
 
 
 @dataclass(slots=True)
@@ -155,7 +151,8 @@ class Routes:
         reply.headers.setdefault(h.REQUEST_ID, request.id)
         if self._metrics is not None and route is not None and route.name:
             layer = reply.headers.get(h.CACHE_LAYER, "bypass")
-            self._metrics.record_request(route.name, reply.status, layer, request.timer.elapsed())
+            elapsed = time.perf_counter() - request.timer.started
+            self._metrics.record_request(route.name, reply.status, layer, elapsed)
         await send_reply(reply, receive, send)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:

@@ -3,7 +3,8 @@
 Every record is a flat map of strings in the stream ``prism:audit``::
 
     ts       ISO 8601 UTC, milliseconds
-    action   key.create | key.revoke | policy.set | policy.clear | policy.refuse
+    action   key.create | key.revoke | policy.set | policy.clear | policy.refuse |
+             budget.refuse
     project  the project concerned
     actor    who: a login name for CLI changes, ``key:<key id>`` for a refusal
     before   JSON of the state before the change ("" for none)

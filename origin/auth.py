@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from prism import ForwardRejected, KeyRing, bearer_token, verify_forward
 from prism import headers as h
@@ -14,8 +14,7 @@ from .metrics import Metrics
 __all__ = ["Caller", "authenticate", "check_forwarded_body"]
 
 
-@dataclass(frozen=True, slots=True)
-class Caller:
+class Caller(NamedTuple):  # a tuple: made on every request, and cheaper than a dataclass
     project: str
     key_id: str
     fingerprint: str | None  # computed and signed by the edge; None when called directly

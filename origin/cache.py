@@ -11,6 +11,13 @@ restart.
 Revocation does not fail open with Redis: the revoked set is also kept in memory
 (reloaded every ``revoked_refresh`` seconds off the request path, and added to by every
 lookup that finds a key revoked) and consulted only while Redis is unavailable.
+
+With a ``reader`` (a replica near this origin, ``PRISM_REDIS_READ_URL``) the lookup runs
+there and everything else on the primary. A replica may lag (milliseconds; without end
+while its link to the primary is cut), so a replica's "not revoked" is also checked
+against that in-memory set, which is read from the primary: a revocation takes effect
+within ``revoked_refresh`` at worst, never later. A failing replica is skipped for
+``retry_after`` (the lookup goes to the primary meanwhile).
 """
 
 from __future__ import annotations
@@ -65,8 +72,11 @@ class RedisCache:
         metrics: Metrics,
         retry_after: float = 1.0,
         revoked_refresh: float = 10.0,
+        reader: RedisClient | None = None,
     ) -> None:
         self.redis = redis
+        self._reader = reader
+        self._reader_down_until = 0.0
         self._metrics = metrics
         self._retry_after = retry_after
         self._down_until = 0.0
@@ -89,6 +99,12 @@ class RedisCache:
         if str(error).startswith(_FAILED_OVER):
             self.redis.reset()
 
+    def _lookup_client(self) -> RedisClient:
+        """The replica while it answers, else the primary."""
+        if self._reader is not None and time.monotonic() >= self._reader_down_until:
+            return self._reader
+        return self.redis
+
     def _unavailable(self, key_id: str) -> Lookup:
         return REVOKED_WHILE_UNAVAILABLE if key_id in self._revoked else UNAVAILABLE
 
@@ -99,24 +115,29 @@ class RedisCache:
         ``project`` (each when given): one command, whatever is asked."""
         if not self.available:
             return self._unavailable(key_id)
+        redis = self._lookup_client()
         try:
             if fingerprint is None and project is None:
-                reply: Any = (await self.redis.execute("SISMEMBER", REVOKED_KEY, key_id),)
+                reply: Any = (await redis.execute("SISMEMBER", REVOKED_KEY, key_id),)
             else:
                 entry = "" if fingerprint is None else entry_key(fingerprint)
                 policy = "" if project is None else policy_key(project)
                 reply = None
                 if self._lookup_script is not None:
                     with contextlib.suppress(NoScriptError):  # Redis restarted or was flushed
-                        reply = await self.redis.run(self._lookup_script, entry, policy, key_id)
+                        reply = await redis.run(self._lookup_script, entry, policy, key_id)
                 if reply is None:  # first use, or the script is gone: load it
-                    sha = await self.redis.execute("SCRIPT", "LOAD", LOOKUP_SCRIPT)
+                    sha = await redis.execute("SCRIPT", "LOAD", LOOKUP_SCRIPT)
                     self._lookup_script = PreparedCommand("EVALSHA", sha, 3, REVOKED_KEY)
-                    reply = await self.redis.run(self._lookup_script, entry, policy, key_id)
+                    reply = await redis.run(self._lookup_script, entry, policy, key_id)
         except RedisClientError as error:
-            self._failed("lookup", error)
+            if redis is self._reader:  # the primary takes the lookups for a while
+                self._metrics.redis_errors.labels("lookup_replica").inc()
+                self._reader_down_until = time.monotonic() + self._retry_after
+            else:
+                self._failed("lookup", error)
             return self._unavailable(key_id)
-        if reply[0]:
+        if reply[0] or (redis is self._reader and key_id in self._revoked):
             self._revoked.add(key_id)
             return Lookup(True, True)
         if len(reply) < 3:

@@ -5,7 +5,8 @@ A route handler over plain ASGI (``origin.asgi``). It makes one Redis round trip
 denies (403) before anything is served, serves a hit's stored bytes without parsing
 them, and on a miss answers as soon as the provider does; the cache writes (Redis
 and Workers KV, in parallel) run after, in the background, never in front of the
-client.
+client. A miss of a project with a budget reserves its bound before the provider is
+called and settles after (``origin/billing.py``); usage is counted in memory.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from prism import (
     CachePolicy,
     ChatRequest,
     PermissionDeniedError,
+    PrismError,
+    RateLimitError,
     RecentBodies,
     RecentEntries,
     classify,
@@ -34,11 +37,13 @@ from prism.routes import CHAT_PATH
 from .asgi import Request, disconnected, read_body
 from .asgi import StageTimer as _Timer
 from .audit import AuditWriter, audit_record
-from .auth import authenticate, check_forwarded_body
+from .auth import Caller, authenticate, check_forwarded_body
+from .billing import Charge
 from .flight import Call, ClientStream, Storage
 from .gateway import Gateway
 from .policies import ProjectPolicies
 from .responses import Reply
+from .semantic import Pending, SemanticCache, question
 
 __all__ = ["ChatCompletions"]
 
@@ -52,17 +57,19 @@ class ChatCompletions:
         self.gw = gateway
         self.policies = policies or ProjectPolicies()
         self.audit = AuditWriter(gateway.redis)
+        self.billing = gateway.billing
         self.policy = CachePolicy(default_ttl=gateway.settings.default_ttl)
         self._bodies = RecentBodies()
         self._entries = RecentEntries()
 
     async def __call__(self, request: Request) -> Reply:
         """A route handler (``asgi.Routes``): errors are raised, and rendered there."""
-        return await self._handle(request.headers, request.receive, request.id, request.timer)
-
-    async def _handle(
-        self, headers: dict[str, str], receive: Receive, request_id: str, timer: _Timer
-    ) -> Reply:
+        headers, receive, request_id, timer = (
+            request.headers,
+            request.receive,
+            request.id,
+            request.timer,
+        )
         gw = self.gw
         # Routes admits only POST here; a forward signed for anything else is refused.
         caller = authenticate(
@@ -92,13 +99,15 @@ class ChatCompletions:
             if policy is not None:
                 policy.check_model(chat.model)
         except PermissionDeniedError as refusal:
-            self._audit_refusal(caller.project, caller.key_id, chat.model, refusal.code)
+            self._audit_refusal(caller, chat.model, refusal)
             raise
         out = {h.REQUEST_ID: request_id, h.CACHE_KEY: fp[: h.CACHE_KEY_PREFIX_LEN]}
         if lookup.entry is not None:
-            envelope = self._entries.decode(lookup.entry, time.time())
+            now = time.time()  # once: a clock read is not free on every machine
+            envelope = self._entries.decode(lookup.entry, now)
             if envelope is not None:
                 out[h.CACHE_LAYER] = "redis"
+                self.billing.hit(caller.project, caller.key_id, chat.model, envelope, now)
                 if caller.fingerprint is not None:  # the edge: it writes KV with the time left
                     out[h.ENTRY_EXPIRES] = str(envelope.expires_at())
                 out[h.SERVER_TIMING] = h.server_timing(timer.stages)
@@ -107,18 +116,72 @@ class ChatCompletions:
                     return Reply(200, {**SSE, **out}, body)
                 return Reply(200, {**JSON, **out}, envelope.body)
         cacheable = lookup.available and not decision.bypass
-        out[h.CACHE_LAYER] = "miss" if cacheable else "bypass"
-        return await self._miss(chat, fp, decision, cacheable, out, timer, receive, request_id)
+        out[h.CACHE_LAYER] = layer = "miss" if cacheable else "bypass"
+        pending: Pending | None = None
+        # Only for a project whose policy opts in: any other request pays one attribute check.
+        rules = policy.cache if policy is not None else None
+        if rules is not None and rules.semantic and cacheable and gw.semantic is not None:
+            found = await self._semantic(
+                gw.semantic, rules.threshold, caller, chat, decision, out, timer
+            )
+            if isinstance(found, Reply):
+                return found
+            pending = found
+        # The budget is the policy's, from the same lookup: none set, no Redis command here.
+        budget = policy.budget if policy is not None else None
+        if budget is not None and decision.read and fp in self.gw.flights:
+            budget = None  # joins the call in flight, which its starter pays for
+        try:
+            charge = await self.billing.open(caller.project, caller.key_id, chat, layer, budget)
+        except (RateLimitError, PermissionDeniedError) as refusal:
+            self._audit_refusal(caller, chat.model, refusal, "budget.refuse")
+            raise
+        return await self._miss(
+            chat, fp, decision, cacheable, out, timer, receive, request_id, charge, pending
+        )
 
-    def _audit_refusal(self, project: str, key_id: str, model: str, code: str) -> None:
+    async def _semantic(
+        self,
+        semantic: SemanticCache,
+        threshold: float,
+        caller: Caller,
+        chat: ChatRequest,
+        decision: CacheDecision,
+        out: dict[str, str],
+        timer: _Timer,
+    ) -> Reply | Pending | None:
+        """A paraphrase's answer from the semantic layer (a hit: nothing spent, like a
+        Redis hit), or the question for the miss to index once its answer is stored
+        (None: the request is not a question)."""
+        asked = question(caller.project, CHAT_PATH, chat)
+        if asked is None or not semantic.available:
+            return None
+        if not decision.read:
+            return semantic.pending(asked) if decision.write else None
+        match, pending = await semantic.lookup(asked, threshold)
+        timer.mark("semantic")
+        if match is None:
+            return pending
+        envelope = match.envelope
+        self.billing.hit(caller.project, caller.key_id, chat.model, envelope, time.time())
+        out[h.CACHE_LAYER] = "semantic"
+        out[h.CACHE_KEY] = match.fingerprint[: h.CACHE_KEY_PREFIX_LEN]
+        out[h.SEMANTIC_SCORE] = f"{match.score:.4f}"
+        out[h.SERVER_TIMING] = h.server_timing(timer.stages)
+        if chat.stream:
+            body = replay(envelope.completion(), chat.include_usage)
+            return Reply(200, {**SSE, **out}, body)
+        return Reply(200, {**JSON, **out}, envelope.body)
+
+    def _audit_refusal(
+        self, caller: Caller, model: str, refusal: PrismError, action: str = "policy.refuse"
+    ) -> None:
         """Into the audit log after the response, never delaying or failing it."""
         if self.gw.cache.available and self.audit.admit():
-            record = audit_record(
-                "policy.refuse",
-                project,
-                f"key:{key_id}",
-                detail={"model": model[:200], "code": code},
-            )
+            detail = {"model": model[:200], "code": refusal.code}
+            if action == "budget.refuse":
+                detail["message"] = refusal.message
+            record = audit_record(action, caller.project, f"key:{caller.key_id}", detail=detail)
             self.gw.spawn(self.audit.append(record))
 
     async def _miss(
@@ -131,15 +194,19 @@ class ChatCompletions:
         timer: _Timer,
         receive: Receive,
         request_id: str,
+        charge: Charge,
+        semantic: Pending | None = None,
     ) -> Reply:
         gw = self.gw
-        storage = Storage(fp, decision.ttl) if cacheable and decision.write else None
-        call = Call(chat.body, chat.model, chat.stream, request_id, storage)
+        storage = Storage(fp, decision.ttl, semantic) if cacheable and decision.write else None
+        call = Call(chat.body, chat.model, chat.stream, request_id, storage, charge)
         # Join only requests that would accept a cached answer anyway; Redis being down
         # is no reason to call the provider once per identical request.
         key = fp if decision.read else None
         client_gone = functools.partial(disconnected, receive)
         async with gw.flights.subscribe(key, call) as subscription:
+            if subscription.call is not call:
+                charge.joined()
             stream: ClientStream | None = None
             if chat.stream:
                 if not await subscription.started(client_gone):

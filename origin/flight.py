@@ -51,6 +51,7 @@ class Storage(NamedTuple):
 
     fingerprint: str
     ttl: int  # seconds, before the fallback cap
+    semantic: Any = None  # the question to index once stored (origin.semantic.Pending)
 
 
 class Call(NamedTuple):  # a tuple: made on every miss, and cheaper than a frozen dataclass
@@ -61,11 +62,14 @@ class Call(NamedTuple):  # a tuple: made on every miss, and cheaper than a froze
     stream: bool
     request_id: str  # of the request that started the flight: its log lines name it
     storage: Storage | None = None  # None: the answer is not cached
+    # Told once when the call ends: (answer or None, provider, upstream model). The
+    # request that started the flight pays for it (``origin/billing.py``).
+    on_end: Callable[[UpstreamCompletion | None, str, str], None] | None = None
 
 
-# Caches a complete answer: (fingerprint, answer, model, ttl, fallback) -> the pending
-# Redis write, if one was started (the flight stays joinable until it has landed).
-Store = Callable[[str, UpstreamCompletion, str, int, bool], "asyncio.Future[Any] | None"]
+# Caches a complete answer: (fingerprint, answer, model, ttl, fallback, semantic) -> the
+# pending Redis write, if one was started (the flight stays joinable until it has landed).
+Store = Callable[[str, UpstreamCompletion, str, int, bool, Any], "asyncio.Future[Any] | None"]
 
 # Finishes when the client has gone away (``http.disconnect``); made only while waiting.
 ClientGone = Callable[[], Awaitable[object]]
@@ -86,6 +90,7 @@ class Flight:
         "_provider",
         "_result",
         "_router",
+        "_served_by",
         "_subscribers",
         "_task",
         "_usage_frames",
@@ -111,6 +116,7 @@ class Flight:
         self._error: PrismError | None = None
         self._provider = ""  # what x-prism-provider says
         self._fallback = False
+        self._served_by = ("", "")  # (provider, upstream model) that answered
         self._subscribers = 0
         self._waiters: list[asyncio.Future[None]] = []  # one per client waiting for a change
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -164,6 +170,7 @@ class Flight:
             else:
                 routed = await self._router.complete(call.body, call.model)
                 self._provider, self._fallback = routed.label, routed.fallback
+                self._served_by = (routed.provider, routed.model)
                 self._end(result=routed.value)
         except asyncio.CancelledError:
             self._end(error=UpstreamError("The request was cancelled.", code="cancelled"))
@@ -193,10 +200,16 @@ class Flight:
         self._on_end(self)
 
     async def _stream(self, call: Call) -> None:
-        routed = await self._router.stream(call.body, call.model)
-        self._provider, self._fallback = routed.label, routed.fallback
-        upstream = routed.value
         options = call.body.get("stream_options")
+        body = call.body
+        if not (isinstance(options, dict) and options.get("include_usage") is True):
+            # Usage is always asked for, so every streamed call can be costed; a client
+            # that did not ask never sees the usage chunk (``ClientStream``).
+            body = {**body, "stream_options": {**(options or {}), "include_usage": True}}
+        routed = await self._router.stream(body, call.model)
+        self._provider, self._fallback = routed.label, routed.fallback
+        self._served_by = (routed.provider, routed.model)
+        upstream = routed.value
         n = call.body.get("n")
         assembler = StreamAssembler(
             choices=n if isinstance(n, int) and n > 1 else 1,
@@ -300,6 +313,11 @@ class Subscription:
     @property
     def provider(self) -> str:
         return self._flight._provider
+
+    @property
+    def call(self) -> Call:
+        """The call of the flight joined: not the subscriber's own when it joined one."""
+        return self._flight._call
 
     @property
     def fallback(self) -> bool:
@@ -422,6 +440,10 @@ class FlightTable:
         """Flights still joinable (running, or answered with their store pending)."""
         return len(self._flights)
 
+    def __contains__(self, key: str | None) -> bool:
+        """A flight for ``key`` is joinable now."""
+        return key is not None and key in self._flights
+
     def subscribe(self, key: str | None, call: Call) -> Subscription:
         """Join the flight for ``key``, or start one for ``call``; ``key=None`` never joins."""
         if key is not None:
@@ -443,11 +465,18 @@ class FlightTable:
 
     def _ended(self, flight: Flight) -> None:
         call, result = flight._call, flight._result
+        if call.on_end is not None:
+            try:
+                call.on_end(result, *flight._served_by)
+            except Exception:
+                log.exception("accounting for request %s failed", call.request_id)
         pending = None
         if result is not None and call.storage is not None:
-            fingerprint, ttl = call.storage
+            fingerprint, ttl, semantic = call.storage
             try:
-                pending = self._store(fingerprint, result, call.model, ttl, flight._fallback)
+                pending = self._store(
+                    fingerprint, result, call.model, ttl, flight._fallback, semantic
+                )
             except Exception:
                 log.exception("storing the answer for request %s failed", call.request_id)
         if pending is None or pending.done():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
@@ -12,6 +13,8 @@ import httpx
 
 from prism import encode_envelope, entry_key
 
+from .billing import Billing
+from .budgets import Budgets
 from .cache import RedisCache
 from .flight import FlightTable
 from .kv_writer import KVWriter
@@ -22,7 +25,9 @@ from .providers.registry import build_provider
 from .redis_client import RedisClient, RedisPyClient
 from .redis_pipe import RedisPipe
 from .router import Router
+from .semantic import Pending, SemanticCache, build_semantic_cache
 from .settings import Settings
+from .usage import UsageRecorder
 
 __all__ = ["Gateway"]
 
@@ -43,13 +48,15 @@ class Gateway:
         self.settings = settings
         self.metrics = Metrics()
         if redis is None:
-            redis = (
-                RedisPyClient(settings.redis_url, settings.redis_timeout)
-                if settings.redis_client == "redis-py"
-                else RedisPipe(settings.redis_url, settings.redis_timeout)
-            )
+            redis = _redis_client(settings, settings.redis_url)
         self.redis = redis
-        self.cache = RedisCache(self.redis, self.metrics, settings.redis_retry_after)
+        # The hot lookup on a nearby replica, when there is one; everything else on `redis`.
+        self.redis_reader = (
+            _redis_client(settings, settings.redis_read_url) if settings.redis_read_url else None
+        )
+        self.cache = RedisCache(
+            self.redis, self.metrics, settings.redis_retry_after, reader=self.redis_reader
+        )
         connectors = connectors or {}
         self.providers: dict[str, ChatProvider] = {
             name: build_provider(spec, connectors.get(name))
@@ -63,6 +70,21 @@ class Gateway:
             self._kv_client = httpx.AsyncClient(transport=kv_transport, timeout=30.0)
             self.kv_writer = KVWriter(settings.kv, self._kv_client, self.metrics)
         self._background: set[asyncio.Task[Any]] = set()
+        self.usage = UsageRecorder(
+            self.redis, lambda: self.cache.available, settings.usage_flush_interval
+        )
+        self.metrics.registry.register(self.usage)
+        self.billing = Billing(
+            settings.providers,
+            Budgets(self.redis, settings.providers, settings.budget_hold),
+            self.usage,
+            self.spawn,
+            lambda: self.cache.available,
+        )
+        # None when PRISM_SEMANTIC_MODEL=off; the model itself loads on first use.
+        self.semantic: SemanticCache | None = build_semantic_cache(
+            settings, self.redis, self.metrics
+        )
 
     def spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         """Run ``work`` after the response, holding a reference so it is not collected."""
@@ -83,23 +105,40 @@ class Gateway:
         model: str,
         ttl: int,
         fallback: bool = False,
+        semantic: Pending | None = None,
     ) -> asyncio.Task[bool]:
         """Write a new entry to Redis and queue it for Workers KV; neither delays the client.
-        Returns the Redis write (the flight stays joinable until it has landed)."""
+        Returns the Redis write (the flight stays joinable until it has landed). A
+        ``semantic`` question is indexed once the entry is in Redis, expiring with it."""
         if fallback:
             # A fallback's answer is kept briefly: the primary's takes over once it is back.
             ttl = min(ttl, self.settings.fallback_ttl)
         usage = result.completion.get("usage")
+        created = int(time.time())
         data = encode_envelope(
-            result.body, model=model, ttl=ttl, usage=usage if isinstance(usage, dict) else None
+            result.body,
+            model=model,
+            ttl=ttl,
+            usage=usage if isinstance(usage, dict) else None,
+            created=created,
         )
         write = self.spawn(self.cache.store(fingerprint, data, ttl))
         if self.kv_writer is not None:
             self.kv_writer.submit(entry_key(fingerprint), data, ttl)
+        if semantic is not None and self.semantic is not None:
+            self.spawn(self._index(write, semantic, fingerprint, created + ttl))
         return write
+
+    async def _index(
+        self, write: asyncio.Task[bool], semantic: Pending, fingerprint: str, expires: int
+    ) -> None:
+        # After the entry has landed: the index never points at an entry not yet written.
+        if await asyncio.shield(write) and self.semantic is not None:
+            await self.semantic.add(semantic, fingerprint, expires)
 
     async def start(self) -> None:
         self.cache.start()
+        self.usage.start()
         if self.kv_writer is not None:
             self.kv_writer.start()
 
@@ -108,11 +147,22 @@ class Gateway:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(5):
                     await asyncio.gather(*self._background, return_exceptions=True)
+        await self.usage.close()  # after the settles: the last counts go out
         if self.kv_writer is not None:
             await self.kv_writer.stop()
         if self._kv_client is not None:
             await self._kv_client.aclose()
         for provider in self.providers.values():
             await provider.aclose()
+        if self.semantic is not None:
+            self.semantic.close()
         await self.cache.close()
         await self.redis.close()
+        if self.redis_reader is not None:
+            await self.redis_reader.close()
+
+
+def _redis_client(settings: Settings, url: str) -> RedisClient:
+    if settings.redis_client == "redis-py":
+        return RedisPyClient(url, settings.redis_timeout)
+    return RedisPipe(url, settings.redis_timeout)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -19,22 +19,22 @@ class _RequestStats(Collector):
 
     Recorded on every request, so kept as plain numbers and exported at scrape time:
     only the event loop's thread touches them (scrapes included), so they need none of
-    the locks a prometheus_client Counter or Histogram takes per update.
+    the locks a prometheus_client Counter or Histogram takes per update. One series per
+    (route, status, layer) holds both: its count is the sum of its buckets, and the
+    histogram (by route and layer) adds up the statuses at scrape time, so a request
+    costs one dict lookup.
     """
 
     def __init__(self) -> None:
-        self.counts: dict[tuple[str, int, str], int] = {}
-        # Per (route, layer): a count per bucket (the last one is +Inf), then the sum.
-        self.durations: dict[tuple[str, str], list[float]] = {}
+        # Per (route, status, layer): a count per bucket (the last one is +Inf), then the sum.
+        self.series: dict[tuple[str, int, str], list[float]] = {}
 
     def record(self, route: str, status: int, layer: str, seconds: float) -> None:
-        key = (route, status, layer)
-        self.counts[key] = self.counts.get(key, 0) + 1
-        histogram = self.durations.get((route, layer))
-        if histogram is None:
-            histogram = self.durations[(route, layer)] = [0.0] * (len(_LATENCY_BUCKETS) + 2)
-        histogram[bisect_left(_LATENCY_BUCKETS, seconds)] += 1
-        histogram[-1] += seconds
+        series = self.series.get((route, status, layer))
+        if series is None:
+            series = self.series[(route, status, layer)] = [0.0] * (len(_LATENCY_BUCKETS) + 2)
+        series[bisect_left(_LATENCY_BUCKETS, seconds)] += 1
+        series[-1] += seconds
 
     def collect(self) -> Iterator[Metric]:
         requests = CounterMetricFamily(
@@ -42,8 +42,12 @@ class _RequestStats(Collector):
             "Requests answered, by route, status and cache layer.",
             labels=("route", "status", "layer"),
         )
-        for (route, status, layer), count in self.counts.items():
-            requests.add_metric((route, str(status), layer), count)
+        histograms: dict[tuple[str, str], list[float]] = {}
+        for (route, status, layer), series in self.series.items():
+            requests.add_metric((route, str(status), layer), sum(series[:-1]))
+            histogram = histograms.setdefault((route, layer), [0.0] * len(series))
+            for index, value in enumerate(series):
+                histogram[index] += value
         yield requests
         durations = HistogramMetricFamily(
             "prism_origin_request_duration_seconds",
@@ -51,7 +55,7 @@ class _RequestStats(Collector):
             labels=("route", "layer"),
         )
         bounds = [*map(str, map(float, _LATENCY_BUCKETS)), "+Inf"]
-        for (route, layer), histogram in self.durations.items():
+        for (route, layer), histogram in histograms.items():
             cumulative, buckets = 0.0, []
             for bound, in_bucket in zip(bounds, histogram[:-1], strict=True):
                 cumulative += in_bucket
@@ -65,6 +69,9 @@ class Metrics:
         self.registry = registry = CollectorRegistry(auto_describe=True)
         self._requests = _RequestStats()
         registry.register(self._requests)
+        # Count one answered request and observe its time to the response head (route,
+        # status, layer, seconds): the stats' own method, one call per request.
+        self.record_request: Callable[[str, int, str, float], None] = self._requests.record
         self.provider_seconds = Histogram(
             "prism_provider_latency_seconds",
             "Provider time to first byte (stream) or to the full answer.",
@@ -141,10 +148,6 @@ class Metrics:
             ("provider",),
             registry=registry,
         )
-
-    def record_request(self, route: str, status: int, layer: str, seconds: float) -> None:
-        """Count one answered request and observe its time to the response head."""
-        self._requests.record(route, status, layer, seconds)
 
     def count_forward_rejected(self, reason: str) -> None:
         self.forward_rejected.labels(reason).inc()

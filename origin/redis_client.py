@@ -69,7 +69,14 @@ def reply_error(message: str) -> RedisReplyError:
 
 
 def _bulk(arg: Arg) -> bytes:
-    data = arg if isinstance(arg, bytes) else str(arg).encode()
+    # Keys and ids are str: encoded directly, not through str() (the common case first).
+    data = (
+        arg.encode()
+        if isinstance(arg, str)
+        else arg
+        if isinstance(arg, bytes)
+        else str(arg).encode()
+    )
     return b"$%d\r\n%s\r\n" % (len(data), data)
 
 

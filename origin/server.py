@@ -12,11 +12,16 @@
   API's format, and closes. Malformed framing that the HTTP
   parser refuses (``Content-Length: -1``, a bad chunk size, ...) gets a 400 in the
   API's format instead of uvicorn's plain text.
+- ``freeze_heap`` takes what start-up built (modules, classes, settings: most of the
+  heap) out of the garbage collector's reach, so a full collection under load
+  walks only what requests made since (milliseconds, not the hundreds of
+  milliseconds that stalled every request in flight).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import secrets
 import socket
 from http import HTTPStatus
@@ -30,7 +35,7 @@ from .asgi import Routes
 from .responses import error_reply
 from .settings import Settings
 
-__all__ = ["DeadlineProtocol", "listen", "server_options"]
+__all__ = ["DeadlineProtocol", "freeze_heap", "listen", "server_options"]
 
 
 class DeadlineProtocol(HttpToolsProtocol):
@@ -140,6 +145,16 @@ def _bind(host: str, port: int) -> socket.socket:
         ) from None
     sock.set_inheritable(True)
     return sock
+
+
+def freeze_heap() -> None:
+    """Exempt every object alive now from garbage collection, once start-up is done.
+
+    They live as long as the process anyway; left in the oldest generation, each full
+    collection would walk them all again (some 80,000 objects), stalling the event loop.
+    """
+    gc.collect()  # start-up's garbage is freed, not frozen
+    gc.freeze()
 
 
 def server_options(settings: Settings) -> dict[str, Any]:

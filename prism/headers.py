@@ -12,17 +12,19 @@ __all__ = [
     "FORWARD",
     "PROVIDER",
     "REQUEST_ID",
+    "SEMANTIC_SCORE",
     "SERVER_TIMING",
     "server_timing",
 ]
 
-CACHE_LAYER = "x-prism-edge-cache-layer"  # kv | redis | miss | bypass
+CACHE_LAYER = "x-prism-edge-cache-layer"  # kv | redis | semantic | miss | bypass
 CACHE_KEY = "x-prism-cache-key"  # a short prefix of the fingerprint
 REQUEST_ID = "x-request-id"
 SERVER_TIMING = "server-timing"
 PROVIDER = "x-prism-provider"  # which provider answered a miss
 FORWARD = "x-prism-forward"  # the edge's signed identity + fingerprint
 ENTRY_EXPIRES = "x-prism-entry-expires"  # on a Redis hit: when the entry expires (unix s)
+SEMANTIC_SCORE = "x-prism-semantic-score"  # on a semantic hit: the cosine similarity
 
 CACHE_KEY_PREFIX_LEN = 16
 

@@ -1,18 +1,30 @@
-"""A project's policy: which models its keys may use (and, later, its budget and limits).
+"""A project's policy: which models its keys may use, and how much it may spend.
 
 One record per project, canonical JSON, stored in Redis at ``prism:policy:{project}``
 (the origin reads it in the same round trip as the entry) and published under the same
 key to Workers KV (each edge isolate reads it at most once a minute). ::
 
-    {"allow": ["gpt-4o*"], "deny": ["o1*"], "revision": 3,
-     "updated_at": "2026-11-30T22:50:00.000Z", "updated_by": "ops", "v": 1}
+    {"allow": ["gpt-4o*"], "budget": {"period": "day", "usd": 25.0}, "deny": ["o1*"],
+     "revision": 3, "updated_at": "2026-11-30T22:50:00.000Z", "updated_by": "ops", "v": 1}
 
 Model patterns are globs (``fnmatch``, case-sensitive): ``*``, ``?`` and ``[...]``.
 A model is allowed when no ``deny`` pattern matches it and either ``allow`` is empty
 or an ``allow`` pattern matches it: deny wins. No record at all allows every model.
 
+``budget`` (optional): at most ``usd`` US dollars of provider cost per UTC ``day`` or
+``month`` for the whole project; the origin enforces it (``origin/budgets.py``), the edge
+ignores it (it only serves hits, which cost nothing).
+
+``cache`` (optional) opts the project into the origin's semantic cache (off when absent)::
+
+    "cache": {"semantic": true, "threshold": 0.92}
+
+``threshold`` is the least cosine similarity a paraphrase needs, from
+``MIN_SEMANTIC_THRESHOLD`` to ``MAX_SEMANTIC_THRESHOLD``; when left out, the measured
+default (``DEFAULT_SEMANTIC_THRESHOLD``) is written into the record.
+
 Reserved names, refused until they are implemented so a policy never claims a limit
-that nothing enforces: ``budget``, ``rate_limits``, ``cache`` (and per-key policies).
+that nothing enforces: ``rate_limits`` (and per-key policies).
 """
 
 from __future__ import annotations
@@ -25,7 +37,18 @@ from typing import Any
 
 from .errors import PermissionDeniedError
 
-__all__ = ["POLICY_KEY_PREFIX", "Policy", "PolicyMemo", "policy_key"]
+__all__ = [
+    "BUDGET_PERIODS",
+    "DEFAULT_SEMANTIC_THRESHOLD",
+    "MAX_SEMANTIC_THRESHOLD",
+    "MIN_SEMANTIC_THRESHOLD",
+    "POLICY_KEY_PREFIX",
+    "Budget",
+    "CacheRules",
+    "Policy",
+    "PolicyMemo",
+    "policy_key",
+]
 
 POLICY_KEY_PREFIX = "prism:policy:"
 FORMAT_VERSION = 1
@@ -33,8 +56,11 @@ MAX_PATTERNS = 64
 MAX_PATTERN_LEN = 200
 _MAX_TEXT = 100
 _MAX_DECIDED = 1024  # models remembered per policy: a client cycling names cannot grow it
-_RESERVED = ("budget", "rate_limits", "cache")
-_FIELDS = ("allow", "deny", "revision", "updated_at", "updated_by", "v")
+_RESERVED = ("rate_limits",)
+_FIELDS = ("allow", "budget", "cache", "deny", "revision", "updated_at", "updated_by", "v")
+BUDGET_PERIODS = ("day", "month")
+MAX_BUDGET_USD = 1_000_000_000  # a typo's guard: more than anyone means
+_MICROS = 1_000_000
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
@@ -77,6 +103,92 @@ def _matcher(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
     return re.compile("|".join(fnmatch.translate(p) for p in patterns))
 
 
+# The semantic cache's threshold (cosine similarity, all-MiniLM-L6-v2): the default is the
+# lowest with no wrong hit on the labelled set (deploy/bench/data/semantic_pairs.jsonl).
+DEFAULT_SEMANTIC_THRESHOLD = 0.94
+MIN_SEMANTIC_THRESHOLD = 0.9
+MAX_SEMANTIC_THRESHOLD = 0.99
+_CACHE_FIELDS = ("semantic", "threshold")
+
+
+@dataclass(frozen=True, slots=True)
+class CacheRules:
+    """A project's cache options: whether its misses may be answered semantically."""
+
+    semantic: bool = False
+    threshold: float = DEFAULT_SEMANTIC_THRESHOLD
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.semantic, bool):
+            raise ValueError("cache.semantic: must be true or false")
+        low, high = MIN_SEMANTIC_THRESHOLD, MAX_SEMANTIC_THRESHOLD
+        value = self.threshold
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not low <= value <= high
+        ):
+            raise ValueError(f"cache.threshold: must be a number from {low} to {high}")
+        object.__setattr__(self, "threshold", float(value))
+
+    @classmethod
+    def from_dict(cls, data: Any) -> CacheRules:
+        if not isinstance(data, dict):
+            raise ValueError('cache: must be an object, e.g. {"semantic": true}')
+        for name in data:
+            if name not in _CACHE_FIELDS:
+                raise ValueError(
+                    f"cache.{str(name)[:40]}: unknown field (known: {', '.join(_CACHE_FIELDS)})"
+                )
+        return cls(
+            semantic=data.get("semantic", False),
+            threshold=data.get("threshold", DEFAULT_SEMANTIC_THRESHOLD),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"semantic": self.semantic, "threshold": self.threshold}
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """At most ``usd`` dollars of provider cost per UTC ``period`` (``day`` or ``month``).
+    Kept exact to the micro-dollar: the origin counts in integer micro-USD."""
+
+    usd: float
+    period: str = "month"
+
+    def __post_init__(self) -> None:
+        usd = self.usd
+        if isinstance(usd, bool) or not isinstance(usd, (int, float)) or usd != usd:
+            raise ValueError("budget.usd: must be a number of US dollars")
+        if not 0 < usd <= MAX_BUDGET_USD:
+            raise ValueError(f"budget.usd: must be above 0 and at most {MAX_BUDGET_USD:,}")
+        if round(usd * _MICROS) < 1:
+            raise ValueError("budget.usd: must be at least 0.000001 (one micro-dollar)")
+        if self.period not in BUDGET_PERIODS:
+            periods = " or ".join(BUDGET_PERIODS)
+            raise ValueError(f"budget.period: must be {periods}, got {str(self.period)[:20]!r}")
+        object.__setattr__(self, "usd", round(usd * _MICROS) / _MICROS)
+
+    @property
+    def micro_usd(self) -> int:
+        return round(self.usd * _MICROS)
+
+    @classmethod
+    def from_value(cls, value: Any) -> Budget:
+        if not isinstance(value, dict):
+            raise ValueError('budget: must be an object like {"usd": 25, "period": "day"}')
+        unknown = set(value) - {"usd", "period"}
+        if unknown:
+            raise ValueError(f"budget.{sorted(map(str, unknown))[0][:40]}: unknown field")
+        if "usd" not in value:
+            raise ValueError("budget.usd: required")
+        return cls(usd=value["usd"], period=value.get("period", "month"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"period": self.period, "usd": self.usd}
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     """A project's model policy; immutable, and checked without I/O."""
@@ -86,6 +198,8 @@ class Policy:
     revision: int = 0  # +1 on every change (the store sets it)
     updated_at: str | None = None  # ISO 8601 UTC
     updated_by: str | None = None
+    budget: Budget | None = None
+    cache: CacheRules | None = None  # None: no cache options (no semantic cache)
     _allow: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
     _deny: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
     # model -> allowed, for the models this policy has been asked about (bounded)
@@ -100,6 +214,10 @@ class Policy:
             raise ValueError("revision: must not be negative")
         _text("updated_at", self.updated_at)
         _text("updated_by", self.updated_by)
+        if self.budget is not None and not isinstance(self.budget, Budget):
+            raise ValueError("budget: must be a Budget")
+        if self.cache is not None and not isinstance(self.cache, CacheRules):
+            raise ValueError("cache: must be cache options")
         object.__setattr__(self, "allow", allow)
         object.__setattr__(self, "deny", deny)
         object.__setattr__(self, "_allow", _matcher(allow))
@@ -133,10 +251,12 @@ class Policy:
             revision=data.get("revision", 0),
             updated_at=data.get("updated_at"),
             updated_by=data.get("updated_by"),
+            budget=None if data.get("budget") is None else Budget.from_value(data["budget"]),
+            cache=None if data.get("cache") is None else CacheRules.from_dict(data["cache"]),
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "allow": list(self.allow),
             "deny": list(self.deny),
             "revision": self.revision,
@@ -144,6 +264,11 @@ class Policy:
             "updated_by": self.updated_by,
             "v": FORMAT_VERSION,
         }
+        if self.budget is not None:  # absent when unset: older records keep their bytes
+            out["budget"] = self.budget.to_dict()
+        if self.cache is not None:  # absent rather than null: older readers know no "cache"
+            out["cache"] = self.cache.to_dict()
+        return out
 
     def encode(self) -> bytes:
         """Canonical JSON: equal policies, equal bytes."""

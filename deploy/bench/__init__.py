@@ -6,6 +6,8 @@
 - ``workers/trivial``: the trivial Python Worker (the edge's floor in the same runtime).
 - ``probes``: time to first byte of streams; ``profiler``: py-spy on the origin.
 - ``report``: the table, the JSON and the PNG chart; ``targets``: the performance targets.
+- ``hit_driver``: Redis hits through the origin's app in-process, for callgrind's
+  instruction counts (load-independent, unlike wall-clock rows on a shared machine).
 
 `prism bench faults` (failover with a sick provider): ``faults`` runs it,
 ``fault_scenarios`` says how the primary fails, ``fault_load`` is the client,

@@ -87,7 +87,7 @@ def draw_timeline(result: dict[str, Any], path: Path) -> str | None:
         matplotlib.use("Agg")  # no display here, and none needed
         import matplotlib.pyplot as plt
     except ImportError:
-        return "matplotlib is not installed (pip install 'prism-gateway[bench]')"
+        return "matplotlib is not installed (pip install 'prism-edge-gateway[bench]')"
     scenarios = result["scenarios"]
     figure, axes = plt.subplots(
         len(scenarios), 1, figsize=(12, 2.6 * len(scenarios)), squeeze=False

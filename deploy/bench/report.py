@@ -185,7 +185,7 @@ def draw_chart(result: dict[str, Any], path: Path) -> str | None:
         matplotlib.use("Agg")  # no display here, and none needed
         import matplotlib.pyplot as plt
     except ImportError:
-        return "matplotlib is not installed (pip install 'prism-gateway[bench]')"
+        return "matplotlib is not installed (pip install 'prism-edge-gateway[bench]')"
     latency = [
         (label, floor, row) for label, floor, row in _rows(result) if row["concurrency"] == 1
     ]

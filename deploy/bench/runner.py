@@ -409,7 +409,7 @@ class BenchRunner:
         }
         spy = find_py_spy()
         if spy is None:
-            found["error"] = "py-spy is not installed (pip install 'prism-gateway[bench]')"
+            found["error"] = "py-spy is not installed (pip install 'prism-edge-gateway[bench]')"
             return found
         folder = self.config.profile_dir or self._state
         folder.mkdir(parents=True, exist_ok=True)

@@ -32,8 +32,10 @@ def _summary(fields: dict[str, str]) -> str:
     if action.startswith("key."):
         return f"key {(after or before).get('key_id', '?')}"
     if action == "policy.set":
-        return f"allow {after.get('allow') or 'all'}; deny {after.get('deny') or 'none'}"
-    if action == "policy.refuse":
+        budget = after.get("budget")
+        spend = f"; budget ${budget['usd']}/{budget['period']}" if isinstance(budget, dict) else ""
+        return f"allow {after.get('allow') or 'all'}; deny {after.get('deny') or 'none'}{spend}"
+    if action in ("policy.refuse", "budget.refuse"):
         return f"model {detail.get('model', '?')!r}: {detail.get('code', '?')}"
     return ""
 

@@ -25,7 +25,7 @@ from deploy.local.workers import RuntimeStartError, ToolchainNotFoundError
 
 from ._options import JsonOption
 
-__all__ = ["app", "bench_command", "faults_command"]
+__all__ = ["app", "bench_command", "budget_command", "faults_command", "semantic_command"]
 
 # The callback's docstring is the group's help: `prism bench` itself is the layer benchmark.
 app = typer.Typer(name="bench")
@@ -252,4 +252,102 @@ def _report(
         stdout.print(table)
     console.print(
         "results: " + ", ".join(str(p) for p in paths.values()), highlight=False, soft_wrap=True
+    )
+
+
+@app.command("semantic")
+def semantic_command(
+    threshold: Annotated[
+        float | None,
+        typer.Option(help="The threshold to report in detail. [default: the policy's default]"),
+    ] = None,
+    model: Annotated[
+        Path | None,
+        typer.Option(help="A sentence-transformers model directory. [default: the bundled one]"),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Measure the semantic cache's precision on the labelled question pairs (paraphrases
+    that should match, near misses that must not), at a sweep of thresholds, with and
+    without the lexical guard; and the model's cost (ms per embedding, RSS).
+
+    Example: prism bench semantic --threshold 0.92
+    """
+    from deploy.bench.semantic import run
+    from prism import DEFAULT_SEMANTIC_THRESHOLD
+
+    chosen = DEFAULT_SEMANTIC_THRESHOLD if threshold is None else threshold
+    try:
+        report = run(chosen, model)
+    except (RuntimeError, OSError, ImportError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        typer.echo(json.dumps(report.to_dict()))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"Semantic cache precision ({report.model}, {report.pairs} pairs)")
+    for column in ("set", "threshold", "hit rate", "wrong hits", "hit rate*", "wrong hits*"):
+        table.add_column(column, justify="right")
+    for row in report.rows:
+        mark = " <" if row.threshold == chosen else ""
+        table.add_row(
+            row.split,
+            f"{row.threshold:.2f}{mark}",
+            f"{row.hit_rate:.1%}",
+            f"{row.wrong_hit_rate:.1%}",
+            f"{row.hit_rate_unguarded:.1%}",
+            f"{row.wrong_hit_rate_unguarded:.1%}",
+        )
+    stdout = Console() if Console().is_terminal else Console(width=120)
+    stdout.print(table)
+    stdout.print("* without the lexical guard (cosine similarity alone)")
+    stdout.print(
+        f"{report.paraphrases} paraphrases, {report.near_misses} near misses; at "
+        f"{chosen:.2f}: {len(report.wrong_hits)} wrong hits, {len(report.missed)} missed "
+        f"paraphrases. Model: loaded in {report.load_seconds:.2f} s, "
+        f"{report.embed_ms_p50:.1f} ms p50 / {report.embed_ms_p99:.1f} ms p99 per "
+        f"embedding, RSS {report.rss_mb:.0f} MB."
+    )
+    for wrong in report.wrong_hits:
+        stdout.print(
+            f"wrong hit ({wrong['kind']}, {wrong['score']}): {wrong['a']!r} ~ {wrong['b']!r}"
+        )
+
+
+@app.command("budget")
+def budget_command(
+    concurrent: Annotated[
+        int, typer.Option(help="Concurrent misses against a budget with room for 10.")
+    ] = 200,
+    misses: Annotated[int, typer.Option(help="Sequential misses per side (budget or not).")] = 200,
+    as_json: JsonOption = False,
+) -> None:
+    """Budgets under load, in one process on loopback (a private Redis, the provider
+    stand-in, the origin): how many of CONCURRENT distinct misses a budget with room for
+    10 admits, and what a budget adds to a miss (end to end, and its Redis script alone).
+
+    Example: prism bench budget --concurrent 200
+    """
+    from deploy.bench.budget import run_budget_bench
+
+    if not 1 <= concurrent <= 1000 or not 20 <= misses <= 10_000:
+        raise typer.BadParameter("--concurrent must be 1-1000 and --misses 20-10000")
+    result = run_budget_bench(concurrent, misses)
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    admission, miss = result["admission"], result["miss_path"]
+    typer.echo(
+        f"admission: {admission['admitted']} of {admission['concurrent']} concurrent misses "
+        f"admitted (the budget holds {admission['budget_room']}), {admission['refused_429']} "
+        f"refused; spent ${admission['spent_usd']:.6f} of ${admission['limit_usd']:.6f}, "
+        f"reserved after: ${admission['reserved_after_usd']:.6f}; {admission['wall_s']} s"
+    )
+    typer.echo(
+        f"miss p50: {miss['no_budget']['p50_ms']} ms without a budget, "
+        f"{miss['budget']['p50_ms']} ms with one; the reservation script alone: "
+        f"{miss['redis_script']['reserve_p50_us']} us (settle, after the answer: "
+        f"{miss['redis_script']['settle_p50_us']} us)"
     )

@@ -7,6 +7,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -247,6 +248,14 @@ def edge(
             help="The origin the edge forwards misses to (https; http only for localhost).",
         ),
     ] = None,
+    origin: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="REGION=URL of one origin of several (repeatable; e.g. "
+            "us-west-1=https://a.example): the edge asks the nearest first and fails over "
+            "(the PRISM_ORIGINS binding). The first is also ORIGIN_URL unless --origin-url.",
+        ),
+    ] = None,
     name: Annotated[
         str | None, typer.Option(help="Worker name; default: `name` in wrangler.toml.")
     ] = None,
@@ -283,9 +292,15 @@ def edge(
     CLOUDFLARE_API_TOKEN=... PRISM_KEY_SECRET=... PRISM_FORWARD_SECRET=...
     prism deploy edge --account-id 0123456789abcdef0123456789abcdef
     --origin-url https://origin.example.com --route "gw.example.com/*@example.com"
+
+    Two regions: --origin us-west-1=https://us.example.com
+    --origin ap-south-1=https://ap.example.com
     """
     # Masked in any error line, even before the config exists (an API may echo one).
     masked = {n: os.environ.get(n, "") for n in ("CLOUDFLARE_API_TOKEN", *EDGE_SECRETS)}
+    origins = ",".join(o.strip() for o in origin or ())
+    if origins and not origin_url:
+        origin_url = origins.split(",")[0].partition("=")[2]  # validated with the rest
     try:
         config = EdgeDeployConfig.from_env(
             os.environ,
@@ -296,6 +311,8 @@ def edge(
             routes=route or (),
             dry_run=dry_run,
         )
+        if origins:
+            config = replace(config, origins=origins)
     except EdgeConfigError as error:
         _fail(str(error), code=2, secrets=masked)
     verb = "Planning" if dry_run else "Deploying"

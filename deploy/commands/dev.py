@@ -34,6 +34,15 @@ def dev_command(
             show_envvar=True,
         ),
     ] = None,
+    regions: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=2,
+            help="2: a second origin (region ap-south-1, next to us-west-1) reading a "
+            "replica of the private Redis, and the edge failing over between them.",
+        ),
+    ] = 1,
     state_dir: Annotated[
         Path, typer.Option(help="Where the stack keeps KV data, logs and dev secrets.")
     ] = Path(".prism"),
@@ -48,7 +57,7 @@ def dev_command(
 
     Dev secrets and a dev key are created when none are set. Ctrl-C stops everything.
 
-    Example: prism dev --edge-port 8787
+    Example: prism dev --edge-port 8787   (or --regions 2 for two origins)
     """
     console = Console(stderr=True)
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -65,6 +74,7 @@ def dev_command(
             edge_port=edge_port,
             kv_api_port=kv_port,
             redis_url=redis_url,
+            regions=regions,
         ),
         on_ready=ready,
     )

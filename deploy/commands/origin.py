@@ -43,7 +43,7 @@ def serve(
     import uvicorn
 
     from origin import Settings, SettingsError, create_app
-    from origin.server import listen, server_options
+    from origin.server import freeze_heap, listen, server_options
 
     try:
         settings = Settings.from_env()
@@ -64,4 +64,6 @@ def serve(
         loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
         **server_options(settings),
     )
+    config.load()  # imports the server's own modules now, so they are frozen too
+    freeze_heap()
     uvicorn.Server(config).run(sockets=sockets)

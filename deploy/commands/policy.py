@@ -16,7 +16,12 @@ import typer
 
 from deploy.key_store import DEFAULT_KV_API, DEFAULT_REDIS_URL, KeyStoreError
 from deploy.policy_store import PolicyChange, PolicyStore, check_project, sync_policy
-from prism import Policy, policy_key
+from prism import BUDGET_PERIODS, Budget, CacheRules, Policy, policy_key
+from prism.policy import (
+    DEFAULT_SEMANTIC_THRESHOLD,
+    MAX_SEMANTIC_THRESHOLD,
+    MIN_SEMANTIC_THRESHOLD,
+)
 
 from ._options import JsonOption
 from .keys import (
@@ -66,7 +71,13 @@ def _describe(policy: Policy | None) -> str:
         return "none (every model is allowed)"
     allow = ", ".join(policy.allow) or "every model"
     deny = ", ".join(policy.deny) or "nothing"
-    return f"allow {allow}; deny {deny} (revision {policy.revision})"
+    budget = policy.budget
+    spend = f"; budget ${budget.usd:,} per UTC {budget.period}" if budget else ""
+    cache = policy.cache
+    semantic = (
+        f"; semantic cache on (threshold {cache.threshold})" if cache and cache.semantic else ""
+    )
+    return f"allow {allow}; deny {deny}{spend}{semantic} (revision {policy.revision})"
 
 
 def _as_dict(policy: Policy | None) -> dict[str, object] | None:
@@ -128,9 +139,39 @@ def set_policy(
         list[str] | None,
         typer.Option("--deny", help="Model glob the project may not use (repeatable; wins)."),
     ] = None,
+    budget: Annotated[
+        str | None,
+        typer.Option(
+            "--budget",
+            help="Most the project may spend per period, in USD (e.g. 25 or 0.50). "
+            "[default: no budget]",
+        ),
+    ] = None,
+    period: Annotated[
+        str | None,
+        typer.Option("--period", help="The budget's UTC period: day or month. [default: month]"),
+    ] = None,
     updated_by: Annotated[
         str | None,
         typer.Option("--by", help="Recorded with the change. [default: your login name]"),
+    ] = None,
+    # -- the semantic cache (cache.semantic / cache.threshold) --
+    semantic: Annotated[
+        bool | None,
+        typer.Option(
+            "--semantic/--no-semantic",
+            help="Answer paraphrases of cached questions from their answers (the origin's "
+            "semantic cache). [default: off]",
+        ),
+    ] = None,
+    semantic_threshold: Annotated[
+        float | None,
+        typer.Option(
+            "--semantic-threshold",
+            help=f"Least similarity a paraphrase needs ({MIN_SEMANTIC_THRESHOLD}-"
+            f"{MAX_SEMANTIC_THRESHOLD}). [default: {DEFAULT_SEMANTIC_THRESHOLD}, measured by "
+            "`prism bench semantic`]",
+        ),
     ] = None,
     redis_url: RedisUrlOption = DEFAULT_REDIS_URL,
     kv_api_url: KVApiOption = DEFAULT_KV_API,
@@ -140,20 +181,38 @@ def set_policy(
     no_kv: NoKVOption = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Replace PROJECT's model policy: at once at the origin, within ~2 min at the edge.
+    """Replace PROJECT's policy (models, budget, semantic cache): at once at the origin,
+    within ~2 min at the edge.
 
     Patterns are case-sensitive globs (*, ?, [...]). A model is allowed when no --deny
     matches it and --allow is empty or one --allow matches it. A refused model is a
-    403 `model_not_allowed`. An invalid policy changes nothing.
+    403 `model_not_allowed`. --budget caps the provider cost of the whole project per
+    UTC --period; a request that does not fit is a 429 `budget_exceeded`. The whole
+    policy is replaced: give every part you want kept. An invalid policy changes nothing.
 
-    Example: prism policy set --project acme --allow 'gpt-4o*' --deny 'o1*'
+    --semantic answers paraphrases of questions the project already asked from their
+    cached answers (the origin's semantic cache), at --semantic-threshold.
+
+    Example: prism policy set --project acme --allow 'gpt-4o*' --deny 'o1*' --budget 25 --period day
+    Example: prism policy set --project acme --allow 'gpt-4o*' --semantic
     """
-    if not allow and not deny:
-        raise fail("give at least one --allow or --deny (`prism policy clear` removes it)", 2)
+    if not allow and not deny and budget is None and not semantic:
+        raise fail(
+            "give at least one --allow, --deny or --budget, or --semantic "
+            "(`prism policy clear` removes it)",
+            2,
+        )
+    limit = _budget(budget, period)
+    cache = _semantic_cache(semantic, semantic_threshold)
     with open_store(redis_url, project) as store:
         try:
             change = store.set(
-                project, allow=allow or (), deny=deny or (), updated_by=updated_by or default_user()
+                project,
+                allow=allow or (),
+                deny=deny or (),
+                budget=limit,
+                updated_by=updated_by or default_user(),
+                cache=cache,
             )
         except ValueError as error:
             raise fail(f"invalid policy: {error}", 2) from None
@@ -165,6 +224,37 @@ def set_policy(
             no_kv,
             as_json,
         )
+
+
+def _semantic_cache(semantic: bool | None, threshold: float | None) -> CacheRules | None:
+    """The cache options the flags give; exits 2 saying what is wrong."""
+    if not semantic:
+        if threshold is not None:
+            raise fail("--semantic-threshold needs --semantic", 2)
+        return None
+    try:
+        return CacheRules(True, DEFAULT_SEMANTIC_THRESHOLD if threshold is None else threshold)
+    except ValueError as error:
+        raise fail(f"invalid policy: {error}", 2) from None
+
+
+def _budget(usd: str | None, period: str | None) -> Budget | None:
+    """The budget the options give; exits 2 saying what is wrong."""
+    if usd is None:
+        if period is not None:
+            raise fail("--period needs --budget (the USD amount per period)", 2)
+        return None
+    try:
+        amount = float(usd.strip().removeprefix("$").replace(",", ""))
+    except ValueError:
+        message = f"invalid policy: --budget must be a number of US dollars, got {usd!r}"
+        raise fail(message, 2) from None
+    if period is not None and period not in BUDGET_PERIODS:
+        raise fail(f"invalid policy: --period must be {' or '.join(BUDGET_PERIODS)}", 2)
+    try:
+        return Budget(usd=amount, period=period or "month")
+    except ValueError as error:
+        raise fail(f"invalid policy: {error}", 2) from None
 
 
 @app.command("show")

@@ -1,50 +1,91 @@
-"""`prism status`: is each part of the gateway up, local or deployed."""
+"""`prism status`: is each part of the gateway up, and does a keyed request get through."""
 
 from __future__ import annotations
 
 import json
-import time
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
-import redis
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from deploy.local.stack import dev_api_key
+from deploy.status_checks import Check, check_edge, check_origin, check_path, check_redis
 
 from ._options import JsonOption
 
 __all__ = ["status_command"]
 
 
-def _probe_http(url: str, expect: tuple[int, ...]) -> tuple[str, float, str]:
-    started = time.perf_counter()
-    try:
-        response = httpx.get(url, timeout=5)
-    except httpx.HTTPError as error:
-        return "down", 0.0, type(error).__name__
-    ms = (time.perf_counter() - started) * 1000
-    if response.status_code not in expect:
-        return "down", ms, f"HTTP {response.status_code}"
-    detail = f"HTTP {response.status_code}"
-    if "json" in response.headers.get("content-type", ""):
-        body: Any = response.json()
-        if isinstance(body, dict) and body.get("status") == "degraded":
-            return "degraded", ms, "redis unreachable from the origin"
-    return "ok", ms, detail
+@dataclass(frozen=True, slots=True)
+class _Targets:
+    origin_url: str | None
+    origin_admin_url: str | None
+    edge_url: str | None
+    redis_url: str | None
+    redis_source: str
+    key: str | None
+    local: bool  # the `prism dev` stack of the state folder
 
 
-def _probe_redis(url: str) -> tuple[str, float, str]:
-    started = time.perf_counter()
-    client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
-    try:
-        client.ping()
-    except (redis.RedisError, OSError) as error:
-        return "down", 0.0, type(error).__name__
-    finally:
-        client.close()
-    return "ok", (time.perf_counter() - started) * 1000, "PONG"
+def _targets(
+    origin_url: str | None,
+    origin_admin_url: str | None,
+    edge_url: str | None,
+    redis_url: str | None,
+    key: str | None,
+    state_dir: Path,
+) -> _Targets:
+    """What to check. The local stack's own Redis and dev key win over $REDIS_URL and
+    $PRISM_API_KEY, which usually name a deployment's: a local check never reads them."""
+    dev_file = state_dir / "dev.json"
+    if not (origin_url or edge_url or redis_url) and dev_file.is_file():
+        local: dict[str, Any] = json.loads(dev_file.read_text())
+        return _Targets(
+            local.get("origin_url"),
+            origin_admin_url or local.get("origin_admin_url"),
+            local.get("edge_url"),
+            local.get("redis_url"),
+            f"the prism dev stack in {state_dir}",
+            key or dev_api_key(state_dir),
+            local=True,
+        )
+    source = "--redis-url"
+    if redis_url is None and os.environ.get("REDIS_URL"):
+        redis_url, source = os.environ["REDIS_URL"], "$REDIS_URL"
+    return _Targets(
+        origin_url,
+        origin_admin_url,
+        edge_url,
+        redis_url,
+        source,
+        key or os.environ.get("PRISM_API_KEY") or None,
+        local=False,
+    )
+
+
+def _print_table(checks: list[Check], title: str, hint: str | None) -> None:
+    table = Table(title=title)
+    for column in ("part", "state", "ms", "url", "detail"):
+        table.add_column(column)
+    colours = {"ok": "green", "degraded": "yellow", "down": "red"}
+    for check in checks:
+        colour = colours[check.state]
+        table.add_row(
+            check.part,
+            f"[{colour}]{check.state}[/{colour}]",
+            f"{check.ms:.1f}",
+            check.url,
+            check.detail,
+        )
+    console = Console()
+    console.print(table)
+    if hint:
+        console.print(hint, highlight=False)
 
 
 def status_command(
@@ -61,7 +102,28 @@ def status_command(
     edge_url: Annotated[
         str | None, typer.Option(envvar="PRISM_EDGE_URL", help="Edge base URL.")
     ] = None,
-    redis_url: Annotated[str | None, typer.Option(envvar="REDIS_URL", help="Redis URL.")] = None,
+    redis_url: Annotated[
+        str | None,
+        typer.Option(
+            help="Redis URL. Default: the local stack's own Redis; else $REDIS_URL when "
+            "checking a deployment."
+        ),
+    ] = None,
+    key: Annotated[
+        str | None,
+        typer.Option(
+            "--key",
+            "-k",
+            help="A Prism API key, to check the whole path (edge → origin). Default: the "
+            "local stack's dev key; else $PRISM_API_KEY when checking a deployment.",
+        ),
+    ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure", help="Do not verify TLS certificates (e.g. a self-signed origin)."
+        ),
+    ] = False,
     state_dir: Annotated[
         Path, typer.Option(help="`prism dev` state folder, read when no URL is given.")
     ] = Path(".prism"),
@@ -69,35 +131,28 @@ def status_command(
 ) -> None:
     """Check each configured part: the origin's /healthz (and, where its private admin
     listener is reachable, whether it reaches Redis), the edge (a keyless request must be
-    refused by the edge itself), Redis. With no URLs, checks the local `prism dev` stack.
+    refused by the edge itself), the whole path (a request with a key through the edge must
+    reach the origin; a refusal is named: wrong forwarding secret, bad or revoked key,
+    unreachable origin) and Redis (the row says which one). With no URLs, checks the local
+    `prism dev` stack. Exit status 1 when a part is down.
 
-    Example: prism status --origin-url https://origin.example.com --edge-url https://api.example.com
+    Example: prism status --edge-url https://api.example.com --key sk-prism-v1....
     """
-    local: dict[str, Any] = {}
-    dev_file = state_dir / "dev.json"
-    if not (origin_url or edge_url or redis_url) and dev_file.exists():
-        local = json.loads(dev_file.read_text())
-    origin_url = origin_url or local.get("origin_url")
-    origin_admin_url = origin_admin_url or local.get("origin_admin_url")
-    edge_url = edge_url or local.get("edge_url")
-    redis_url = redis_url or local.get("redis_url")
-    checks: list[dict[str, Any]] = []
-    if origin_url:
-        # The public /healthz only says the origin is alive; the admin one says more.
-        state, ms, detail = _probe_http(origin_url.rstrip("/") + "/healthz", (200,))
-        if state == "ok" and origin_admin_url:
-            state, _, detail = _probe_http(origin_admin_url.rstrip("/") + "/healthz", (200,))
-        checks.append(
-            {"part": "origin", "url": origin_url, "state": state, "ms": ms, "detail": detail}
-        )
-    if edge_url:
-        # 401 from the edge proves it is up and checking keys, at no cost to the origin.
-        state, ms, detail = _probe_http(edge_url.rstrip("/") + "/v1/models", (401,))
-        checks.append({"part": "edge", "url": edge_url, "state": state, "ms": ms, "detail": detail})
-    if redis_url:
-        state, ms, detail = _probe_redis(redis_url)
-        shown = redis_url.split("@")[-1]  # never print a password
-        checks.append({"part": "redis", "url": shown, "state": state, "ms": ms, "detail": detail})
+    targets = _targets(origin_url, origin_admin_url, edge_url, redis_url, key, state_dir)
+    checks: list[Check] = []
+    with httpx.Client(timeout=5, verify=not insecure) as client:
+        if targets.origin_url:
+            checks.append(
+                check_origin(
+                    client, targets.origin_url, targets.origin_admin_url, insecure=insecure
+                )
+            )
+        if targets.edge_url:
+            checks.append(check_edge(client, targets.edge_url))
+            if targets.key and checks[-1].state != "down":  # else it would only repeat that
+                checks.append(check_path(client, targets.edge_url, targets.key))
+    if targets.redis_url:
+        checks.append(check_redis(targets.redis_url, targets.redis_source))
     if not checks:
         typer.echo(
             "Error: nothing to check: give --origin-url/--edge-url/--redis-url or run `prism dev`.",
@@ -105,21 +160,12 @@ def status_command(
         )
         raise typer.Exit(2)
     if as_json:
-        typer.echo(json.dumps(checks))
+        typer.echo(json.dumps([check.to_dict() for check in checks]))
     else:
-        table = Table(title="prism status")
-        for column in ("part", "state", "ms", "url", "detail"):
-            table.add_column(column)
-        colours = {"ok": "green", "degraded": "yellow", "down": "red"}
-        for check in checks:
-            colour = colours[check["state"]]
-            table.add_row(
-                check["part"],
-                f"[{colour}]{check['state']}[/{colour}]",
-                f"{check['ms']:.1f}",
-                check["url"],
-                check["detail"],
-            )
-        Console().print(table)
-    if any(check["state"] == "down" for check in checks):
+        hint = None
+        if targets.edge_url and not targets.key:
+            hint = "Give --key (or $PRISM_API_KEY) to check the whole path through the edge."
+        title = "prism status (local stack)" if targets.local else "prism status"
+        _print_table(checks, title, hint)
+    if any(check.state == "down" for check in checks):
         raise typer.Exit(1)

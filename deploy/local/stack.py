@@ -25,9 +25,13 @@ from deploy.local.redis import RedisServer
 from deploy.local.workers import ExtraWorker, LocalWorkersRuntime
 from prism import parse_key_secrets
 
-__all__ = ["Component", "LocalStack", "StackConfig", "StackError", "StackInfo"]
+__all__ = ["Component", "LocalStack", "StackConfig", "StackError", "StackInfo", "dev_api_key"]
 
 DEMO_LABEL = "demo (local)"
+_DEV_PROJECT, _DEV_KEY_ID = "dev", "devkey0000000001"
+_SECRETS_FILE = "dev-secrets.json"
+# The local regions' names (only names here: every part runs on loopback).
+REGIONS = ("us-west-1", "ap-south-1")
 _PROVIDER_ENV = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "PRISM_PROVIDERS_FILE")
 
 
@@ -52,6 +56,9 @@ class StackConfig:
     extra_workers: Sequence[ExtraWorker] = ()
     origin_env: Mapping[str, str] = field(default_factory=dict)
     provider_args: Sequence[str] = ()
+    # 2: a second origin in another region, reading a replica of the private Redis (a
+    # REDIS_URL is shared as it is), and the edge knowing both (PRISM_ORIGINS).
+    regions: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +79,7 @@ class StackInfo:
     project: str
     api_key: str
     components: tuple[Component, ...]
+    regions: Mapping[str, str] = field(default_factory=dict)  # region -> origin, if several
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -79,7 +87,7 @@ class StackInfo:
 
 def _dev_secrets(state_dir: Path, env: Mapping[str, str]) -> dict[str, str]:
     """Secrets from the environment, else generated once and kept in the state folder."""
-    path = state_dir / "dev-secrets.json"
+    path = state_dir / _SECRETS_FILE
     stored: dict[str, str] = {}
     if path.exists():
         with contextlib.suppress(ValueError, OSError):
@@ -92,6 +100,20 @@ def _dev_secrets(state_dir: Path, env: Mapping[str, str]) -> dict[str, str]:
         path.write_text(json.dumps(values))
         path.chmod(0o600)
     return values
+
+
+def _mint_dev_key(key_secret: str) -> str:
+    return parse_key_secrets(key_secret).mint(_DEV_PROJECT, key_id=_DEV_KEY_ID)
+
+
+def dev_api_key(state_dir: Path) -> str | None:
+    """The dev key of the `prism dev` stack kept in ``state_dir`` (it is derived from the
+    stack's key secret, so it is not stored), or None when there is none."""
+    try:
+        stored = json.loads((state_dir / _SECRETS_FILE).read_text())
+        return _mint_dev_key(str(stored["PRISM_KEY_SECRET"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _check_redis(url: str) -> None:
@@ -110,6 +132,7 @@ class LocalStack:
         self.config = config
         self._on_ready = on_ready or (lambda component: None)
         self._redis: RedisServer | None = None
+        self._replica: RedisServer | None = None
         self._runtime: LocalWorkersRuntime | None = None
         self._processes: list[ChildProcess] = []
         self.info: StackInfo | None = None
@@ -124,6 +147,20 @@ class LocalStack:
         except ChildStartError as error:
             raise StackError(str(error)) from None
 
+    def _replica_of_primary(self, state: Path, components: list[Component]) -> str | None:
+        """A replica of the private Redis for the second region's reads (None: none)."""
+        if self._redis is None:
+            return None
+        (state / "redis-replica").mkdir(exist_ok=True)
+        try:
+            self._replica = RedisServer(
+                host=self.config.host, workdir=state / "redis-replica", replica_of=self._redis
+            ).start()
+        except (FileNotFoundError, RuntimeError, TimeoutError) as error:
+            raise StackError(f"cannot start the Redis replica: {error}") from None
+        self._ready(components, "replica", self._replica.url, f"replica of {self._redis.url}")
+        return self._replica.url
+
     def start(self) -> StackInfo:
         try:
             return self._start()
@@ -133,6 +170,8 @@ class LocalStack:
 
     def _start(self) -> StackInfo:
         cfg = self.config
+        if cfg.regions not in (1, 2):
+            raise StackError(f"--regions must be 1 or 2, got {cfg.regions}")
         state = cfg.state_dir.resolve()
         logs = state / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -212,15 +251,23 @@ class LocalStack:
             PRISM_KV_FLUSH_INTERVAL=str(cfg.kv_flush_interval),
         )
         origin_env.update(cfg.origin_env)
-        origin = ChildProcess(
-            "origin",
-            [python, "-m", "deploy.cli", "origin", "serve", "--host", cfg.host,
-             "--port", str(cfg.origin_port), "--admin-host", cfg.host,
-             "--admin-port", str(admin_port)],
-            logs / "origin.log",
-            origin_env,
-        )  # fmt: skip
-        self._processes.append(origin)
+        origin = self._origin("origin", cfg.origin_port, admin_port, origin_env, logs)
+        regions: dict[str, str] = {}
+        second: tuple[ChildProcess, str] | None = None
+        if cfg.regions == 2:
+            # Its own ports next to the first's when free, else any free ones.
+            port = cfg.origin_port + 1 if cfg.origin_port else 0
+            if not port or not port_is_free(cfg.host, port):
+                port = free_port(cfg.host)
+            read_url = self._replica_of_primary(state, components)
+            env = {**origin_env, **({"PRISM_REDIS_READ_URL": read_url} if read_url else {})}
+            second_admin = free_port(cfg.host)
+            name = f"origin-{REGIONS[1]}"
+            second = (
+                self._origin(name, port, second_admin, env, logs),
+                f"http://{cfg.host}:{second_admin}",
+            )
+            regions = {REGIONS[0]: origin_url, REGIONS[1]: f"http://{cfg.host}:{port}"}
 
         # The edge Worker and the KV stand-in, in the local Workers runtime.
         bundle = build_edge("local", state / "edge", origin_url=origin_url)
@@ -230,6 +277,7 @@ class LocalStack:
                 "PRISM_KEY_SECRET": dev["PRISM_KEY_SECRET"],
                 "PRISM_FORWARD_SECRET": dev["PRISM_FORWARD_SECRET"],
                 "ORIGIN_URL": origin_url,
+                **({"PRISM_ORIGINS": _origins_binding(regions)} if regions else {}),
             },
             persist_dir=state / "kv",
             host=cfg.host,
@@ -249,11 +297,16 @@ class LocalStack:
         self._wait_http(origin, origin_admin_url + "/healthz", 30)
         self._ready(components, "origin", origin_url, f"providers: {provider}")
         self._ready(components, "admin", origin_admin_url, "origin /healthz and /metrics")
+        if second is not None:
+            process, admin = second
+            self._wait_http(process, admin + "/healthz", 30)
+            reads = "reads the Redis replica" if self._replica else "shares REDIS_URL"
+            self._ready(components, process.name, regions[REGIONS[1]], reads)
         self._ready(components, "kv-api", kv_api_url, "Workers KV REST stand-in")
         edge_url = self._runtime.edge_url
         self._ready(components, "edge", edge_url, "Python Worker (local runtime)")
 
-        api_key = parse_key_secrets(dev["PRISM_KEY_SECRET"]).mint("dev", key_id="devkey0000000001")
+        api_key = _mint_dev_key(dev["PRISM_KEY_SECRET"])
         self.info = StackInfo(
             edge_url=self._runtime.edge_url,
             origin_url=origin_url,
@@ -261,14 +314,29 @@ class LocalStack:
             kv_api_url=kv_api_url,
             redis_url=redis_url,
             provider=provider,
-            project="dev",
+            project=_DEV_PROJECT,
             api_key=api_key,
             components=tuple(components),
+            regions=regions,
         )
         (state / "dev.json").write_text(
             json.dumps({k: v for k, v in self.info.to_dict().items() if k != "api_key"})
         )
         return self.info
+
+    def _origin(
+        self, name: str, port: int, admin_port: int, env: Mapping[str, str], logs: Path
+    ) -> ChildProcess:
+        cfg = self.config
+        origin = ChildProcess(
+            name,
+            [sys.executable, "-m", "deploy.cli", "origin", "serve", "--host", cfg.host,
+             "--port", str(port), "--admin-host", cfg.host, "--admin-port", str(admin_port)],
+            logs / f"{name}.log",
+            env,
+        )  # fmt: skip
+        self._processes.append(origin)
+        return origin
 
     @property
     def extra_urls(self) -> dict[str, str]:
@@ -290,6 +358,8 @@ class LocalStack:
             return "workers runtime"
         if self._redis is not None and not self._redis.running:
             return "redis"
+        if self._replica is not None and not self._replica.running:
+            return "redis replica"
         return None
 
     def stop(self) -> None:
@@ -300,6 +370,14 @@ class LocalStack:
         if self._runtime is not None:
             self._runtime.stop()
             self._runtime = None
+        if self._replica is not None:
+            self._replica.stop()
+            self._replica = None
         if self._redis is not None:
             self._redis.stop()
             self._redis = None
+
+
+def _origins_binding(regions: Mapping[str, str]) -> str:
+    """The edge's ``PRISM_ORIGINS`` for ``{region: origin url}``."""
+    return ",".join(f"{region}={url}" for region, url in regions.items())

@@ -276,19 +276,23 @@ def _int(value: Any) -> int:
 
 
 def _usage(usage: Any) -> dict[str, Any]:
-    """OpenAI usage; Anthropic counts cached prompt tokens apart from ``input_tokens``."""
+    """OpenAI usage; Anthropic counts cached prompt tokens apart from ``input_tokens``.
+    Cache writes (billed above the input price) stay visible as ``cache_creation_tokens``
+    in ``prompt_tokens_details`` so their cost can be right (``origin/pricing.py``)."""
     usage = usage if isinstance(usage, dict) else {}
     cache_read = _int(usage.get("cache_read_input_tokens"))
-    prompt = _int(usage.get("input_tokens")) + _int(usage.get("cache_creation_input_tokens"))
-    prompt += cache_read
+    cache_write = _int(usage.get("cache_creation_input_tokens"))
+    prompt = _int(usage.get("input_tokens")) + cache_write + cache_read
     completion = _int(usage.get("output_tokens"))
     result: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
-    if cache_read:
+    if cache_read or cache_write:
         result["prompt_tokens_details"] = {"cached_tokens": cache_read}
+        if cache_write:
+            result["prompt_tokens_details"]["cache_creation_tokens"] = cache_write
     return result
 
 

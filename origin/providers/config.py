@@ -26,6 +26,10 @@ targets = ["openai:gpt-4o-mini", "groq:llama-3.1-8b-instant"]
 context_fallback = "openai:gpt-4.1-mini"  # tried once on context_length_exceeded
 hedge_delay = 1.5                    # fixed hedge delay for this route (else per provider)
 max_attempts = 3                     # upstream calls per request, retries and hedges included
+
+[providers.groq.prices]              # USD per million tokens, over origin/prices.toml
+"llama-3.1-8b-instant" = { input = 0.05, output = 0.08 }
+"*" = { input = 1.0, output = 3.0 }  # this provider's fallback for unlisted models
 ```
 
 Per provider, the routing policy: ``retries`` (1), ``retry_backoff`` (0.1 s),
@@ -42,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..pricing import Price, PriceTable, default_prices, parse_prices
 from .base import ProviderSpec
 from .registry import ADAPTERS
 
@@ -71,6 +76,7 @@ class Route:
 class ProviderConfig:
     providers: dict[str, ProviderSpec]
     routes: dict[str, Route] = field(default_factory=dict)
+    prices: PriceTable = field(default_factory=default_prices, compare=False)
 
     def route(self, model: str) -> Route | None:
         """The route for a public model name (exact, else the first matching glob). Not
@@ -88,6 +94,28 @@ class ProviderConfig:
         if route is None:
             return ()
         return tuple((self.providers[t.provider], t.model or model) for t in route.targets)
+
+    def model_prices(self, model: str) -> tuple[Price | None, Price | None]:
+        """For a public model name: the price of its first target (what a cache hit saved)
+        and the most each token kind costs at any target it may reach (what a budget
+        reserves on); each None when a target it needs has no price. Not memoized."""
+        route = self.route(model)
+        if route is None or not route.targets:
+            return None, None
+        targets = list(route.targets)
+        if route.context_fallback is not None:
+            targets.append(route.context_fallback)
+        prices = [self.prices.price(t.provider, t.model or model) for t in targets]
+        if any(p is None for p in prices):
+            return prices[0], None
+        known = [p for p in prices if p is not None]
+        most = Price(
+            input=max(p.input for p in known),
+            output=max(p.output for p in known),
+            cached_input=max(p.cached_input for p in known),
+            cache_write=max(p.cache_write for p in known),
+        )
+        return known[0], most
 
     def public_models(self) -> list[str]:
         return sorted(name for name in self.routes if not any(c in name for c in "*?["))
@@ -240,4 +268,13 @@ def load_provider_config(path: Path | None, env: Mapping[str, str]) -> ProviderC
     providers = {name: _spec(name, table, env) for name, table in tables.items()}
     models = data.get("models", {})
     routes = {model: _route(model, entries, providers) for model, entries in models.items()}
-    return ProviderConfig(providers=providers, routes=routes)
+    overrides: dict[str, dict[str, Price]] = {}
+    for name, table in tables.items():
+        if isinstance(table, dict) and "prices" in table:
+            overrides[name] = parse_prices(f"provider '{name}': prices", table["prices"])
+    prices = default_prices()
+    return ProviderConfig(
+        providers=providers,
+        routes=routes,
+        prices=prices.with_overrides(overrides) if overrides else prices,
+    )

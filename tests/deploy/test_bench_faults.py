@@ -181,6 +181,41 @@ def test_summarize_counts_successes_failures_and_extra_calls() -> None:
     assert summary["upstream_calls"] == 6 and summary["extra_upstream_calls"] == 0.5
     assert summary["ttfb_ms"]["p50"] == 50.0 and summary["ttfb_ms"]["max"] == 300.0
     assert "outage" not in summary
+    assert summary["cut_midway"] == 0
+
+
+def test_a_stream_cut_after_its_first_byte_is_counted_as_such() -> None:
+    cut = RequestRecord(0.0, 0.01, 0.2, 200, "primary", True, False, "stream without [DONE]")
+    refused = RequestRecord(0.0, 0.01, 0.2, 502, None, True, False, "status 502")
+    whole = RequestRecord(0.0, 0.01, 0.2, 200, "primary", True, True, None)
+    summary = summarize([cut, refused, whole], {}, primary="primary")
+    assert summary["cut_midway"] == 1
+
+
+def test_cut_streams_rebase_the_success_target_on_what_no_failover_can_save() -> None:
+    def result(succeeded: int, cut: int) -> dict[str, Any]:
+        base = synthetic_result()
+        base["scenarios"]["stream_cut"] = {
+            "fault": {"mode": "truncated_stream", "probability": 0.3},
+            "summary": {
+                **base["scenarios"]["healthy"]["summary"],
+                "succeeded": succeeded,
+                "success_rate": succeeded / 2000,
+                "streamed": 1000,
+                "cut_midway": cut,
+            },
+        }
+        return base
+
+    # 13 cut of ~300 a direct caller would have lost: 4.3 %; the other 1987 all answered.
+    met = verdicts(result(1987, 13))
+    assert met[("stream_cut", "success rate, less streams cut after their first byte")] is True
+    assert met[("stream_cut", "streams cut after their first byte")] is True
+    assert ("stream_cut", "success rate") not in met
+    # 31 cut is over 10 % of 300; one more failure among the savable ones misses 99.9 %.
+    missed = verdicts(result(1966, 31))
+    assert missed[("stream_cut", "streams cut after their first byte")] is False
+    assert missed[("stream_cut", "success rate, less streams cut after their first byte")] is False
 
 
 def synthetic_result(**scenarios: dict[str, Any]) -> dict[str, Any]:

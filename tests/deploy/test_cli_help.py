@@ -41,8 +41,8 @@ COMMANDS = leaf_commands()
 def test_the_cli_has_every_command_the_product_promises() -> None:
     names = {" ".join(path) for path in COMMANDS}
     assert {
-        "dev", "smoke", "status", "fingerprint", "bench", "bench faults", "keys mint", "keys verify", "keys create",
-        "keys revoke", "keys list", "policy set", "policy show", "policy clear", "audit", "build edge", "deploy edge", "deploy origin", "origin serve",
+        "dev", "smoke", "status", "fingerprint", "bench", "bench faults", "bench budget", "keys mint", "keys verify", "keys create",
+        "keys revoke", "keys list", "policy set", "policy show", "policy clear", "audit", "usage", "build edge", "deploy edge", "deploy origin", "origin serve",
     } <= names  # fmt: skip
 
 

@@ -9,7 +9,7 @@ import redis
 from typer.testing import CliRunner, Result
 
 from deploy.cli import app
-from prism import Policy, policy_key
+from prism import Budget, Policy, policy_key
 from tests.fixtures.workers import KVApi
 
 runner = CliRunner()
@@ -86,7 +86,15 @@ def test_set_show_clear_reach_redis_and_kv(
     ("args", "message"),
     [
         (["set", "--project", "Acme!", "--deny", "o1*"], "--project: 'Acme!' is not a project id"),
-        (["set", "--project", "acme"], "give at least one --allow or --deny"),
+        (["set", "--project", "acme"], "give at least one --allow, --deny or --budget"),
+        (["set", "--project", "acme", "--budget", "-5"], "invalid policy: budget.usd: must be above 0"),
+        (["set", "--project", "acme", "--budget", "0"], "invalid policy: budget.usd: must be above 0"),
+        (["set", "--project", "acme", "--budget", "ten"], "--budget must be a number of US dollars, got 'ten'"),
+        (["set", "--project", "acme", "--budget", "nan"], "invalid policy: budget.usd: must be a number"),
+        (["set", "--project", "acme", "--budget", "1e12"], "budget.usd: must be above 0 and at most"),
+        (["set", "--project", "acme", "--budget", "0.0000001"], "budget.usd: must be at least 0.000001"),
+        (["set", "--project", "acme", "--budget", "5", "--period", "week"], "--period must be day or month"),
+        (["set", "--project", "acme", "--deny", "o1", "--period", "day"], "--period needs --budget"),
         (["set", "--project", "acme", "--allow", ""], "invalid policy: allow[0]: must be a non-empty"),
         (["set", "--project", "acme", "--deny", "o1 *"], "invalid policy: deny[0]: 'o1 *' has whitespace"),
         (["set", "--project", "acme", *[a for i in range(65) for a in ("--deny", f"m{i}")]], "deny: at most 64"),
@@ -107,6 +115,36 @@ def test_bad_input_is_one_clear_line_and_changes_nothing(
     assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
     assert in_redis(redis_url) == before_redis
     assert kv_api_reset.get_text(policy_key("acme")) == before_kv
+
+
+def test_a_budget_is_set_shown_published_and_audited(
+    env: dict[str, str], redis_url: str, kv_api_reset: KVApi
+) -> None:
+    result = policy(
+        env, "set", "-p", "acme", "--deny", "o1*", "--budget", "$1,250.5", "--period", "day",
+        "--by", "ops",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "deny o1*; budget $1,250.5 per UTC day (revision 1)" in result.stdout
+    stored = Policy.parse(in_redis(redis_url) or b"")
+    assert stored.budget == Budget(1250.5, "day") and stored.deny == ("o1*",)
+    assert kv_api_reset.get_text(policy_key("acme")) == stored.encode().decode()
+    shown = json.loads(policy(env, "show", "-p", "acme", "--json").stdout)
+    assert shown["policy"]["budget"] == {"period": "day", "usd": 1250.5}
+    monthly = policy(env, "set", "-p", "acme", "--budget", "10", "--json")  # replaces all
+    after = json.loads(monthly.stdout)["after"]
+    assert after["budget"] == {"period": "month", "usd": 10.0} and after["deny"] == []
+
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        records = [fields for _, fields in client.xrange("prism:audit")]
+    finally:
+        client.close()
+    sets = [r for r in records if r["action"] == "policy.set"]
+    assert json.loads(sets[0]["after"])["budget"] == {"period": "day", "usd": 1250.5}
+    assert json.loads(sets[1]["before"])["budget"] == {"period": "day", "usd": 1250.5}
+    audit = runner.invoke(app, ["audit", "--project", "acme"], env=env)
+    assert "budget $10.0/month" in audit.stdout
 
 
 def test_without_kv_settings_redis_is_saved_and_the_command_says_the_edge_was_not_told(

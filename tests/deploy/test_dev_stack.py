@@ -84,9 +84,11 @@ def test_prism_dev_serves_miss_then_kv_and_stops_cleanly_on_sigint(tmp_path: Pat
             capture_output=True, text=True, timeout=60, env=env,
         )  # fmt: skip
         assert status.returncode == 0, status.stdout + status.stderr
+        # the path row: the dev key (derived from the state folder) got through to the origin
         assert {c["part"]: c["state"] for c in json.loads(status.stdout)} == {
             "origin": "ok",
             "edge": "ok",
+            "path": "ok",
             "redis": "ok",
         }
     finally:

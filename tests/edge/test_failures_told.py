@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from edge.handler import EdgeHandler
+from edge.origins import NOWHERE, Location
 from edge.platform import EdgeRequest
 from edge.settings import EdgeSettings
 from prism import REVOKED_KEY
@@ -117,6 +118,9 @@ class _Platform:
 
     def wait_until(self, work: Coroutine[Any, Any, Any]) -> None:
         work.close()
+
+    def location(self) -> Location:
+        return NOWHERE
 
     def now(self) -> float:
         return 1_800_000_000.0

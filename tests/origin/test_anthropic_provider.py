@@ -348,12 +348,13 @@ def test_tool_use_message_becomes_tool_calls_with_json_arguments() -> None:
         },
         {"id": "toolu_b", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
     ]
-    # Cached prompt tokens still count as prompt tokens, as in OpenAI.
+    # Cached prompt tokens still count as prompt tokens, as in OpenAI; cache writes are
+    # kept apart too (billed above the input price).
     assert completion["usage"] == {
         "prompt_tokens": 125,
         "completion_tokens": 30,
         "total_tokens": 155,
-        "prompt_tokens_details": {"cached_tokens": 100},
+        "prompt_tokens_details": {"cached_tokens": 100, "cache_creation_tokens": 5},
     }
 
 

@@ -123,7 +123,13 @@ class Stores:
         self.write: asyncio.Future[bool] | None = None
 
     def __call__(
-        self, fingerprint: str, result: UpstreamCompletion, model: str, ttl: int, fallback: bool
+        self,
+        fingerprint: str,
+        result: UpstreamCompletion,
+        model: str,
+        ttl: int,
+        fallback: bool,
+        semantic: object = None,
     ) -> asyncio.Future[bool]:
         self.stored.append((fingerprint, result.completion, ttl, fallback))
         self.write = asyncio.get_running_loop().create_future()

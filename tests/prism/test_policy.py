@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from prism import PermissionDeniedError, Policy, PolicyMemo, error_body, policy_key
+from prism import Budget, PermissionDeniedError, Policy, PolicyMemo, error_body, policy_key
 
 
 def test_deny_wins_and_an_empty_allow_allows_everything() -> None:
@@ -57,7 +57,17 @@ def test_encode_is_canonical_and_parses_back_to_an_equal_policy() -> None:
         ('{"deny": ["gpt 4o"]}', "deny[0]: 'gpt 4o' has whitespace"),
         ('{"allow": ["' + "x" * 201 + '"]}', "allow[0]: at most 200 characters"),
         ('{"allow": [' + ",".join(f'"m{i}"' for i in range(65)) + "]}", "allow: at most 64"),
-        ('{"budget": 10}', "budget: reserved for a later version"),
+        ('{"budget": 10}', "budget: must be an object"),
+        ('{"budget": {"period": "day"}}', "budget.usd: required"),
+        ('{"budget": {"usd": 0}}', "budget.usd: must be above 0"),
+        ('{"budget": {"usd": -5, "period": "day"}}', "budget.usd: must be above 0"),
+        ('{"budget": {"usd": "5"}}', "budget.usd: must be a number"),
+        ('{"budget": {"usd": true}}', "budget.usd: must be a number"),
+        ('{"budget": {"usd": NaN}}', "budget.usd: must be a number"),
+        ('{"budget": {"usd": 1e12}}', "budget.usd: must be above 0 and at most"),
+        ('{"budget": {"usd": 1e-9}}', "budget.usd: must be at least 0.000001"),
+        ('{"budget": {"usd": 5, "period": "week"}}', "budget.period: must be day or month"),
+        ('{"budget": {"usd": 5, "cap": 1}}', "budget.cap: unknown field"),
         ('{"rate_limits": {}}', "rate_limits: reserved"),
         ('{"alow": []}', "alow: unknown field"),
         ('{"v": 2}', "v: unsupported policy format 2"),
@@ -69,6 +79,18 @@ def test_encode_is_canonical_and_parses_back_to_an_equal_policy() -> None:
 def test_an_invalid_policy_is_refused_naming_the_field(raw: str, message: str) -> None:
     with pytest.raises(ValueError, match="^" + message.replace("[", r"\[").replace("]", r"\]")):
         Policy.parse(raw)
+
+
+def test_a_budget_round_trips_in_canonical_json_and_records_without_one_keep_their_bytes() -> None:
+    plain = Policy(deny=("o1*",))
+    assert b"budget" not in plain.encode()  # a record written before budgets: same bytes
+    policy = Policy.parse('{"budget": {"usd": 12.3456789, "period": "day"}, "deny": ["o1*"]}')
+    assert policy.budget == Budget(usd=12.345679, period="day")  # to the micro-dollar
+    assert policy.budget.micro_usd == 12_345_679
+    assert Policy.parse(policy.encode()) == policy
+    assert json.loads(policy.encode())["budget"] == {"period": "day", "usd": 12.345679}
+    assert Policy.parse('{"budget": {"usd": 3}}').budget == Budget(3, "month")  # default
+    assert policy != plain and hash(policy) != hash(plain)
 
 
 def test_the_memo_parses_each_record_once() -> None:

@@ -1,0 +1,141 @@
+"""Redis hits through the origin's ASGI app in-process: a load-independent measure of a hit.
+
+Wall-clock throughput on a shared machine moves by ±10 % from run to run; instructions
+do not. This drives ``count`` hits (``concurrency`` at a time) through ``create_app``'s
+app with no sockets but Redis's, so ``valgrind --tool=callgrind`` counts what one hit
+costs: run it twice with different counts and divide the difference of the totals by
+the difference of the counts (start-up cancels out)::
+
+    valgrind --tool=callgrind python -m deploy.bench.hit_driver redis://127.0.0.1:6379/0 1000
+    valgrind --tool=callgrind python -m deploy.bench.hit_driver redis://127.0.0.1:6379/0 3000
+
+It plants its own entry (project ``bench``) and checks every answer is a Redis hit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import time
+from collections.abc import MutableMapping, Sequence
+from typing import Any
+
+import redis
+import uvloop
+
+from origin import Settings, create_app
+from prism import encode_envelope, entry_key, fingerprint, parse_chat_request, parse_key_secrets
+from prism import headers as h
+from prism.routes import CHAT_PATH
+
+from .workload import MODEL, chat_body
+
+__all__ = ["drive_hits", "main"]
+
+_KEY_SECRET = "bench-hit-driver-key-secret-0123456789"
+_PROJECT = "bench"
+_WARM = 100  # hits before counting: the script is loaded and the memos are filled
+_ANSWER = (
+    b'{"id":"bench","object":"chat.completion","model":"gpt-4o-mini","choices":[{"index":0,'
+    b'"message":{"role":"assistant","content":"' + b"word " * 150 + b'"},"finish_reason":"stop"}],'
+    b'"usage":{"prompt_tokens":400,"completion_tokens":150,"total_tokens":550}}'
+)
+
+
+def drive_hits(redis_url: str, count: int, concurrency: int = 32) -> float:
+    """Send ``count`` hits after a warm-up; the wall time per hit in seconds (the
+    instruction count is what to trust)."""
+    env = {
+        "PRISM_KEY_SECRET": _KEY_SECRET,
+        "PRISM_FORWARD_SECRET": _KEY_SECRET,
+        "REDIS_URL": redis_url,
+        "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",  # never called: every request hits
+        "OPENAI_API_KEY": "unused",
+    }
+    # Under valgrind a turn of the loop is 50 x slower: no Redis timeout may fire.
+    settings = dataclasses.replace(Settings.from_env(env), redis_timeout=60.0)
+    body = chat_body("planted-hit").encode()
+    fp = fingerprint(_PROJECT, CHAT_PATH, parse_chat_request(body))
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.set(entry_key(fp), encode_envelope(_ANSWER, model=MODEL, ttl=3600), ex=3600)
+    finally:
+        client.close()
+    key = parse_key_secrets(_KEY_SECRET).mint(_PROJECT)
+    app = create_app(settings)
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": CHAT_PATH,
+        "raw_path": CHAT_PATH.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"127.0.0.1"),
+            (b"authorization", f"Bearer {key}".encode()),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+        "server": ("127.0.0.1", 8080),
+        "client": ("127.0.0.1", 50000),
+    }
+    message = {"type": "http.request", "body": body, "more_body": False}
+    layer_header = h.CACHE_LAYER.encode()
+
+    async def receive() -> dict[str, Any]:
+        return message
+
+    async def one() -> None:
+        head: dict[str, Any] = {}
+
+        async def send(event: MutableMapping[str, Any]) -> None:
+            if event["type"] == "http.response.start":
+                head.update(event)
+
+        await app(dict(scope), receive, send)
+        layer = dict(head.get("headers", ())).get(layer_header)
+        if head.get("status") != 200 or layer != b"redis":
+            raise RuntimeError(f"not a Redis hit: {head.get('status')} {layer!r}")
+
+    async def run() -> float:
+        lifespan: asyncio.Queue[MutableMapping[str, Any]] = asyncio.Queue()
+        replies: asyncio.Queue[MutableMapping[str, Any]] = asyncio.Queue()
+        await lifespan.put({"type": "lifespan.startup"})
+        served = asyncio.ensure_future(app({"type": "lifespan"}, lifespan.get, replies.put))
+        started = await replies.get()
+        if started["type"] != "lifespan.startup.complete":
+            raise RuntimeError(f"the origin did not start: {started}")
+        try:
+            for _ in range(_WARM):
+                await one()
+            begun = time.perf_counter()
+            done = 0
+            while done < count:
+                batch = min(concurrency, count - done)
+                await asyncio.gather(*(one() for _ in range(batch)))
+                done += batch
+            return (time.perf_counter() - begun) / max(count, 1)
+        finally:
+            await lifespan.put({"type": "lifespan.shutdown"})
+            await replies.get()
+            await served
+
+    return uvloop.run(run())
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("redis_url")
+    parser.add_argument("count", type=int)
+    parser.add_argument("--concurrency", type=int, default=32)
+    args = parser.parse_args(argv)
+    per_hit = drive_hits(args.redis_url, args.count, args.concurrency)
+    print(f"{args.count} Redis hits, {args.concurrency} at a time: {per_hit * 1e6:.1f} µs each")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""Two regions on one source of truth: a Redis primary and a real replica
+(``redis-server --replicaof``). The second origin reads its lookups from the replica
+(``PRISM_REDIS_READ_URL``) and writes to the primary."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import redis
+
+from deploy.local.provider import ProviderServer
+from deploy.local.redis import RedisServer
+from origin import Settings
+from origin.cache import RedisCache
+from origin.metrics import Metrics
+from origin.settings import RedisClientKind
+from prism import REVOKED_KEY, KeyRing
+from tests.fixtures.origin import OriginFactory, make_redis_client, origin_env
+from tests.polling import async_wait_for, wait_for
+
+
+@pytest.fixture(scope="module")
+def primary(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with RedisServer(workdir=tmp_path_factory.mktemp("primary")) as server:
+        yield server
+
+
+@pytest.fixture
+def replica(
+    primary: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RedisServer]:
+    """A fresh replica of a flushed primary, synced before the test starts."""
+    admin = redis.Redis.from_url(primary.url)
+    admin.flushall()
+    server = RedisServer(workdir=tmp_path_factory.mktemp("replica"), replica_of=primary).start()
+    reader = redis.Redis.from_url(server.url)
+    wait_for(lambda: reader.info("replication").get("master_link_status") == "up", 10)
+    try:
+        yield server
+    finally:
+        reader.close()
+        admin.close()
+        server.stop()
+
+
+def commands(server: RedisServer, name: str) -> int:
+    client = redis.Redis.from_url(server.url)
+    try:
+        stats = client.info("commandstats").get(f"cmdstat_{name}", {})
+        return int(stats.get("calls", 0))
+    finally:
+        client.close()
+
+
+def test_the_read_url_is_a_setting() -> None:
+    env = origin_env("redis://primary:6379/0", "http://provider")
+    assert Settings.from_env(env).redis_read_url is None
+    env["PRISM_REDIS_READ_URL"] = "redis://replica:6379/0"
+    settings = Settings.from_env(env)
+    assert (settings.redis_url, settings.redis_read_url) == (
+        "redis://primary:6379/0",
+        "redis://replica:6379/0",
+    )
+    assert "replica" not in repr(settings)  # a URL may carry a password
+
+
+def test_an_entry_written_through_one_origin_is_a_redis_hit_at_the_other_from_the_replica(
+    origin_factory: OriginFactory,
+    provider: ProviderServer,
+    primary: RedisServer,
+    replica: RedisServer,
+    api_key: str,
+) -> None:
+    near = origin_factory(origin_env(primary.url, provider.url))
+    far = origin_factory(origin_env(primary.url, provider.url, PRISM_REDIS_READ_URL=replica.url))
+    body = {"model": "demo", "messages": [{"role": "user", "content": "two regions"}]}
+    headers = {"authorization": f"Bearer {api_key}"}
+    first = httpx.post(f"{near.url}/v1/chat/completions", json=body, headers=headers)
+    assert first.status_code == 200, first.text
+    assert first.headers["x-prism-edge-cache-layer"] == "miss"
+    near.wait_stored()
+    lookups_on_primary = commands(primary, "evalsha")
+
+    def served_from_redis() -> httpx.Response | None:
+        response = httpx.post(f"{far.url}/v1/chat/completions", json=body, headers=headers)
+        assert response.status_code == 200, response.text
+        hit = response.headers["x-prism-edge-cache-layer"] == "redis"
+        return response if hit else None
+
+    second = wait_for(served_from_redis, timeout=5)  # replication takes a moment
+    assert second.json() == first.json()
+    assert provider.control.stats()["chat_requests"] == 1
+    assert commands(replica, "evalsha") >= 1
+    assert commands(primary, "evalsha") == lookups_on_primary  # the far one read the replica
+
+
+async def test_a_replica_cut_from_its_primary_never_hides_a_revocation_for_long(
+    redis_client_kind: RedisClientKind, primary: RedisServer, replica: RedisServer
+) -> None:
+    writer = make_redis_client(redis_client_kind, primary.url)
+    reader = make_redis_client(redis_client_kind, replica.url)
+    cache = RedisCache(writer, Metrics(), revoked_refresh=0.05, reader=reader)
+    admin = redis.Redis.from_url(primary.url)
+    cut = redis.Redis.from_url(replica.url)
+    try:
+        cache.start()
+        assert not (await cache.lookup("key1", "a" * 64)).revoked
+        cut.replicaof("NO", "ONE")  # still serving its copy, which no longer changes
+        admin.sadd(REVOKED_KEY, "key1")
+        assert not cut.sismember(REVOKED_KEY, "key1")
+
+        async def refused() -> bool:
+            return (await cache.lookup("key1", "a" * 64)).revoked
+
+        await async_wait_for(refused, within=2)
+        assert (await cache.lookup("key1", None)).revoked
+        assert not (await cache.lookup("key2", "a" * 64)).revoked
+    finally:
+        await cache.close()
+        await writer.close()
+        await reader.close()
+        admin.close()
+        cut.close()
+
+
+async def test_a_dead_replica_sends_the_lookups_to_the_primary(
+    redis_client_kind: RedisClientKind, primary: RedisServer, replica: RedisServer
+) -> None:
+    writer = make_redis_client(redis_client_kind, primary.url, timeout=0.3)
+    reader = make_redis_client(redis_client_kind, replica.url, timeout=0.3)
+    metrics = Metrics()
+    cache = RedisCache(writer, metrics, retry_after=60, reader=reader)
+    try:
+        assert await cache.store("b" * 64, b"entry-b", 60)
+        replica.stop()
+        # The request that finds it dead is a bypass, never an error; the next ones read
+        # the primary, and the cache as a whole stays available for writes.
+        assert not (await cache.lookup("key1", "b" * 64)).available
+        assert (
+            metrics.registry.get_sample_value("prism_redis_errors_total", {"op": "lookup_replica"})
+            == 1
+        )
+        assert await cache.lookup("key1", "b" * 64) == (True, False, b"entry-b", None)
+        assert cache.available and await cache.store("c" * 64, b"entry-c", 60)
+    finally:
+        await writer.close()
+        await reader.close()
+
+
+def test_only_the_origin_that_stored_an_entry_replicates_it_to_workers_kv(
+    origin_factory: OriginFactory,
+    provider: ProviderServer,
+    primary: RedisServer,
+    replica: RedisServer,
+    api_key: str,
+    key_ring: KeyRing,
+) -> None:
+    kv = {
+        "PRISM_KV_ACCOUNT_ID": "acct",
+        "PRISM_KV_NAMESPACE_ID": "ns",
+        "PRISM_KV_API_URL": "http://127.0.0.1:9/client/v4",  # never reached in this test
+        "PRISM_KV_FLUSH_INTERVAL": "3600",
+    }
+    near = origin_factory(origin_env(primary.url, provider.url, **kv))
+    far = origin_factory(
+        origin_env(primary.url, provider.url, PRISM_REDIS_READ_URL=replica.url, **kv)
+    )
+    body = {"model": "demo", "messages": [{"role": "user", "content": "replicated once"}]}
+    headers = {"authorization": f"Bearer {api_key}"}
+    assert httpx.post(f"{near.url}/v1/chat/completions", json=body, headers=headers).is_success
+    near.wait_stored()
+
+    def hit() -> bool:
+        response = httpx.post(f"{far.url}/v1/chat/completions", json=body, headers=headers)
+        return response.headers["x-prism-edge-cache-layer"] == "redis"
+
+    wait_for(hit, timeout=5)
+    submitted = "prism_kv_writer_submitted_total"
+    assert (near.metric(submitted), far.metric(submitted)) == (1, 0)
