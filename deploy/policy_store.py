@@ -5,6 +5,12 @@ Redis (the source of truth)::
     prism:policy:<project>   string   the policy's canonical JSON (prism.policy); the
                                       origin reads it with every request's lookup
 
+    prism:limits:<project>   hash     the policy's rate limits in the form the origin's
+                                      lookup script reads (prism.rate_limits), written
+                                      in the same transaction as the policy, and the
+                                      origin's state of each limit (fields "s.*", kept
+                                      across changes); absent when the policy sets none
+
     prism:audit              stream   every change, before and after (origin/audit.py),
                                       written in the same transaction as the change
 
@@ -29,7 +35,7 @@ from typing import cast
 import redis
 
 from origin.audit import audit_record
-from prism import Budget, CacheRules, Policy, policy_key, valid_project_id
+from prism import Budget, CacheRules, Policy, RateLimits, limits_key, policy_key, valid_project_id
 
 from . import audit_log
 from .key_store import KeyStoreError, KVRevocationPublisher, _translated, redact_url
@@ -98,13 +104,19 @@ class PolicyStore:
         allow: Sequence[str] = (),
         deny: Sequence[str] = (),
         budget: Budget | None = None,
+        rate_limits: RateLimits | None = None,
         updated_by: str | None = None,
         cache: CacheRules | None = None,
     ) -> PolicyChange:
         """Replace the project's policy; ``ValueError`` (and nothing changed) if invalid."""
         check_project(project)
         draft = Policy(
-            allow=tuple(allow), deny=tuple(deny), budget=budget, updated_by=updated_by, cache=cache
+            allow=tuple(allow),
+            deny=tuple(deny),
+            budget=budget,
+            rate_limits=rate_limits,
+            updated_by=updated_by,
+            cache=cache,
         )
         return self._change(project, lambda before: _next(draft, before))
 
@@ -127,11 +139,22 @@ class PolicyStore:
             before = _parsed_or_none(raw)
             after = make(before)
             prev = audit_log.head(pipe)
+            # The origin keeps each limit's state (fields "s.*") in the same hash: a change
+            # replaces the limits and keeps the states; no limits, no hash.
+            limits = limits_key(project)
+            stale = [f for f in cast(list[str], pipe.hkeys(limits)) if not f.startswith("s.")]
             pipe.multi()
             if after is None:
                 pipe.delete(name)
             else:
                 pipe.set(name, after.encode())
+            # The limits' compact form changes with the record, in the same transaction.
+            if after is None or after.rate_limits is None:
+                pipe.delete(limits)
+            else:
+                if stale:
+                    pipe.hdel(limits, *stale)
+                pipe.hset(limits, mapping=dict(after.rate_limits.hash_fields()))  # type: ignore[arg-type]
             # The change and its audit record land together, or neither does.
             fields = audit_record(
                 "policy.set" if after is not None else "policy.clear",
@@ -168,6 +191,7 @@ def _next(draft: Policy, before: Policy | None) -> Policy:
         allow=draft.allow,
         deny=draft.deny,
         budget=draft.budget,
+        rate_limits=draft.rate_limits,
         revision=(before.revision if before else 0) + 1,
         updated_at=_now(),
         updated_by=draft.updated_by,

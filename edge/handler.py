@@ -11,7 +11,6 @@ stays at the PoP.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import secrets
 
@@ -43,6 +42,7 @@ from prism.routes import CHAT_PATH, MESSAGES_PATH, MODELS_PATH
 
 from .apis import APIS, ApiRoutes, error_format
 from .models import ModelList, models_response
+from .deadlines import StageTimer
 from .origins import ORIGIN_DOWN, Origin, Origins
 from .platform import EdgeRequest, EdgeResponse, Platform
 from .policies import PolicyCache
@@ -80,6 +80,10 @@ class EdgeHandler:
         self._entries = RecentEntries(size=64)
         self.apis = ApiRoutes()  # the other cached routes (embeddings, messages)
         self.models = ModelList(settings.models_ttl)
+        # One timer per request for every stage's limit (see edge/deadlines.py).
+        self._stages = StageTimer(
+            min(settings.kv_timeout, settings.body_timeout, settings.origin_timeout)
+        )
         # Request ids need to be unique, not secret: a random prefix per isolate and a counter.
         self._id_prefix = secrets.token_hex(4)
         self._ids = itertools.count(1)
@@ -165,19 +169,21 @@ class EdgeHandler:
         decision = classify(chat, request.headers.get("cache-control"))
         # CPU only, and the Workers clock stands still while code runs: I/O stages only.
         timings.append(("parse", _ms(started, platform.now())))
-        try:
-            async with asyncio.timeout(self.settings.kv_timeout):
-                policy = await self.policies.get(project, platform.now(), platform.kv_get)
-        except Exception as error:  # KV failing: the last known policy; the origin checks too
-            _failed("policy", error, request_id, platform, timings)
-            policy = self.policies.last(project)
+        policy = self.policies.last(project)
+        if not self.policies.fresh(project, platform.now()):
+            try:
+                async with self._stages.within(self.settings.kv_timeout):
+                    policy = await self.policies.get(project, platform.now(), platform.kv_get)
+            except Exception as error:  # KV failing: the last known policy; the origin checks
+                _failed("policy", error, request_id, platform, timings)
+                policy = self.policies.last(project)
         if policy is not None:
             policy.check_model(chat.model)  # before any entry: a denied model is never served
         headers = {h.CACHE_KEY: fp[: h.CACHE_KEY_PREFIX_LEN]}
         if decision.read:
             started = platform.now()
             try:
-                async with asyncio.timeout(self.settings.kv_timeout):
+                async with self._stages.within(self.settings.kv_timeout):
                     cached = await platform.kv_get(entry_key(fp))
             except Exception as error:  # slow or failing KV is a miss, never a failed request
                 cached = None
@@ -258,7 +264,7 @@ class EdgeHandler:
             if length > limit:
                 raise RequestTooLargeError(f"Request body is {length} bytes; the limit is {limit}.")
         try:
-            async with asyncio.timeout(self.settings.body_timeout):
+            async with self._stages.within(self.settings.body_timeout):
                 body = await platform.read_body(limit, length)
         except TimeoutError:
             raise RequestTimeoutError(
@@ -304,7 +310,7 @@ class EdgeHandler:
             last = attempt == len(plan)
             wait = min(self.settings.origin_timeout, deadline - tried)
             try:
-                async with asyncio.timeout(wait):
+                async with self._stages.within(wait):
                     reply = await platform.fetch_origin(method, origin.url + path, headers, body)
             except TimeoutError:
                 failure: UpstreamError = UpstreamTimeoutError(

@@ -40,6 +40,11 @@ class PolicyCache:
         self._items[project] = (now, policy)
         return policy
 
+    def fresh(self, project: str, now: float) -> bool:
+        """Whether ``get`` would answer from memory (no KV read, nothing to time)."""
+        item = self._items.get(project)
+        return item is not None and now - item[0] < self._ttl
+
     def last(self, project: str) -> Policy | None:
         """The last known policy, with no refresh (after a failed one)."""
         item = self._items.get(project)

@@ -24,8 +24,14 @@ from .settings import EdgeSettings
 __all__ = ["serve"]
 
 
+# Looked up once per isolate: every ``js.X.y`` is a crossing into JS per use.
+_from_entries = js.Object.fromEntries
+_fetch = js.fetch
+_Response = js.Response
+
+
 def _js_object(value: Mapping[str, Any]) -> Any:
-    return to_js(value, dict_converter=js.Object.fromEntries)
+    return to_js(value, dict_converter=_from_entries)
 
 
 class _OriginReply:
@@ -41,7 +47,7 @@ class _OriginReply:
 
     def headers(self) -> dict[str, str]:
         # One FFI crossing for all of them, not two per header.
-        headers: dict[str, str] = js.Object.fromEntries(self.js_response.headers).to_py()
+        headers: dict[str, str] = _from_entries(self.js_response.headers).to_py()
         return headers
 
     async def text(self) -> str:
@@ -106,7 +112,7 @@ class WorkersPlatform:
         if body is not None:
             # The request's own buffer when it is that body: no copy back into JS.
             init["body"] = self._body_js if body is self._body else to_js(body)
-        return _OriginReply(await js.fetch(url, _js_object(init)))
+        return _OriginReply(await _fetch(url, _js_object(init)))
 
     def wait_until(self, work: Coroutine[Any, Any, Any]) -> None:
         """Keep ``work`` alive after the response, the way that works in Pyodide.
@@ -151,7 +157,7 @@ class WorkersPlatform:
 def _request(js_request: Any) -> EdgeRequest:
     # One FFI crossing for all headers (names come lower-cased from the Headers object),
     # and the URL split in Python: each JS object touched from Python costs a proxy.
-    headers: dict[str, str] = js.Object.fromEntries(js_request.headers).to_py()
+    headers: dict[str, str] = _from_entries(js_request.headers).to_py()
     url = str(js_request.url)
     path_start = url.find("/", url.find("//") + 2)
     target = url[path_start:] if path_start >= 0 else "/"
@@ -165,11 +171,11 @@ def _response(response: EdgeResponse) -> Any:
         # Stream the origin's body through untouched: no buffering in Python.
         reply = response.passthrough
         assert isinstance(reply, _OriginReply)
-        return js.Response.new(reply.js_response.body, init)
+        return _Response.new(reply.js_response.body, init)
     body = response.body
     if isinstance(body, bytes):
         body = to_js(body)
-    return js.Response.new(body, init)
+    return _Response.new(body, init)
 
 
 class _Isolate:

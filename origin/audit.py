@@ -4,12 +4,13 @@ Every record is a flat map of strings in the stream ``prism:audit``::
 
     ts       ISO 8601 UTC, milliseconds
     action   key.create | key.revoke | policy.set | policy.clear | policy.refuse |
-             budget.refuse
+             budget.refuse | ratelimit.refuse
     project  the project concerned
     actor    who: a login name for CLI changes, ``key:<key id>`` for a refusal
     before   JSON of the state before the change ("" for none)
     after    JSON of the state after it ("" for none)
-    detail   JSON of anything else (a refusal's model and code)
+    detail   JSON of anything else (a refusal's model and code; a rate limit refusal's
+             kind, scope and count, batched by origin.ratelimits.RefusalLog)
     prev     the previous record's ``hash`` (64 zeros for the first record)
     hash     SHA-256 of this record's canonical form: every field but ``hash``, as JSON
              with sorted keys

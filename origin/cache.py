@@ -17,7 +17,10 @@ there and everything else on the primary. A replica may lag (milliseconds; witho
 while its link to the primary is cut), so a replica's "not revoked" is also checked
 against that in-memory set, which is read from the primary: a revocation takes effect
 within ``revoked_refresh`` at worst, never later. A failing replica is skipped for
-``retry_after`` (the lookup goes to the primary meanwhile).
+``retry_after`` (the lookup goes to the primary meanwhile). A project's request rate
+limits are checked on the primary, whose state they change: in the lookup itself when
+it runs there, else in a second command to the primary when the replica's lookup says
+the project has limits (``origin.ratelimits``).
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ import logging
 import time
 from typing import Any, NamedTuple
 
-from prism import REVOKED_KEY, AuthenticationError, entry_key, policy_key
+from prism import POLICY_KEY_PREFIX, REVOKED_KEY, AuthenticationError, entry_key, policy_key
 
 from .metrics import Metrics
+from .ratelimits import RATE_CHECK_SCRIPT, REQUEST_LIMIT_LUA, LoadedScript
 from .redis_client import NoScriptError, PreparedCommand, RedisClient, RedisClientError
 
 __all__ = ["LOOKUP_SCRIPT", "Lookup", "RedisCache"]
@@ -43,20 +47,42 @@ class Lookup(NamedTuple):  # a tuple: made on every request, and cheaper than a 
     revoked: bool = False
     entry: bytes | None = None
     policy: bytes | None = None  # the project's policy record as stored (None: no policy)
+    # The request rate limit's verdict when one applies: [admitted, limit, remaining,
+    # reset_ms, retry_ms, scope] (origin.ratelimits); refused: no entry was read.
+    rate: list[int] | None = None
 
 
 UNAVAILABLE = Lookup(available=False)
 REVOKED_WHILE_UNAVAILABLE = Lookup(available=False, revoked=True)
 
 # KEYS[1] = the revoked set, KEYS[2] = the entry, KEYS[3] = the project's policy, either
-# "" when not wanted; ARGV[1] = the key id. A missing value comes back as false (nil),
-# which keeps its place in the reply. Revoked: nothing else is read.
-LOOKUP_SCRIPT = """
-if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return {1} end
-local entry, policy = false, false
+# "" when not wanted; ARGV[1] = the key id; ARGV[2] = "1" to check the request against
+# the project's request rate limits, "2" (on a replica, which cannot write) only to say
+# whether it has any (reply {..., 2}), "0" neither. A missing value comes back as false
+# (nil), which keeps its place in the reply. Revoked: nothing else is read. The rate
+# limit check runs only when the policy record sets rate limits; a refused request
+# reads no entry. The limits' hash is named inside the script, from the project (a
+# single Redis, not a cluster).
+LOOKUP_SCRIPT = f"""
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return {{1}} end
+local entry, policy, rate = false, false, nil
+if KEYS[3] ~= '' then
+  policy = redis.call('GET', KEYS[3])
+  if ARGV[2] ~= '0' and policy and string.find(policy, '"rate_limits":', 1, true) then
+    if ARGV[2] == '2' then
+      rate = {{2}}
+    else
+      local project = string.sub(KEYS[3], {len(POLICY_KEY_PREFIX) + 1})
+{REQUEST_LIMIT_LUA}
+    end
+  end
+end
+if rate then
+  if rate[1] ~= 0 and KEYS[2] ~= '' then entry = redis.call('GET', KEYS[2]) end
+  return {{0, entry, policy, unpack(rate)}}
+end
 if KEYS[2] ~= '' then entry = redis.call('GET', KEYS[2]) end
-if KEYS[3] ~= '' then policy = redis.call('GET', KEYS[3]) end
-return {0, entry, policy}
+return {{0, entry, policy}}
 """
 
 
@@ -81,6 +107,7 @@ class RedisCache:
         self._retry_after = retry_after
         self._down_until = 0.0
         self._lookup_script: PreparedCommand | None = None  # EVALSHA sha 2 revoked-set
+        self._rate_check = LoadedScript(RATE_CHECK_SCRIPT)  # on the primary, after a replica
         # The revoked key ids last read from Redis, for when Redis cannot be asked.
         self._revoked: set[str] = set()
         self._revoked_refresh = revoked_refresh
@@ -109,10 +136,16 @@ class RedisCache:
         return REVOKED_WHILE_UNAVAILABLE if key_id in self._revoked else UNAVAILABLE
 
     async def lookup(
-        self, key_id: str, fingerprint: str | None, project: str | None = None
+        self,
+        key_id: str,
+        fingerprint: str | None,
+        project: str | None = None,
+        count: bool = False,
     ) -> Lookup:
         """Is ``key_id`` revoked, the entry for ``fingerprint`` and the policy of
-        ``project`` (each when given): one command, whatever is asked."""
+        ``project`` (each when given), and with ``count``, the request checked against
+        the project's request rate limits: one command, whatever is asked (two when a
+        replica answers for a project with rate limits)."""
         if not self.available:
             return self._unavailable(key_id)
         redis = self._lookup_client()
@@ -122,14 +155,15 @@ class RedisCache:
             else:
                 entry = "" if fingerprint is None else entry_key(fingerprint)
                 policy = "" if project is None else policy_key(project)
+                counted = ("2" if redis is self._reader else "1") if count else "0"
                 reply = None
                 if self._lookup_script is not None:
                     with contextlib.suppress(NoScriptError):  # Redis restarted or was flushed
-                        reply = await redis.run(self._lookup_script, entry, policy, key_id)
+                        reply = await redis.run(self._lookup_script, entry, policy, key_id, counted)
                 if reply is None:  # first use, or the script is gone: load it
                     sha = await redis.execute("SCRIPT", "LOAD", LOOKUP_SCRIPT)
                     self._lookup_script = PreparedCommand("EVALSHA", sha, 3, REVOKED_KEY)
-                    reply = await redis.run(self._lookup_script, entry, policy, key_id)
+                    reply = await redis.run(self._lookup_script, entry, policy, key_id, counted)
         except RedisClientError as error:
             if redis is self._reader:  # the primary takes the lookups for a while
                 self._metrics.redis_errors.labels("lookup_replica").inc()
@@ -142,7 +176,24 @@ class RedisCache:
             return Lookup(True, True)
         if len(reply) < 3:
             return Lookup(True, False)
+        if len(reply) > 3:
+            if reply[3] == 2 and project is not None:  # a replica: the primary decides
+                rate = await self._check_rate(project, key_id)
+                if rate is None:
+                    return Lookup(True, False, reply[1], reply[2])
+                return Lookup(True, False, reply[1] if rate[0] else None, reply[2], rate)
+            return Lookup(True, False, reply[1], reply[2], reply[3:])
         return Lookup(True, False, reply[1], reply[2])
+
+    async def _check_rate(self, project: str, key_id: str) -> list[int] | None:
+        """The request rate limit's verdict from the primary (None: no limit applies, or
+        the primary failed: no limits without Redis)."""
+        try:
+            rate: list[int] = await self._rate_check.run(self.redis, key_id, project)
+        except RedisClientError as error:
+            self._failed("rate_limit", error)
+            return None
+        return rate or None
 
     async def refuse_if_revoked(self, key_id: str) -> None:
         """Raise ``key_revoked`` when ``key_id`` is revoked (Redis's answer, or while Redis

@@ -42,8 +42,10 @@ from .billing import Charge
 from .flight import Call, ClientStream, Storage
 from .gateway import Gateway
 from .policies import ProjectPolicies
+from .ratelimits import RateLimiter, SettlingStream, TokenCharge, request_headers
 from .responses import Reply
 from .semantic import Pending, SemanticCache, question
+from .tokens import completion_token_bound, prompt_token_bound
 
 __all__ = ["ChatCompletions"]
 
@@ -57,6 +59,13 @@ class ChatCompletions:
         self.gw = gateway
         self.policies = policies or ProjectPolicies()
         self.audit = AuditWriter(gateway.redis)
+        self.limiter = RateLimiter(
+            gateway.redis,
+            gateway.metrics,
+            self.audit,
+            gateway.spawn,
+            lambda: gateway.cache.available,
+        )
         self.billing = gateway.billing
         self.policy = CachePolicy(default_ttl=gateway.settings.default_ttl)
         self._bodies: RecentBodies[ChatRequest] = RecentBodies()
@@ -89,7 +98,9 @@ class ChatCompletions:
         check_forwarded_body(caller, fp, gw.metrics)
         decision = classify(chat, headers.get("cache-control"), self.policy)
         timer.mark("parse")
-        lookup = await gw.cache.lookup(caller.key_id, fp if decision.read else None, caller.project)
+        lookup = await gw.cache.lookup(
+            caller.key_id, fp if decision.read else None, caller.project, count=True
+        )
         timer.mark("redis")
         if lookup.revoked:
             raise AuthenticationError("This API key has been revoked.", code="key_revoked")
@@ -102,6 +113,11 @@ class ChatCompletions:
             self._audit_refusal(caller, chat.model, refusal)
             raise
         out = {h.REQUEST_ID: request_id, h.CACHE_KEY: fp[: h.CACHE_KEY_PREFIX_LEN]}
+        rate = lookup.rate  # the request rate limit's verdict, from the same round trip
+        if rate is not None:
+            if not rate[0]:
+                raise self.limiter.refused(caller.project, caller.key_id, "requests", rate)
+            out.update(request_headers(rate))
         if lookup.entry is not None:
             now = time.time()  # once: a clock read is not free on every machine
             envelope = self._entries.decode(lookup.entry, now)
@@ -131,14 +147,40 @@ class ChatCompletions:
         budget = policy.budget if policy is not None else None
         if budget is not None and decision.read and fp in self.gw.flights:
             budget = None  # joins the call in flight, which its starter pays for
+        tokens: TokenCharge | None = None
+        rate_limits = policy.rate_limits if policy is not None else None
+        if (
+            rate_limits is not None
+            and lookup.available
+            and rate_limits.limits_tokens(caller.key_id)
+        ):
+            # Tokens are limited on misses only: admitted on the request's bound now,
+            # settled to its usage once answered (all given back when it joins a call).
+            tokens = await self.limiter.admit_tokens(
+                caller.project,
+                caller.key_id,
+                prompt_token_bound(chat),
+                completion_token_bound(chat),
+                out,
+                rate is not None,
+            )
         try:
-            charge = await self.billing.open(caller.project, caller.key_id, chat, layer, budget)
-        except (RateLimitError, PermissionDeniedError) as refusal:
-            self._audit_refusal(caller, chat.model, refusal, "budget.refuse")
+            try:
+                charge = await self.billing.open(caller.project, caller.key_id, chat, layer, budget)
+            except (RateLimitError, PermissionDeniedError) as refusal:
+                self._audit_refusal(caller, chat.model, refusal, "budget.refuse")
+                raise
+            reply = await self._miss(
+                chat, fp, decision, cacheable, out, timer, receive, request_id, charge, pending,
+                tokens,
+            )  # fmt: skip
+        except BaseException:
+            if tokens is not None:
+                tokens.settle(None)  # no answer: every admitted token goes back
             raise
-        return await self._miss(
-            chat, fp, decision, cacheable, out, timer, receive, request_id, charge, pending
-        )
+        if tokens is not None and reply.status != 200:
+            tokens.settle(None)
+        return reply
 
     async def _semantic(
         self,
@@ -196,6 +238,7 @@ class ChatCompletions:
         request_id: str,
         charge: Charge,
         semantic: Pending | None = None,
+        tokens: TokenCharge | None = None,
     ) -> Reply:
         gw = self.gw
         storage = Storage(fp, decision.ttl, semantic) if cacheable and decision.write else None
@@ -207,17 +250,23 @@ class ChatCompletions:
         async with gw.flights.subscribe(key, call) as subscription:
             if subscription.call is not call:
                 charge.joined()
-            stream: ClientStream | None = None
+                if tokens is not None:
+                    tokens.settle(None)  # joined a call in flight: it pays nothing
+            stream: ClientStream | SettlingStream | None = None
             if chat.stream:
                 if not await subscription.started(client_gone):
                     return Reply(CLIENT_GONE, headers)
                 stream = subscription.follow(chat.include_usage)  # closing it is the leave
+                if tokens is not None:  # settled when the stream ends or is closed
+                    stream = SettlingStream(stream, tokens)
                 body, kind = b"", SSE
             else:
                 answer = await subscription.answer(client_gone)
                 if answer is None:
                     return Reply(CLIENT_GONE, headers)
                 body, kind = answer.body, JSON
+                if tokens is not None:
+                    tokens.settle(answer.completion)
             timer.mark("upstream")
             headers[h.PROVIDER] = subscription.provider
         headers[h.SERVER_TIMING] = h.server_timing(timer.stages)

@@ -457,6 +457,12 @@ class ClientStream:
             await flight._next_change()
         raise StopAsyncIteration
 
+    @property
+    def completion(self) -> dict[str, Any] | None:
+        """The flight's complete answer once it has one (None while running, or failed)."""
+        result = self._flight._result
+        return None if result is None else result.completion
+
     def _last(self, flight: Flight) -> bytes:
         op = flight._call.op
         if op is not None:

@@ -149,6 +149,15 @@ class Metrics:
             registry=registry,
         )
 
+        # Rate limit refusals (origin.ratelimits): few by design, so a locked Counter is fine.
+        self.rate_limited = Counter(
+            "prism_rate_limited",
+            "Requests refused by a rate limit, by project, kind (requests, tokens) and scope"
+            " (project, key).",
+            ("project", "kind", "scope"),
+            registry=registry,
+        )
+
     def count_forward_rejected(self, reason: str) -> None:
         self.forward_rejected.labels(reason).inc()
 

@@ -45,6 +45,7 @@ from .policy import (
     PolicyMemo,
     policy_key,
 )
+from .rate_limits import LIMITS_KEY_PREFIX, Limit, RateLimits, limits_key
 from .recent import RecentBodies, RecentEntries
 from .request import ChatRequest, Limits, parse_chat_request
 from .sse import SSEDecoder, StreamAssembler, replay
@@ -53,6 +54,7 @@ __all__ = [
     "BUDGET_PERIODS",
     "DEFAULT_SEMANTIC_THRESHOLD",
     "EXCLUDED_FIELDS",
+    "LIMITS_KEY_PREFIX",
     "MIN_TTL",
     "POLICY_KEY_PREFIX",
     "REVOKED_KEY",
@@ -68,6 +70,7 @@ __all__ = [
     "InvalidRequestError",
     "KeyIdentity",
     "KeyRing",
+    "Limit",
     "Limits",
     "MethodNotAllowedError",
     "NotFoundError",
@@ -76,6 +79,7 @@ __all__ = [
     "PolicyMemo",
     "PrismError",
     "RateLimitError",
+    "RateLimits",
     "RecentBodies",
     "RecentEntries",
     "RequestTimeoutError",
@@ -95,6 +99,7 @@ __all__ = [
     "error_json",
     "fingerprint",
     "key_hash",
+    "limits_key",
     "parse_chat_request",
     "parse_key_secrets",
     "policy_key",

@@ -1,4 +1,4 @@
-"""A project's policy: which models its keys may use, and how much it may spend.
+"""A project's policy: which models its keys may use, how much it may spend, how fast.
 
 One record per project, canonical JSON, stored in Redis at ``prism:policy:{project}``
 (the origin reads it in the same round trip as the entry) and published under the same
@@ -23,8 +23,11 @@ ignores it (it only serves hits, which cost nothing).
 ``MIN_SEMANTIC_THRESHOLD`` to ``MAX_SEMANTIC_THRESHOLD``; when left out, the measured
 default (``DEFAULT_SEMANTIC_THRESHOLD``) is written into the record.
 
-Reserved names, refused until they are implemented so a policy never claims a limit
-that nothing enforces: ``rate_limits`` (and per-key policies).
+``rate_limits`` (optional; ``prism.rate_limits``): requests and tokens per minute for the
+project and for each of its keys; the origin enforces them (``origin/ratelimits.py``).
+
+Optional parts appear in the record only when set, so a policy without them keeps its
+bytes. Per-key policies are not supported.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import PermissionDeniedError
+from .rate_limits import RateLimits
 
 __all__ = [
     "BUDGET_PERIODS",
@@ -56,8 +60,11 @@ MAX_PATTERNS = 64
 MAX_PATTERN_LEN = 200
 _MAX_TEXT = 100
 _MAX_DECIDED = 1024  # models remembered per policy: a client cycling names cannot grow it
-_RESERVED = ("rate_limits",)
-_FIELDS = ("allow", "budget", "cache", "deny", "revision", "updated_at", "updated_by", "v")
+_RESERVED: tuple[str, ...] = ()
+_FIELDS = (
+    "allow", "budget", "cache", "deny", "rate_limits", "revision", "updated_at", "updated_by",
+    "v",
+)  # fmt: skip
 BUDGET_PERIODS = ("day", "month")
 MAX_BUDGET_USD = 1_000_000_000  # a typo's guard: more than anyone means
 _MICROS = 1_000_000
@@ -200,6 +207,7 @@ class Policy:
     updated_by: str | None = None
     budget: Budget | None = None
     cache: CacheRules | None = None  # None: no cache options (no semantic cache)
+    rate_limits: RateLimits | None = None  # None: no rate limit
     _allow: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
     _deny: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
     # model -> allowed, for the models this policy has been asked about (bounded)
@@ -218,6 +226,8 @@ class Policy:
             raise ValueError("budget: must be a Budget")
         if self.cache is not None and not isinstance(self.cache, CacheRules):
             raise ValueError("cache: must be cache options")
+        if self.rate_limits is not None and not isinstance(self.rate_limits, RateLimits):
+            raise ValueError("rate_limits: must be a RateLimits")
         object.__setattr__(self, "allow", allow)
         object.__setattr__(self, "deny", deny)
         object.__setattr__(self, "_allow", _matcher(allow))
@@ -253,6 +263,11 @@ class Policy:
             updated_by=data.get("updated_by"),
             budget=None if data.get("budget") is None else Budget.from_value(data["budget"]),
             cache=None if data.get("cache") is None else CacheRules.from_dict(data["cache"]),
+            rate_limits=(
+                None
+                if data.get("rate_limits") is None
+                else RateLimits.from_dict(data["rate_limits"])
+            ),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -268,6 +283,8 @@ class Policy:
             out["budget"] = self.budget.to_dict()
         if self.cache is not None:  # absent rather than null: older readers know no "cache"
             out["cache"] = self.cache.to_dict()
+        if self.rate_limits is not None:
+            out["rate_limits"] = self.rate_limits.to_dict()
         return out
 
     def encode(self) -> bytes:

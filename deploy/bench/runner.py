@@ -16,7 +16,7 @@ import secrets
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -29,8 +29,9 @@ from deploy.local.processes import process_tree
 from deploy.local.redis import find_redis_server
 from deploy.local.stack import LocalStack, StackConfig, StackInfo
 from deploy.local.workers import ExtraWorker, find_node_toolchain
+from deploy.policy_store import PolicyStore
+from prism import RateLimits, parse_key_secrets
 from prism import headers as h
-from prism import parse_key_secrets
 
 from .ladder import ladder_worker, measure_ladder
 from .loadgen import FALLBACK_TOOL, UNIQUE, LoadSpec, run_load, wrk_path, wrk_version
@@ -63,6 +64,10 @@ _FLOOR_KEY = "prism-bench:floor"
 _STACK_PARTS = ("origin", "provider", "workers runtime")
 
 Step = Callable[[str], None]
+
+# The rate-limited hit row: limits high enough never to refuse, both a project and a
+# per-key one, so the row measures the whole check riding in the lookup script.
+_BENCH_LIMITS = RateLimits.from_dict({"project": {"rpm": 1_000_000}, "key": {"rpm": 1_000_000}})
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,8 +125,8 @@ class BenchRunner:
     @property
     def total_steps(self) -> int:
         """How many times ``on_step`` will be called (for a progress bar)."""
-        # floor, redis-py floor, hit, provider, miss: at every concurrency
-        origin_rows = 5 * len(self.config.concurrency)
+        # floor, redis-py floor, hit, rate-limited hit, provider, miss: at every concurrency
+        origin_rows = 6 * len(self.config.concurrency)
         profile = 3 + self._ladder_rounds if self.config.profile else 0
         # start, checks, ceiling, 4 edge rows, origin rows, streaming, KV drain, profile
         return 3 + 4 + origin_rows + 1 + 1 + profile
@@ -328,13 +333,15 @@ class BenchRunner:
                         [pids["floor_redis_py"]],
                     ),
                     ("redis_hit", origin_url, ctx.hit_body, [pids["origin"]]),
+                    ("redis_hit_limited", origin_url, ctx.hit_body, [pids["origin"]]),
                     ("provider_direct", ctx.urls["provider"], ctx.miss_body, [pids["provider"]]),
                     ("miss", origin_url, ctx.miss_body, [pids["origin"], pids["provider"]]),
                 ):
                     self._on_step(f"origin: {name.replace('_', ' ')} (c{c})")
                     before = wait_writer_idle(ctx.info.origin_admin_url)
                     load = self._spec(url, body, ctx.auth, c)
-                    row = self._timed(load, servers, rss if url == origin_url else None)
+                    with self._rate_limited(ctx, name == "redis_hit_limited"):
+                        row = self._timed(load, servers, rss if url == origin_url else None)
                     origin.setdefault(name, {})[str(c)] = row
                     if name == "miss" and c == max(self.config.concurrency):
                         self._on_step("KV writer: waiting for the new entries to replicate")
@@ -343,6 +350,24 @@ class BenchRunner:
         finally:
             rss.close()
         return origin, kv, rss.peak
+
+    @contextlib.contextmanager
+    def _rate_limited(self, ctx: _Context, on: bool) -> Iterator[None]:
+        """With ``on``, the project has rate limits (that never refuse) while inside."""
+        if not on:
+            yield
+            return
+        store = PolicyStore.from_url(ctx.info.redis_url)
+        try:
+            store.set(ctx.info.project, rate_limits=_BENCH_LIMITS, updated_by="bench")
+            check = httpx.post(ctx.info.origin_url + CHAT_PATH, content=ctx.hit_body,
+                               headers=ctx.auth, timeout=30)  # fmt: skip
+            if check.headers.get("x-ratelimit-limit-requests") != "1000000":
+                raise BenchError("the rate-limited hit row's limit did not take effect")
+            yield
+        finally:
+            store.clear(ctx.info.project, actor="bench")
+            store.close()
 
     def _streaming(self, ctx: _Context) -> dict[str, Any]:
         self._on_step("streaming: time to first byte (provider, origin, forward, edge + origin)")

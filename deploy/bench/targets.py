@@ -50,6 +50,17 @@ def evaluate_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
                 share >= 0.7,
             )
         )
+    limited32 = origin.get("redis_hit_limited", {}).get(high)
+    if hit32 and limited32 and hit32["rps"] > 0:
+        kept = limited32["rps"] / hit32["rps"]
+        rows.append(
+            _target(
+                f"origin Redis hit with rate limits (c{high})",
+                "≥ 90% of the hit without",
+                f"{limited32['rps']:.0f} vs {hit32['rps']:.0f} req/s = {kept:.0%}",
+                kept >= 0.9,
+            )
+        )
     miss1 = origin.get("miss", {}).get("1")
     direct1 = origin.get("provider_direct", {}).get("1")
     if miss1 and direct1:

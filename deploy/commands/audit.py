@@ -34,9 +34,19 @@ def _summary(fields: dict[str, str]) -> str:
     if action == "policy.set":
         budget = after.get("budget")
         spend = f"; budget ${budget['usd']}/{budget['period']}" if isinstance(budget, dict) else ""
-        return f"allow {after.get('allow') or 'all'}; deny {after.get('deny') or 'none'}{spend}"
+        limits = after.get("rate_limits")
+        rates = f"; rate limits {json.dumps(limits, sort_keys=True)}" if limits else ""
+        allow, deny = after.get("allow") or "all", after.get("deny") or "none"
+        return f"allow {allow}; deny {deny}{spend}{rates}"
     if action in ("policy.refuse", "budget.refuse"):
         return f"model {detail.get('model', '?')!r}: {detail.get('code', '?')}"
+    if action == "ratelimit.refuse":
+        within = detail.get("within_seconds")
+        when = f" in the {within:g} s after the first" if isinstance(within, float | int) else ""
+        return (
+            f"{detail.get('count', '?')} x over the {detail.get('scope', '?')} "
+            f"{detail.get('kind', '?')} limit{when}"
+        )
     return ""
 
 

@@ -16,12 +16,13 @@ import typer
 
 from deploy.key_store import DEFAULT_KV_API, DEFAULT_REDIS_URL, KeyStoreError
 from deploy.policy_store import PolicyChange, PolicyStore, check_project, sync_policy
-from prism import BUDGET_PERIODS, Budget, CacheRules, Policy, policy_key
+from prism import BUDGET_PERIODS, Budget, CacheRules, Limit, Policy, RateLimits, policy_key
 from prism.policy import (
     DEFAULT_SEMANTIC_THRESHOLD,
     MAX_SEMANTIC_THRESHOLD,
     MIN_SEMANTIC_THRESHOLD,
 )
+from prism.rate_limits import MAX_RPM, MAX_TPM
 
 from ._options import JsonOption
 from .keys import (
@@ -77,7 +78,8 @@ def _describe(policy: Policy | None) -> str:
     semantic = (
         f"; semantic cache on (threshold {cache.threshold})" if cache and cache.semantic else ""
     )
-    return f"allow {allow}; deny {deny}{spend}{semantic} (revision {policy.revision})"
+    limits = "" if policy.rate_limits is None else f"; rate limits {policy.rate_limits.describe()}"
+    return f"allow {allow}; deny {deny}{spend}{semantic}{limits} (revision {policy.revision})"
 
 
 def _as_dict(policy: Policy | None) -> dict[str, object] | None:
@@ -124,6 +126,65 @@ def _publish(
             err=True,
         )
         raise typer.Exit(1)
+
+
+# -- rate limits: their options, and the RateLimits they make --------------------------
+
+RpmOption = Annotated[
+    int | None, typer.Option("--rpm", help="Requests per minute for the whole project.")
+]
+TpmOption = Annotated[
+    int | None, typer.Option("--tpm", help="Tokens per minute for the whole project.")
+]
+KeyRpmOption = Annotated[
+    int | None, typer.Option("--key-rpm", help="Requests per minute for each key of the project.")
+]
+KeyTpmOption = Annotated[
+    int | None, typer.Option("--key-tpm", help="Tokens per minute for each key of the project.")
+]
+KeyLimitOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--key-limit",
+        help="One key's own limits, over --key-rpm/--key-tpm: KEY_ID:rpm=N[,tpm=N] (repeatable).",
+    ),
+]
+
+
+def _key_limit(spec: str) -> tuple[str, Limit]:
+    key_id, sep, rest = spec.partition(":")
+    values: dict[str, object] = {}
+    for part in rest.split(",") if sep else ():
+        name, eq, number = part.partition("=")
+        if not eq or not number.strip().isdigit():
+            break
+        values[name.strip()] = int(number)
+    else:
+        if values:
+            return key_id, Limit.from_dict(f"--key-limit {key_id[:40]}", values)
+    raise ValueError(f"--key-limit: {spec[:60]!r} is not KEY_ID:rpm=N[,tpm=N]")
+
+
+def rate_limits_option(
+    rpm: int | None,
+    tpm: int | None,
+    key_rpm: int | None,
+    key_tpm: int | None,
+    key_limits: list[str] | None,
+) -> RateLimits | None:
+    """The rate limits the options set (None: none given); ``ValueError`` for bad input."""
+    given = (rpm, tpm, key_rpm, key_tpm)
+    if all(v is None for v in given) and not key_limits:
+        return None
+    for flag, value in zip(("--rpm", "--tpm", "--key-rpm", "--key-tpm"), given, strict=True):
+        most = MAX_RPM if flag.endswith("rpm") else MAX_TPM
+        if value is not None and not 1 <= value <= most:
+            raise ValueError(f"{flag}: must be between 1 and {most:,} (got {value})")
+    return RateLimits(
+        project=Limit(rpm, tpm),
+        key=Limit(key_rpm, key_tpm),
+        keys=tuple(_key_limit(spec) for spec in key_limits or ()),
+    )
 
 
 @app.command("set")
@@ -173,6 +234,12 @@ def set_policy(
             "`prism bench semantic`]",
         ),
     ] = None,
+    # -- rate limits (rate_limits) --
+    rpm: RpmOption = None,
+    tpm: TpmOption = None,
+    key_rpm: KeyRpmOption = None,
+    key_tpm: KeyTpmOption = None,
+    key_limit: KeyLimitOption = None,
     redis_url: RedisUrlOption = DEFAULT_REDIS_URL,
     kv_api_url: KVApiOption = DEFAULT_KV_API,
     kv_account_id: KVAccountOption = "",
@@ -181,8 +248,8 @@ def set_policy(
     no_kv: NoKVOption = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Replace PROJECT's policy (models, budget, semantic cache): at once at the origin,
-    within ~2 min at the edge.
+    """Replace PROJECT's policy (models, budget, semantic cache, rate limits): at once at
+    the origin, within ~2 min at the edge.
 
     Patterns are case-sensitive globs (*, ?, [...]). A model is allowed when no --deny
     matches it and --allow is empty or one --allow matches it. A refused model is a
@@ -193,13 +260,22 @@ def set_policy(
     --semantic answers paraphrases of questions the project already asked from their
     cached answers (the origin's semantic cache), at --semantic-threshold.
 
+    --rpm/--tpm limit the whole project's requests/tokens per minute, --key-rpm/--key-tpm
+    each key's, --key-limit one key's own; a request over a limit is a 429
+    `rate_limit_exceeded`.
+
     Example: prism policy set --project acme --allow 'gpt-4o*' --deny 'o1*' --budget 25 --period day
     Example: prism policy set --project acme --allow 'gpt-4o*' --semantic
+    Example: prism policy set --project acme --rpm 600 --tpm 200000 --key-rpm 60
     """
-    if not allow and not deny and budget is None and not semantic:
+    try:
+        rates = rate_limits_option(rpm, tpm, key_rpm, key_tpm, key_limit)
+    except ValueError as error:
+        raise fail(f"invalid policy: {error}", 2) from None
+    if not allow and not deny and budget is None and not semantic and rates is None:
         raise fail(
-            "give at least one --allow, --deny or --budget, or --semantic "
-            "(`prism policy clear` removes it)",
+            "give at least one --allow, --deny or --budget, or --semantic, or a rate limit "
+            "option (`prism policy clear` removes it)",
             2,
         )
     limit = _budget(budget, period)
@@ -211,6 +287,7 @@ def set_policy(
                 allow=allow or (),
                 deny=deny or (),
                 budget=limit,
+                rate_limits=rates,
                 updated_by=updated_by or default_user(),
                 cache=cache,
             )

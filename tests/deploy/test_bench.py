@@ -66,7 +66,14 @@ def test_quick_bench_writes_every_section_with_sane_numbers(tmp_path: Path) -> N
 
     origin = result["origin"]
     assert origin["layers"] == {"redis_hit": "redis", "miss": "miss"}
-    for case in ("floor", "floor_redis_py", "redis_hit", "provider_direct", "miss"):
+    for case in (
+        "floor",
+        "floor_redis_py",
+        "redis_hit",
+        "redis_hit_limited",
+        "provider_direct",
+        "miss",
+    ):
         assert set(origin[case]) == {"1", "32"}
         for row in origin[case].values():
             assert_load_row(row)
@@ -92,6 +99,7 @@ def test_quick_bench_writes_every_section_with_sane_numbers(tmp_path: Path) -> N
     assert {t["name"].split(" (")[0] for t in result["targets"]} == {
         "edge KV hit median",
         "origin Redis hit throughput",
+        "origin Redis hit with rate limits",
         "origin miss overhead",
         "origin Redis hit tail",
         "origin miss tail",

@@ -86,7 +86,7 @@ def test_set_show_clear_reach_redis_and_kv(
     ("args", "message"),
     [
         (["set", "--project", "Acme!", "--deny", "o1*"], "--project: 'Acme!' is not a project id"),
-        (["set", "--project", "acme"], "give at least one --allow, --deny or --budget"),
+        (["set", "--project", "acme"], "give at least one --allow, --deny or --budget, or --semantic, or a rate limit option"),
         (["set", "--project", "acme", "--budget", "-5"], "invalid policy: budget.usd: must be above 0"),
         (["set", "--project", "acme", "--budget", "0"], "invalid policy: budget.usd: must be above 0"),
         (["set", "--project", "acme", "--budget", "ten"], "--budget must be a number of US dollars, got 'ten'"),
@@ -95,6 +95,11 @@ def test_set_show_clear_reach_redis_and_kv(
         (["set", "--project", "acme", "--budget", "0.0000001"], "budget.usd: must be at least 0.000001"),
         (["set", "--project", "acme", "--budget", "5", "--period", "week"], "--period must be day or month"),
         (["set", "--project", "acme", "--deny", "o1", "--period", "day"], "--period needs --budget"),
+        (["set", "--project", "acme", "--rpm", "0"], "invalid policy: --rpm: must be between 1 and 1,000,000 (got 0)"),
+        (["set", "--project", "acme", "--key-tpm", "2000000000"], "--key-tpm: must be between 1 and 1,000,000,000"),
+        (["set", "--project", "acme", "--key-limit", "abc"], "--key-limit: 'abc' is not KEY_ID:rpm=N[,tpm=N]"),
+        (["set", "--project", "acme", "--key-limit", "short:rpm=5"], "rate_limits.keys: 'short' is not a key id"),
+        (["set", "--project", "acme", "--key-limit", "abcdefgh:rps=5"], "--key-limit abcdefgh.rps: unknown field"),
         (["set", "--project", "acme", "--allow", ""], "invalid policy: allow[0]: must be a non-empty"),
         (["set", "--project", "acme", "--deny", "o1 *"], "invalid policy: deny[0]: 'o1 *' has whitespace"),
         (["set", "--project", "acme", *[a for i in range(65) for a in ("--deny", f"m{i}")]], "deny: at most 64"),
@@ -175,3 +180,57 @@ def test_an_unreachable_redis_is_one_line(env: dict[str, str]) -> None:
     result = policy(env, "show", "--project", "acme")
     assert result.exit_code == 1
     assert "cannot reach Redis" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_rate_limits_are_set_shown_replaced_and_removed(
+    env: dict[str, str], redis_url: str, kv_api_reset: KVApi
+) -> None:
+    admin = redis.Redis.from_url(redis_url, decode_responses=True)
+    result = policy(
+        env, "set", "--project", "acme", "--deny", "o1*", "--rpm", "600", "--tpm", "200000",
+        "--key-rpm", "60", "--key-limit", "bigkey01:rpm=120,tpm=50000", "--by", "ops",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert (
+        "deny o1*; rate limits project 600 rpm and 200,000 tpm; each key 60 rpm; "
+        "key bigkey01 120 rpm and 50,000 tpm" in result.stdout
+    )
+    stored = Policy.parse(in_redis(redis_url) or b"")
+    assert stored.deny == ("o1*",)
+    assert stored.rate_limits is not None
+    assert stored.rate_limits.to_dict() == {
+        "project": {"rpm": 600, "tpm": 200000},
+        "key": {"rpm": 60},
+        "keys": {"bigkey01": {"rpm": 120, "tpm": 50000}},
+    }
+    # The lookup script's compact form, written with the record.
+    assert admin.hgetall("prism:limits:acme") == {
+        "rpm": "600",
+        "tpm": "200000",
+        "key.rpm": "60",
+        "id.bigkey01.rpm": "120",
+        "id.bigkey01.tpm": "50000",
+    }
+    assert kv_api_reset.get_text(policy_key("acme")) == stored.encode().decode()
+
+    shown = policy(env, "show", "--project", "acme", "--json")
+    assert json.loads(shown.stdout)["policy"]["rate_limits"]["key"] == {"rpm": 60}
+
+    # The origin's state of a limit (fields "s.*") survives a change of the limits.
+    admin.hset("prism:limits:acme", "s.rpm", "1764800000000000")
+    assert policy(env, "set", "--project", "acme", "--key-tpm", "1000").exit_code == 0
+    assert admin.hgetall("prism:limits:acme") == {"key.tpm": "1000", "s.rpm": "1764800000000000"}
+    last = admin.xrevrange("prism:audit", count=1)[0][1]
+    assert last["action"] == "policy.set"
+    assert json.loads(last["before"])["rate_limits"] == stored.rate_limits.to_dict()
+    assert json.loads(last["after"])["rate_limits"] == {"key": {"tpm": 1000}}
+    assert "rate limits" in policy(env, "show", "--project", "acme").stdout
+
+    # `set` replaces the whole policy: without rate limit options, none; the hash goes.
+    replaced = policy(env, "set", "--project", "acme", "--allow", "gpt-*", "--json")
+    assert replaced.exit_code == 0, replaced.output
+    assert "rate_limits" not in json.loads(replaced.stdout)["after"]
+    assert admin.exists("prism:limits:acme") == 0
+    assert policy(env, "set", "--project", "acme", "--rpm", "5").exit_code == 0
+    assert policy(env, "clear", "--project", "acme").exit_code == 0
+    assert admin.exists("prism:limits:acme") == 0

@@ -74,8 +74,12 @@ def test_a_denied_model_costs_the_origin_nothing_once_the_policy_has_propagated(
     served = post(edge.url, project_key, cached)
     assert served.status_code == 200 and served.headers["x-prism-edge-cache-layer"] == "kv"
 
+    # With a rate limit too: the edge reads a record that carries one (and leaves it to
+    # the origin).
     result = CliRunner().invoke(
-        app, ["policy", "set", "--project", PROJECT, "--deny", "o1*"], env=cli_env(edge)
+        app,
+        ["policy", "set", "--project", PROJECT, "--deny", "o1*", "--key-rpm", "1000"],
+        env=cli_env(edge),
     )
     assert result.exit_code == 0, result.output
     # The origin refuses at once (a direct call with the key, as a client may make).
@@ -99,6 +103,8 @@ def test_a_denied_model_costs_the_origin_nothing_once_the_policy_has_propagated(
     assert edge.origin_requests() == before  # decided at the PoP
     allowed = post(edge.url, project_key, body("demo"))
     assert allowed.status_code == 200, allowed.text
+    # The origin counted it against the key's limit; its headers come through the edge.
+    assert allowed.headers["x-ratelimit-limit-requests"] == "1000"
 
 
 def test_an_unreadable_policy_record_at_the_edge_leaves_the_decision_to_the_origin(

@@ -62,7 +62,7 @@ class FakeRedis:
         if self.failure is not None:
             raise self.failure
         match (*command.leading, *args):
-            case ("EVALSHA", sha, 3, set_key, key, policy, key_id):
+            case ("EVALSHA", sha, 3, set_key, key, policy, key_id, _counted):
                 assert set_key == REVOKED_KEY
                 if (sha.decode() if isinstance(sha, bytes) else sha) not in self.scripts:
                     raise NoScriptError("NOSCRIPT No matching script.")

@@ -122,11 +122,11 @@ async def test_the_cache_reads_entries_and_revocation_and_reloads_a_flushed_scri
     cache = RedisCache(client, Metrics())
     admin = redis.Redis.from_url(redis_url)
     try:
-        assert await cache.lookup("key1", "a" * 64) == (True, False, None, None)
+        assert await cache.lookup("key1", "a" * 64) == (True, False, None, None, None)
         assert await cache.store("a" * 64, b"entry-a", 60)
-        assert await cache.lookup("key1", "a" * 64) == (True, False, b"entry-a", None)
+        assert await cache.lookup("key1", "a" * 64) == (True, False, b"entry-a", None, None)
         admin.script_flush()  # as after a Redis restart: the cached EVALSHA is unknown
-        assert await cache.lookup("key1", "a" * 64) == (True, False, b"entry-a", None)
+        assert await cache.lookup("key1", "a" * 64) == (True, False, b"entry-a", None, None)
         admin.sadd(REVOKED_KEY, "key1")
         assert (await cache.lookup("key1", "a" * 64)).revoked
         assert (await cache.lookup("key1", None)).revoked

@@ -142,7 +142,7 @@ async def test_a_dead_replica_sends_the_lookups_to_the_primary(
             metrics.registry.get_sample_value("prism_redis_errors_total", {"op": "lookup_replica"})
             == 1
         )
-        assert await cache.lookup("key1", "b" * 64) == (True, False, b"entry-b", None)
+        assert await cache.lookup("key1", "b" * 64) == (True, False, b"entry-b", None, None)
         assert cache.available and await cache.store("c" * 64, b"entry-c", 60)
     finally:
         await writer.close()

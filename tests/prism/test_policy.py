@@ -68,7 +68,7 @@ def test_encode_is_canonical_and_parses_back_to_an_equal_policy() -> None:
         ('{"budget": {"usd": 1e-9}}', "budget.usd: must be at least 0.000001"),
         ('{"budget": {"usd": 5, "period": "week"}}', "budget.period: must be day or month"),
         ('{"budget": {"usd": 5, "cap": 1}}', "budget.cap: unknown field"),
-        ('{"rate_limits": {}}', "rate_limits: reserved"),
+        ('{"rate_limits": {}}', "rate_limits: set at least one limit"),
         ('{"alow": []}', "alow: unknown field"),
         ('{"v": 2}', "v: unsupported policy format 2"),
         ('{"revision": -1}', "revision: must not be negative"),

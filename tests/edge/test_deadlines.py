@@ -1,0 +1,134 @@
+"""The per-request stage timer: asyncio.timeout's behaviour, one timer per fast request.
+
+The runtime tests (the 408 on a stalled body, the 504 on a silent origin, a KV read
+past its limit) are in test_adversarial and test_failures_told; these pin the timer
+itself in CPython, with a counting ``arm`` and, where it matters, a clock that stands
+still as the Workers clock does between I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from edge.deadlines import StageTimer
+
+
+class Arms:
+    """``call_later`` that counts how many timers were armed, and for how long."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    def __call__(self, delay: float, callback: Callable[[int], None], token: int) -> object:
+        self.delays.append(delay)
+        return asyncio.get_running_loop().call_later(delay, callback, token)
+
+
+async def test_a_fast_request_arms_one_timer_for_all_its_stages() -> None:
+    arms = Arms()
+    timer = StageTimer(0.5, arm=arms)
+    for seconds in (10.0, 0.5, 0.5, 90.0):  # body, policy, KV, origin
+        async with timer.within(seconds):
+            await asyncio.sleep(0)
+    assert arms.delays == [0.5]
+
+
+async def test_a_stage_past_its_limit_raises_timeout_error() -> None:
+    timer = StageTimer(0.05)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(TimeoutError):
+        async with timer.within(0.05):
+            await asyncio.sleep(5)
+    assert 0.04 < loop.time() - started < 2
+
+
+async def test_a_longer_stage_gets_its_whole_limit_from_a_rearmed_timer() -> None:
+    arms = Arms()
+    timer = StageTimer(0.02, arm=arms)
+    async with timer.within(2.0):  # outlives the first timer (0.02 s): armed again
+        await asyncio.sleep(0.1)
+    assert len(arms.delays) == 2 and arms.delays[0] == 0.02
+    with pytest.raises(TimeoutError):
+        async with timer.within(0.05):
+            await asyncio.sleep(5)
+
+
+async def test_a_later_stage_is_limited_from_its_own_start() -> None:
+    timer = StageTimer(0.2)
+    async with timer.within(5.0):
+        await asyncio.sleep(0.1)
+    # The first timer fires about 0.1 s into this stage: early, so it is armed again.
+    async with timer.within(1.0):
+        await asyncio.sleep(0.2)
+
+
+async def test_a_timer_ends_a_stage_even_when_the_clock_stands_still() -> None:
+    frozen = 1000.0
+    timer = StageTimer(0.02, clock=lambda: frozen)
+    with pytest.raises(TimeoutError):
+        async with timer.within(0.05):  # armed for 0.02 s, then for the other 0.03 s
+            await asyncio.sleep(5)
+
+
+async def test_a_stage_shorter_than_the_armed_timer_arms_its_own() -> None:
+    arms = Arms()
+    timer = StageTimer(10.0, arm=arms)
+    async with timer.within(10.0):
+        await asyncio.sleep(0)
+    with pytest.raises(TimeoutError):
+        async with timer.within(0.02):
+            await asyncio.sleep(5)
+    assert arms.delays[:2] == [10.0, 0.02]
+
+
+async def test_concurrent_requests_keep_their_own_timers() -> None:
+    timer = StageTimer(0.05)
+
+    async def slow() -> str:
+        try:
+            async with timer.within(0.05):
+                await asyncio.sleep(5)
+        except TimeoutError:
+            return "timed out"
+        return "done"
+
+    async def fast() -> str:
+        async with timer.within(0.05):
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.1)  # between stages: the other request's timeout is not ours
+        async with timer.within(1.0):
+            await asyncio.sleep(0)
+        return "done"
+
+    assert await asyncio.gather(slow(), fast()) == ["timed out", "done"]
+
+
+async def test_a_cancel_from_outside_stays_a_cancel() -> None:
+    timer = StageTimer(5.0)
+
+    async def request() -> None:
+        async with timer.within(5.0):
+            await asyncio.sleep(5)
+
+    task = asyncio.ensure_future(request())
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_stages_do_not_nest() -> None:
+    timer = StageTimer(1.0)
+    async with timer.within(1.0):
+        with pytest.raises(RuntimeError, match="nest"):
+            async with timer.within(1.0):
+                pass
+
+
+def test_a_stage_needs_a_task() -> None:
+    with pytest.raises(RuntimeError):
+        StageTimer(1.0).within(1.0)
