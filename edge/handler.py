@@ -11,6 +11,7 @@ stays at the PoP.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import secrets
 
@@ -41,8 +42,8 @@ from prism import headers as h
 from prism.routes import CHAT_PATH, MESSAGES_PATH, MODELS_PATH
 
 from .apis import APIS, ApiRoutes, error_format
-from .models import ModelList, models_response
 from .deadlines import StageTimer
+from .models import ModelList, models_response
 from .origins import ORIGIN_DOWN, Origin, Origins
 from .platform import EdgeRequest, EdgeResponse, Platform
 from .policies import PolicyCache
