@@ -45,6 +45,19 @@ def replica(
         server.stop()
 
 
+def replicated(primary: RedisServer, replica: RedisServer, timeout: float = 30) -> None:
+    """Until the replica holds every entry the primary does: how fast Redis replicates
+    (a loaded machine: seconds) is not what these tests are about."""
+    writer, reader = redis.Redis.from_url(primary.url), redis.Redis.from_url(replica.url)
+    try:
+        entries = set(writer.keys("prism:v*"))
+        assert entries, "nothing was stored"
+        wait_for(lambda: entries <= set(reader.keys("prism:v*")), timeout)
+    finally:
+        writer.close()
+        reader.close()
+
+
 def commands(server: RedisServer, name: str) -> int:
     client = redis.Redis.from_url(server.url)
     try:
@@ -81,6 +94,7 @@ def test_an_entry_written_through_one_origin_is_a_redis_hit_at_the_other_from_th
     assert first.status_code == 200, first.text
     assert first.headers["x-prism-edge-cache-layer"] == "miss"
     near.wait_stored()
+    replicated(primary, replica)
     lookups_on_primary = commands(primary, "evalsha")
 
     def served_from_redis() -> httpx.Response | None:
@@ -171,6 +185,7 @@ def test_only_the_origin_that_stored_an_entry_replicates_it_to_workers_kv(
     headers = {"authorization": f"Bearer {api_key}"}
     assert httpx.post(f"{near.url}/v1/chat/completions", json=body, headers=headers).is_success
     near.wait_stored()
+    replicated(primary, replica)
 
     def hit() -> bool:
         response = httpx.post(f"{far.url}/v1/chat/completions", json=body, headers=headers)
