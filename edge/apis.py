@@ -22,7 +22,6 @@ from prism import (
     RecentBodies,
     RecentEntries,
     classify,
-    encode_envelope,
     entry_key,
     error_json,
     fingerprint,
@@ -42,7 +41,6 @@ __all__ = ["APIS", "ApiRoutes", "EdgeApi", "error_format"]
 
 _JSON = "application/json"
 _SSE = "text/event-stream"
-_MIN_KV_TTL = 60
 
 
 class _Parsed(Protocol):
@@ -140,23 +138,8 @@ class ApiRoutes:
         response = await handler._forward(
             "POST", api.path, request, platform, identity, fp, body, timings
         )
-        if (
-            response.passthrough is not None
-            and response.status == 200
-            and response.headers.get(h.CACHE_LAYER) == "redis"
-            and not parsed.stream
-            and decision.write
-        ):
-            # Read the (complete) JSON body so it can also be written to KV.
-            expires = response.passthrough.header(h.ENTRY_EXPIRES)
-            text = await response.passthrough.text()
-            response.body, response.passthrough = text, None
-            ttl = int(expires) - int(platform.now()) if expires and expires.isdigit() else 0
-            if ttl >= _MIN_KV_TTL:
-                data = encode_envelope(
-                    text.encode(), model=parsed.model, ttl=ttl, created=int(platform.now())
-                )
-                platform.wait_until(platform.kv_put(entry_key(fp), data.decode(), ttl))
+        if not parsed.stream and decision.write:
+            await handler.keep_redis_hit(response, platform, fp, parsed.model)
         return response
 
 

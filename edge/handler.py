@@ -204,24 +204,28 @@ class EdgeHandler:
         response = await self._forward(
             "POST", CHAT_PATH, request, platform, identity, fp, body, timings
         )
-        if (
+        if not chat.stream and decision.write:
+            await self.keep_redis_hit(response, platform, fp, chat.model)
+        return response
+
+    async def keep_redis_hit(
+        self, response: EdgeResponse, platform: Platform, fp: str, model: str
+    ) -> None:
+        """A JSON Redis hit the origin sent: read its (complete, small) body so it can also
+        be written to KV, in the background, for as long as Redis keeps it."""
+        if not (
             response.passthrough is not None
             and response.status == 200
             and response.headers.get(h.CACHE_LAYER) == "redis"
-            and not chat.stream
-            and decision.write
         ):
-            # Read the (complete, small) JSON body so it can also be written to KV.
-            expires = response.passthrough.header(h.ENTRY_EXPIRES)
-            text = await response.passthrough.text()
-            response.body, response.passthrough = text, None
-            ttl = int(expires) - int(platform.now()) if expires and expires.isdigit() else 0
-            if ttl >= _MIN_KV_TTL:
-                data = encode_envelope(
-                    text.encode(), model=chat.model, ttl=ttl, created=int(platform.now())
-                )
-                platform.wait_until(platform.kv_put(entry_key(fp), data.decode(), ttl))
-        return response
+            return
+        expires = response.passthrough.header(h.ENTRY_EXPIRES)
+        text = await response.passthrough.text()
+        response.body, response.passthrough = text, None
+        ttl = int(expires) - int(platform.now()) if expires and expires.isdigit() else 0
+        if ttl >= _MIN_KV_TTL:
+            data = encode_envelope(text.encode(), model=model, ttl=ttl, created=int(platform.now()))
+            platform.wait_until(platform.kv_put(entry_key(fp), data.decode(), ttl))
 
     async def _models(
         self,
