@@ -210,9 +210,16 @@ def test_caddyfile_validates(acme: bool, tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def caddy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[int, int]]:
-    """A real Caddy on the rendered Caddyfile (ports moved): (its https port, origin port)."""
-    origin_port, https_port = free_port(), free_port()
+def caddy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[int, int, socket.socket]]:
+    """A real Caddy on the rendered Caddyfile (ports moved): (its https port, the origin's
+    port, a socket bound to that port and not listening). The socket keeps the port from
+    any other process of a parallel suite (Caddy would proxy to it) and refuses Caddy's
+    connections like a stopped origin; close it to start one there."""
+    reserved = socket.socket()
+    reserved.bind(("127.0.0.1", 0))
+    origin_port, https_port = int(reserved.getsockname()[1]), free_port()
     monkeypatch.setattr(aws_userdata, "ORIGIN_PORT", origin_port)
     text = render_caddyfile("203.0.113.7", acme=False)
     text = text.replace(
@@ -233,8 +240,9 @@ def caddy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[int
     )
     try:
         wait_for(lambda: _answers(https_port), timeout=30)
-        yield https_port, origin_port
+        yield https_port, origin_port, reserved
     finally:
+        reserved.close()
         process.terminate()
         process.wait(timeout=10)
 
@@ -266,13 +274,16 @@ def _get(port: int) -> httpx.Response:
 
 
 @needs_caddy
-def test_caddy_answers_a_503_json_until_the_origin_is_up(caddy: tuple[int, int]) -> None:
-    https_port, origin_port = caddy
+def test_caddy_answers_a_503_json_until_the_origin_is_up(
+    caddy: tuple[int, int, socket.socket],
+) -> None:
+    https_port, origin_port, reserved = caddy
 
     down = wait_for(lambda: _answer(https_port, 503), timeout=30)
 
     assert down.headers["content-type"] == "application/json"
     assert down.json()["error"]["code"] == "origin_unavailable"
+    reserved.close()
     with _Server(origin_port, {"status": "ok", "version": RELEASE}, tls=None):
         up = wait_for(lambda: _answer(https_port, 200), timeout=30)
         assert up.json()["version"] == RELEASE
