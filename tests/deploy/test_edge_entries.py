@@ -47,7 +47,7 @@ class RunningEdge:
 def local_entry_edge(
     tmp_path_factory: pytest.TempPathFactory,
     workers_runtime_factory: WorkersRuntimeFactory,
-    redis_server: RedisServer,
+    edge_redis: RedisServer,
     provider_server: ProviderServer,
 ) -> Iterator[RunningEdge]:
     bundle = build_edge("local", tmp_path_factory.mktemp("local-entry") / "bundle")
@@ -62,9 +62,9 @@ def local_entry_edge(
         api_token="kv-api-local-entry",
     )
     kv = KVApi(runtime)
-    origin = serve_replicating_origin(kv, redis_server.url, provider_server.url, origin_port)
+    origin = serve_replicating_origin(kv, edge_redis.url, provider_server.url, origin_port)
     try:
-        yield RunningEdge(runtime, kv, redis_server.url)
+        yield RunningEdge(runtime, kv, edge_redis.url)
     finally:
         origin.server.stop()
         kv.close()
