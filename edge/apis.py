@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 from prism import (
     Envelope,
@@ -30,6 +30,7 @@ from prism import headers as h
 from prism.embeddings_request import parse_embeddings_request
 from prism.messages_request import parse_messages_request
 from prism.messages_sse import anthropic_error_json, replay_message
+from prism.parsers import ParsedRequest
 from prism.routes import EMBEDDINGS_PATH, MESSAGES_PATH
 
 from .platform import EdgeRequest, EdgeResponse, Platform
@@ -43,15 +44,6 @@ _JSON = "application/json"
 _SSE = "text/event-stream"
 
 
-class _Parsed(Protocol):
-    @property
-    def body(self) -> dict[str, Any]: ...
-    @property
-    def model(self) -> str: ...
-    @property
-    def stream(self) -> bool: ...
-
-
 def _replay_message(envelope: Envelope) -> bytes:
     return replay_message(envelope.completion())
 
@@ -59,7 +51,7 @@ def _replay_message(envelope: Envelope) -> bytes:
 @dataclass(frozen=True, slots=True)
 class EdgeApi:
     path: str
-    parse: Callable[[bytes, Limits], _Parsed]
+    parse: Callable[[bytes, Limits], ParsedRequest]
     replay: Callable[[Envelope], bytes] | None  # a stored answer as this API's stream
     error_json: Callable[[PrismError], bytes]
 
@@ -82,7 +74,9 @@ class ApiRoutes:
     """Per isolate: what each API route has recently parsed and decoded."""
 
     def __init__(self) -> None:
-        self._bodies: dict[str, RecentBodies[_Parsed]] = {path: RecentBodies(64) for path in APIS}
+        self._bodies: dict[str, RecentBodies[ParsedRequest]] = {
+            path: RecentBodies(64) for path in APIS
+        }
         self._entries = RecentEntries(size=32)
 
     async def serve(

@@ -12,7 +12,6 @@ import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 from prism import (
     AuthenticationError,
@@ -27,6 +26,7 @@ from prism import (
     fingerprint,
 )
 from prism import headers as h
+from prism.parsers import ParsedRequest
 
 from .asgi import Request, disconnected, read_body
 from .audit import AuditWriter, audit_record
@@ -39,16 +39,7 @@ from .policies import ProjectPolicies
 from .providers.base import UpstreamCompletion
 from .responses import Reply
 
-__all__ = ["Api", "ApiRoute", "ParsedRequest"]
-
-
-class ParsedRequest(Protocol):
-    @property
-    def body(self) -> dict[str, Any]: ...
-    @property
-    def model(self) -> str: ...
-    @property
-    def stream(self) -> bool: ...
+__all__ = ["Api", "ApiRoute"]
 
 
 @dataclass(frozen=True, slots=True)

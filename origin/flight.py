@@ -30,7 +30,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import orjson
 
@@ -241,12 +241,16 @@ class Flight:
         finally:
             with contextlib.suppress(Exception):
                 await upstream.aclose()
+        self._broken(routed, failure)
+
+    def _broken(self, routed: Routed[Any], failure: PrismError | None) -> NoReturn:
+        """A stream that did not end whole: counted against its provider, then raised.
+        (Failures raised by the events iterator are the router's to count; these are ours.)"""
         if failure is None:
             failure = UpstreamError(
                 f"Provider '{routed.provider}' ended the stream before the answer was complete.",
                 code="upstream_truncated",
             )
-        # Failures raised by the events iterator are the router's to count; these are ours.
         self._router.stream_failed(routed, failure)
         raise failure
 
@@ -279,13 +283,7 @@ class Flight:
         finally:
             with contextlib.suppress(Exception):
                 await upstream.aclose()
-        if failure is None:
-            failure = UpstreamError(
-                f"Provider '{routed.provider}' ended the stream before the answer was complete.",
-                code="upstream_truncated",
-            )
-        self._router.stream_failed(routed, failure)
-        raise failure
+        self._broken(routed, failure)
 
     async def _relay(
         self, routed: Routed[UpstreamStream], upstream: UpstreamStream, assembler: StreamAssembler

@@ -4,6 +4,7 @@ that must parse a body of any API the same way in both halves) look up."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from .embeddings_request import parse_embeddings_request
 from .fingerprint import ParsedBody
@@ -11,7 +12,17 @@ from .messages_request import parse_messages_request
 from .request import DEFAULT_LIMITS, Limits, parse_chat_request
 from .routes import CHAT_PATH, EMBEDDINGS_PATH, MESSAGES_PATH
 
-__all__ = ["PARSERS", "parse_for_path"]
+__all__ = ["PARSERS", "ParsedRequest", "parse_for_path"]
+
+
+class ParsedRequest(ParsedBody, Protocol):
+    """What both halves' cache paths read of any API's parsed request."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def stream(self) -> bool: ...
+
 
 PARSERS: dict[str, Callable[[bytes | str, Limits], ParsedBody]] = {
     CHAT_PATH: parse_chat_request,

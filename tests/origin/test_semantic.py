@@ -43,19 +43,6 @@ def ask(text: str, **extra: Any) -> dict[str, Any]:
     return {"model": "demo", "messages": [{"role": "user", "content": text}], **extra}
 
 
-@pytest.fixture
-def origin(origin_factory: OriginFactory) -> RunningOrigin:
-    return origin_factory()
-
-
-@pytest.fixture
-def client(origin: RunningOrigin, api_key: str) -> Iterator[httpx.Client]:
-    with httpx.Client(
-        base_url=origin.url, headers={"authorization": f"Bearer {api_key}"}, timeout=30
-    ) as http:
-        yield http
-
-
 def first(client: httpx.Client, origin: RunningOrigin, payload: dict[str, Any]) -> httpx.Response:
     """A miss whose answer is stored and indexed before this returns."""
     response = client.post(CHAT, json=payload)
