@@ -28,6 +28,7 @@ __all__ = [
     "finish_reason",
     "to_chat_completion",
     "to_messages_request",
+    "tool_call_of",
 ]
 
 # Anthropic requires max_tokens; OpenAI lets the model run to its own limit.
@@ -301,6 +302,16 @@ def _usage(usage: Any) -> dict[str, Any]:
     return result
 
 
+def tool_call_of(block: dict[str, Any]) -> dict[str, Any]:
+    """An Anthropic ``tool_use`` block as an OpenAI tool call."""
+    arguments = orjson.dumps(block.get("input") or {}).decode()
+    return {
+        "id": block.get("id"),
+        "type": "function",
+        "function": {"name": block.get("name"), "arguments": arguments},
+    }
+
+
 def to_chat_completion(
     message: dict[str, Any], model: str, *, created: int | None = None
 ) -> dict[str, Any]:
@@ -312,14 +323,7 @@ def to_chat_completion(
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
         elif kind == "tool_use":
-            arguments = orjson.dumps(block.get("input") or {}).decode()
-            calls.append(
-                {
-                    "id": block.get("id"),
-                    "type": "function",
-                    "function": {"name": block.get("name"), "arguments": arguments},
-                }
-            )
+            calls.append(tool_call_of(block))
         # thinking, redacted_thinking and server-tool blocks have no OpenAI form
     text = "".join(texts)
     reply: dict[str, Any] = {"role": "assistant", "content": text or None}

@@ -18,7 +18,7 @@ import orjson
 
 from prism import InvalidRequestError
 
-from .anthropic_translate import FINISH_REASONS, TOOL_CHOICES
+from .anthropic_translate import FINISH_REASONS, TOOL_CHOICES, tool_call_of
 
 __all__ = ["ChunkTranslator", "stop_reason", "to_chat_request", "to_message"]
 
@@ -109,14 +109,7 @@ def _assistant_turn(content: Any, param: str) -> dict[str, Any]:
         if kind == "text":
             texts.append(str(block.get("text", "")))
         elif kind == "tool_use":
-            arguments = orjson.dumps(block.get("input") or {}).decode()
-            calls.append(
-                {
-                    "id": block.get("id"),
-                    "type": "function",
-                    "function": {"name": block.get("name"), "arguments": arguments},
-                }
-            )
+            calls.append(tool_call_of(block))
         elif kind in ("thinking", "redacted_thinking"):
             continue  # the model's own reasoning: chat completions takes none back
         else:
