@@ -29,7 +29,7 @@ from prism import headers as h
 from prism.parsers import ParsedRequest
 
 from .asgi import Request, disconnected, read_body
-from .audit import AuditWriter, audit_record
+from .audit import audit_record
 from .auth import authenticate, check_forwarded_body
 from .chat import CLIENT_GONE, JSON, SSE
 from .flight import Call, ClientStream, Storage
@@ -61,7 +61,8 @@ class ApiRoute:
         self.policy = CachePolicy(default_ttl=gateway.settings.default_ttl)
         self._bodies: RecentBodies[ParsedRequest] = RecentBodies()
         self._entries = RecentEntries()
-        self.audit = AuditWriter(gateway.redis)
+        self.audit = gateway.audit
+        self.limiter = gateway.limiter
 
     def _audit_refusal(self, project: str, key_id: str, model: str, code: str) -> None:
         """Into the audit log after the response, as chat's refusals are."""
@@ -98,7 +99,9 @@ class ApiRoute:
         check_forwarded_body(caller, fp, gw.metrics)
         decision = classify(parsed, headers.get("cache-control"), self.policy)
         timer.mark("parse")
-        lookup = await gw.cache.lookup(caller.key_id, fp if decision.read else None, caller.project)
+        lookup = await gw.cache.lookup(
+            caller.key_id, fp if decision.read else None, caller.project, count=True
+        )
         timer.mark("redis")
         if lookup.revoked:
             raise AuthenticationError("This API key has been revoked.", code="key_revoked")
@@ -110,6 +113,7 @@ class ApiRoute:
             self._audit_refusal(caller.project, caller.key_id, parsed.model, refusal.code)
             raise
         out = {h.REQUEST_ID: request.id, h.CACHE_KEY: fp[: h.CACHE_KEY_PREFIX_LEN]}
+        self.limiter.check_requests(caller.project, caller.key_id, lookup.rate, out)
         if lookup.entry is not None:
             envelope = self._entries.decode(lookup.entry, time.time())
             if envelope is not None:

@@ -36,13 +36,13 @@ from prism.routes import CHAT_PATH
 
 from .asgi import Request, disconnected, read_body
 from .asgi import StageTimer as _Timer
-from .audit import AuditWriter, audit_record
+from .audit import audit_record
 from .auth import Caller, authenticate, check_forwarded_body
 from .billing import Charge
 from .flight import Call, ClientStream, Storage
 from .gateway import Gateway
 from .policies import ProjectPolicies
-from .ratelimits import RateLimiter, SettlingStream, TokenCharge, request_headers
+from .ratelimits import SettlingStream, TokenCharge
 from .responses import Reply
 from .semantic import Pending, SemanticCache, question
 from .tokens import completion_token_bound, prompt_token_bound
@@ -58,14 +58,8 @@ class ChatCompletions:
     def __init__(self, gateway: Gateway, policies: ProjectPolicies | None = None) -> None:
         self.gw = gateway
         self.policies = policies or ProjectPolicies()
-        self.audit = AuditWriter(gateway.redis)
-        self.limiter = RateLimiter(
-            gateway.redis,
-            gateway.metrics,
-            self.audit,
-            gateway.spawn,
-            lambda: gateway.cache.available,
-        )
+        self.audit = gateway.audit
+        self.limiter = gateway.limiter
         self.billing = gateway.billing
         self.policy = CachePolicy(default_ttl=gateway.settings.default_ttl)
         self._bodies: RecentBodies[ChatRequest] = RecentBodies()
@@ -113,11 +107,8 @@ class ChatCompletions:
             self._audit_refusal(caller, chat.model, refusal)
             raise
         out = {h.REQUEST_ID: request_id, h.CACHE_KEY: fp[: h.CACHE_KEY_PREFIX_LEN]}
-        rate = lookup.rate  # the request rate limit's verdict, from the same round trip
-        if rate is not None:
-            if not rate[0]:
-                raise self.limiter.refused(caller.project, caller.key_id, "requests", rate)
-            out.update(request_headers(rate))
+        # The request rate limit's verdict came in the same round trip.
+        self.limiter.check_requests(caller.project, caller.key_id, lookup.rate, out)
         if lookup.entry is not None:
             now = time.time()  # once: a clock read is not free on every machine
             envelope = self._entries.decode(lookup.entry, now)
@@ -162,7 +153,7 @@ class ChatCompletions:
                 prompt_token_bound(chat),
                 completion_token_bound(chat),
                 out,
-                rate is not None,
+                lookup.rate is not None,
             )
         try:
             try:

@@ -14,6 +14,7 @@ import httpx
 from prism import encode_envelope, entry_key
 from prism.routes import MODELS_KEY
 
+from .audit import AuditWriter
 from .billing import Billing
 from .budgets import Budgets
 from .cache import RedisCache
@@ -23,6 +24,7 @@ from .metrics import Metrics
 from .providers._http import ConnectorFactory
 from .providers.base import ChatProvider, UpstreamCompletion
 from .providers.registry import build_provider
+from .ratelimits import RateLimiter
 from .redis_client import RedisClient, RedisPyClient
 from .redis_pipe import RedisPipe
 from .router import Router
@@ -86,6 +88,11 @@ class Gateway:
             self.usage,
             self.spawn,
             lambda: self.cache.available,
+        )
+        # One audit writer and one rate limiter per process, shared by every API route.
+        self.audit = AuditWriter(self.redis)
+        self.limiter = RateLimiter(
+            self.redis, self.metrics, self.audit, self.spawn, lambda: self.cache.available
         )
         # None when PRISM_SEMANTIC_MODEL=off; the model itself loads on first use.
         self.semantic: SemanticCache | None = build_semantic_cache(

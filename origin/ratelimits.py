@@ -405,6 +405,17 @@ class RateLimiter:
         self._settle = LoadedScript(_SETTLE_TOKENS)
         self.refusals = RefusalLog(audit, spawn)
 
+    def check_requests(
+        self, project: str, key_id: str, rate: list[int] | None, headers: dict[str, str]
+    ) -> None:
+        """Apply the lookup's request-limit verdict (None: no limit applies): raise its 429,
+        or add the x-ratelimit-*-requests headers to ``headers``."""
+        if rate is None:
+            return
+        if not rate[0]:
+            raise self.refused(project, key_id, "requests", rate)
+        headers.update(request_headers(rate))
+
     def refused(
         self, project: str, key_id: str, kind: str, rate: list[int], cost: int = 1
     ) -> RateLimitError:

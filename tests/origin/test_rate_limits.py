@@ -500,3 +500,20 @@ def test_an_origin_reading_a_replica_holds_the_same_limit_on_the_primary(
             reader.close()
         finally:
             replica.stop()
+
+
+def test_the_request_limit_holds_on_every_api_route(
+    origin: RunningOrigin, api_key: str, store: PolicyStore
+) -> None:
+    limit(store, project={"rpm": 2})
+    auth = {"authorization": f"Bearer {api_key}"}
+    embedding = {"model": "m", "input": secrets.token_hex(6)}
+    first = httpx.post(origin.url + "/v1/embeddings", json=embedding, headers=auth, timeout=30)
+    assert first.status_code == 200
+    assert first.headers["x-ratelimit-limit-requests"] == "2"
+    assert first.headers["x-ratelimit-remaining-requests"] == "1"
+    assert post(origin, api_key, body()).status_code == 200  # chat takes the second slot
+    refused = httpx.post(origin.url + "/v1/embeddings", json=embedding, headers=auth, timeout=30)
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert int(refused.headers["retry-after"]) >= 1
