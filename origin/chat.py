@@ -108,7 +108,8 @@ class ChatCompletions:
             raise
         out = {h.REQUEST_ID: request_id, h.CACHE_KEY: fp[: h.CACHE_KEY_PREFIX_LEN]}
         # The request rate limit's verdict came in the same round trip.
-        self.limiter.check_requests(caller.project, caller.key_id, lookup.rate, out)
+        if lookup.rate is not None:  # no call on the hot path when no limit applies
+            self.limiter.check_requests(caller.project, caller.key_id, lookup.rate, out)
         if lookup.entry is not None:
             now = time.time()  # once: a clock read is not free on every machine
             envelope = self._entries.decode(lookup.entry, now)
