@@ -58,6 +58,7 @@ class Row:
     floor_origin: list[float] = field(default_factory=list)
     answered_by: set[str] = field(default_factory=set)
     wrong_layers: list[str] = field(default_factory=list)
+    redis_server_timing: str = ""  # one Redis hit's stages, edge and origin, for reading
 
     def median(self, layer: str) -> float:
         values = self.ms[layer] if layer in self.ms else getattr(self, layer)
@@ -74,6 +75,7 @@ class Row:
             "origin_wait_ms": self.median("origin_wait"),
             "samples": {layer: len(values) for layer, values in self.ms.items()},
             "wrong_layers": self.wrong_layers,
+            "redis_server_timing": self.redis_server_timing,
         }
 
 
@@ -146,7 +148,8 @@ def _measure(stack: GeoStack, client: _Client, edge: Edge, requests: int) -> Row
             layer = response.headers.get(h.CACHE_LAYER, "-")
             if layer == "redis":
                 row.ms["redis"].append(ms)
-                waited = _origin_wait(response.headers.get(h.SERVER_TIMING, ""))
+                row.redis_server_timing = response.headers.get(h.SERVER_TIMING, "")
+                waited = _origin_wait(row.redis_server_timing)
                 if waited is not None:
                     row.origin_wait.append(waited)
             else:
