@@ -42,6 +42,7 @@ __all__ = [
     "GlobalpingError",
     "ProbeRequest",
     "RegionResult",
+    "row_of",
     "smoke_from",
 ]
 
@@ -166,7 +167,8 @@ def _header(headers: Mapping[str, Any], name: str) -> str:
     return ""
 
 
-def _row(probe: ProbeRequest, result: Mapping[str, Any]) -> dict[str, Any]:
+def row_of(probe: ProbeRequest, result: Mapping[str, Any]) -> dict[str, Any]:
+    """One test's result (Globalping's format) as a row of the region's table."""
     status = result.get("statusCode")
     headers = result.get("headers") or {}
     timings = result.get("timings") or {}
@@ -214,7 +216,7 @@ def smoke_from(
                 if not items:
                     raise GlobalpingError(f"no probe found for {asked!r}")
                 region.probe = region.probe or _place(items[0].get("probe") or {})
-                region.rows.append(_row(probe, items[0].get("result") or {}))
+                region.rows.append(row_of(probe, items[0].get("result") or {}))
         except (GlobalpingError, httpx.HTTPError, ValueError, KeyError) as error:
             region.error = (
                 str(error) if isinstance(error, GlobalpingError) else type(error).__name__

@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from deploy.cli import app
+from deploy.globalping import ProbeRequest, row_of
 from deploy.local.globalping_api import GlobalpingStandIn
 from deploy.local.ports import free_port
 from deploy.local.stack import LocalStack, StackConfig, StackInfo
@@ -105,3 +106,30 @@ def test_the_stand_in_refuses_what_globalping_refuses(globalping: GlobalpingStan
         assert response.status_code == 400, response.text
         assert response.json()["error"]["type"] == "validation_error"
     assert httpx.get(globalping.url + "/v1/measurements/nope").status_code == 404
+
+
+def test_the_text_output_is_a_table_per_place(
+    stack: StackInfo, globalping: GlobalpingStandIn
+) -> None:
+    args = ["smoke", stack.edge_url, "--key", stack.api_key, "--from", "Mumbai"]
+    env = {"PRISM_GLOBALPING_API": globalping.url, "PRISM_GLOBALPING_TOKEN": TOKEN}
+    result = CliRunner().invoke(app, args, env={**env, "COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "--from Mumbai" in result.output and "Mumbai, IN" in result.output
+    assert "ap-south-1" in result.output
+    assert "GET only" in result.output  # the limitation, said where the numbers are
+    assert TOKEN not in result.output and stack.api_key not in result.output
+
+
+def test_a_result_in_globalpings_format_names_the_pop_from_cf_ray() -> None:
+    result = {
+        "status": "finished",
+        "statusCode": 200,
+        "headers": {"cf-ray": "8f1a2b3c4d5e6f70-SIN", "x-prism-origin-region": "ap-south-1"},
+        "timings": {"total": 180, "dns": 2, "tcp": 4, "tls": 9, "firstByte": 150, "download": 1},
+    }
+    row = row_of(ProbeRequest("origin", {}, 200), result)
+    assert (row["pop"], row["origin_region"], row["ok"]) == ("SIN", "ap-south-1", True)
+    assert (row["first_byte_ms"], row["total_ms"]) == (150, 180)
+    failed = row_of(ProbeRequest("kv", {}, 200), {"status": "failed", "rawOutput": "timeout"})
+    assert not failed["ok"] and failed["failure"] == "timeout"
