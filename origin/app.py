@@ -105,7 +105,7 @@ def create_app(
             {
                 "status": "ok" if redis_ok else "degraded",
                 "version": settings.release,
-                "redis": {"ok": redis_ok},
+                "redis": {"ok": redis_ok, "replica": await gateway.cache.replica_status()},
                 "providers": {
                     name: {
                         "kind": p.spec.kind,

@@ -242,6 +242,27 @@ class RedisCache:
         self._down_until = 0.0
         return True
 
+    async def replica_status(self) -> dict[str, object] | None:
+        """How far the replica this origin reads is behind its primary (None: no replica):
+        its link, the bytes of the primary's replication stream it has yet to apply (the
+        two offsets are read one after the other, so a busy primary shows some bytes),
+        and the seconds since it last heard from the primary (which pings it every 10 s)."""
+        if self._reader is None:
+            return None
+        try:
+            replica = _info(await self._reader.execute("INFO", "replication"))
+            primary = _info(await self.redis.execute("INFO", "replication"))
+        except RedisClientError as error:
+            return {"ok": False, "error": type(error).__name__}
+        applied, sent = replica.get("slave_repl_offset"), primary.get("master_repl_offset")
+        link = replica.get("master_link_status", "")
+        return {
+            "ok": link == "up",
+            "link": link or "not a replica",
+            "lag_bytes": max(int(sent) - int(applied), 0) if applied and sent else None,
+            "last_io_seconds_ago": int(replica.get("master_last_io_seconds_ago", -1)),
+        }
+
     async def reload_revoked(self) -> bool:
         """Read the revoked set from Redis into memory; False when Redis is unavailable."""
         if not self.available:
@@ -276,3 +297,11 @@ class RedisCache:
             refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await refresher
+
+
+def _info(reply: bytes | str) -> dict[str, str]:
+    """An ``INFO`` reply's ``name:value`` lines."""
+    text = reply.decode() if isinstance(reply, bytes) else reply
+    return dict(
+        line.split(":", 1) for line in text.splitlines() if ":" in line and not line.startswith("#")
+    )
