@@ -35,7 +35,7 @@ from .figures import LAYERS, STATES, Totals, rates_between, totals_of
 if TYPE_CHECKING:
     from ..gateway import Gateway
 
-__all__ = ["HealthEvent", "History", "ProjectDay", "ProviderPoint", "Snapshot"]
+__all__ = ["HealthEvent", "History", "ProjectDay", "ProviderPoint", "Snapshot", "provider_point"]
 
 log = logging.getLogger("prism.origin")
 
@@ -223,6 +223,10 @@ class History:
                 await task
 
     # -- what the page reads ------------------------------------------------------------
+
+    def latest(self) -> dict[str, Any] | None:
+        """The last snapshot alone (``prism top`` reads it every refresh)."""
+        return _latest(self.points[-1]) if self.points else None
 
     def series(self) -> dict[str, Any]:
         """Every figure as a column over the snapshots' times (rates: null at the first

@@ -6,6 +6,7 @@
   page (303); wrong: the form again, 401;
 - ``GET /dashboard/data``: the history as JSON columns (``History.series``), 401
   without the key (header or session);
+- ``GET /dashboard/latest``: the last snapshot alone (``prism top``), the same way;
 - ``GET /dashboard/static/...``: the page's script and styles and uPlot (pinned in
   package.json, shipped in the package so the origin serves it offline). Public code,
   served without the key.
@@ -61,6 +62,7 @@ class Dashboard:
             Route("/dashboard", self.page),
             Route("/dashboard/login", self.login, frozenset({"POST"})),
             Route("/dashboard/data", self.data),
+            Route("/dashboard/latest", self.latest),
             *static,
         ]
 
@@ -91,14 +93,21 @@ class Dashboard:
             },
         )
 
-    async def data(self, request: Request) -> Reply:
+    def _check(self, request: Request) -> None:
         if not self.access.allows(request.headers):
             raise AuthenticationError(
                 "The dashboard needs the admin key: Authorization: Bearer <PRISM_ADMIN_KEY>,"
                 " or sign in at /dashboard.",
                 code="admin_key_required",
             )
+
+    async def data(self, request: Request) -> Reply:
+        self._check(request)
         return json_reply(self.history.series(), {"cache-control": "no-store"})
+
+    async def latest(self, request: Request) -> Reply:
+        self._check(request)
+        return json_reply(self.history.latest(), {"cache-control": "no-store"})
 
     def _asset(self, name: str) -> Handler:
         reply_headers = {"content-type": _TYPES[Path(name).suffix], "cache-control": "max-age=300"}
@@ -120,4 +129,4 @@ def dashboard_off_routes() -> list[Route]:
             code="dashboard_off",
         )
 
-    return [Route("/dashboard", off), Route("/dashboard/data", off)]
+    return [Route(path, off) for path in ("/dashboard", "/dashboard/data", "/dashboard/latest")]

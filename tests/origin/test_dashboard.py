@@ -163,7 +163,9 @@ def test_the_vendored_chart_library_is_the_pinned_one(origin_factory: OriginFact
     served = httpx.get(origin.admin_url + "/dashboard/static/uPlot.iife.min.js", timeout=10)
     assert served.status_code == 200
     assert served.headers["content-type"].startswith("text/javascript")
-    assert served.content.startswith(f"/*! https://github.com/leeoniya/uPlot (v{pinned}) */".encode())
+    assert served.content.startswith(
+        f"/*! https://github.com/leeoniya/uPlot (v{pinned}) */".encode()
+    )
     installed = ROOT / "node_modules" / "uplot" / "dist" / "uPlot.iife.min.js"
     if installed.exists():  # after `make setup`: the file shipped is the file npm pins
         assert served.content == installed.read_bytes()
