@@ -11,8 +11,9 @@ what already exists, never anything on a request's path:
   stays small however many keys and models a project has.
 
 Snapshots live in a ring buffer in this process (``size`` of them: an hour at 5 s).
-Rates and the hit ratio are worked out when the page asks (``series``), from
-consecutive snapshots. A restart starts an empty history; the day's spend survives it
+Each is turned into a row of the charts when it is taken (rates and the hit ratio
+against the one before), so a page's poll only lays the rows out, once per snapshot
+however many pages are open. A restart starts an empty history; the day's spend survives it
 because it is read from Redis.
 """
 
@@ -27,6 +28,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from ..redis_client import RedisClientError
 from ..usage import usage_key
@@ -154,8 +157,11 @@ class History:
         self.interval = interval
         self._clock = clock
         self.points: deque[Snapshot] = deque(maxlen=size)
+        self.rows: deque[_Row] = deque(maxlen=size)  # each point as the charts plot it
         self.events: deque[HealthEvent] = deque(maxlen=MAX_EVENTS)
         self._task: asyncio.Task[None] | None = None
+        self._taken = 0  # snapshots taken so far (the series cache's key)
+        self._series: tuple[int, bytes] = (-1, b"")
 
     async def sample(self) -> Snapshot:
         """Take one snapshot now and keep it."""
@@ -173,7 +179,9 @@ class History:
                 if old is not None and old.state != point.state:
                     self.events.append(HealthEvent(now, name, old.state, point.state, point.reason))
         snapshot = Snapshot(totals, providers, projects, day)
+        self.rows.append(_row(self.points[-1] if self.points else None, snapshot))
         self.points.append(snapshot)
+        self._taken += 1
         return snapshot
 
     async def _projects(self, day: str, seen: Mapping[str, float]) -> dict[str, ProjectDay] | None:
@@ -215,6 +223,10 @@ class History:
         if self._task is None:
             self._task = asyncio.create_task(self._sample_forever(), name="prism-dashboard")
 
+    def latest(self) -> dict[str, Any] | None:
+        """The last snapshot alone (``prism top`` reads it every refresh)."""
+        return _latest(self.points[-1]) if self.points else None
+
     async def close(self) -> None:
         task, self._task = self._task, None
         if task is not None:
@@ -224,94 +236,119 @@ class History:
 
     # -- what the page reads ------------------------------------------------------------
 
-    def latest(self) -> dict[str, Any] | None:
-        """The last snapshot alone (``prism top`` reads it every refresh)."""
-        return _latest(self.points[-1]) if self.points else None
+    def series_json(self) -> bytes:
+        """``series()`` as JSON, made once per snapshot however many pages poll it."""
+        taken, body = self._series
+        if taken != self._taken:
+            body = orjson.dumps(self.series())
+            self._series = (self._taken, body)
+        return body
 
     def series(self) -> dict[str, Any]:
         """Every figure as a column over the snapshots' times (rates: null at the first
-        point, which has nothing before it), the health events and the latest state."""
-        points = list(self.points)
-        times = [round(p.totals.at, 3) for p in points]
-        requests: dict[str, list[float | None]] = {layer: [] for layer in LAYERS}
-        hit_ratio: list[float | None] = []
-        errors: list[float | None] = []
-        kv_sent: list[float | None] = []
-        kv_dropped: list[float | None] = []
-        previous: Snapshot | None = None
-        for point in points:
-            rates = rates_between(previous.totals, point.totals) if previous else None
-            for layer in LAYERS:
-                requests[layer].append(None if rates is None else rates.requests.get(layer, 0.0))
-            hit_ratio.append(None if rates is None else rates.hit_ratio)
-            errors.append(None if rates is None else rates.server_errors)
-            kv_sent.append(None if rates is None else rates.kv_sent)
-            kv_dropped.append(None if rates is None else rates.kv_dropped)
-            previous = point
+        point, which has nothing before it), the health events and the latest state.
+        Each point's row was worked out when it was sampled: this only lays them out."""
+        rows = list(self.rows)
+        providers = sorted({name for row in rows for name in row.providers})
+        projects = sorted({name for row in rows for name in row.projects})
         return {
             "interval": self.interval,
             "layers": list(LAYERS),
             "states": list(STATES),
-            "t": times,
-            "requests": requests,
-            "hit_ratio": hit_ratio,
-            "server_errors": errors,
-            "kv": {
-                "queued": [p.totals.kv_queued for p in points],
-                "sent": kv_sent,
-                "dropped": kv_dropped,
+            "t": [row.at for row in rows],
+            "requests": {
+                layer: [row.requests.get(layer) if row.requests else None for row in rows]
+                for layer in LAYERS
             },
-            "providers": _provider_series(points),
-            "projects": _project_series(points),
+            "hit_ratio": [row.hit_ratio for row in rows],
+            "server_errors": [row.server_errors for row in rows],
+            "kv": {
+                "queued": [row.kv_queued for row in rows],
+                "sent": [row.kv_sent for row in rows],
+                "dropped": [row.kv_dropped for row in rows],
+            },
+            "providers": {
+                name: {
+                    field: [row.providers.get(name, _NO_PROVIDER)[index] for row in rows]
+                    for index, field in enumerate(("state", "p50_ms", "p95_ms", "error_rate"))
+                }
+                for name in providers
+            },
+            "projects": {
+                name: {
+                    field: [row.projects.get(name, row.no_project)[index] for row in rows]
+                    for index, field in enumerate(("spend_usd", "requests_per_s"))
+                }
+                for name in projects
+            },
             "events": [
                 {"at": e.at, "provider": e.provider, "from": e.old, "to": e.new, "reason": e.reason}
                 for e in self.events
             ],
-            "latest": _latest(points[-1]) if points else None,
+            "latest": self.latest(),
         }
 
 
-def _provider_series(points: list[Snapshot]) -> dict[str, dict[str, list[Any]]]:
-    names = sorted({name for p in points for name in p.providers})
-    series: dict[str, dict[str, list[Any]]] = {}
-    for name in names:
-        column: dict[str, list[Any]] = {"state": [], "p50_ms": [], "p95_ms": [], "error_rate": []}
-        for p in points:
-            point = p.providers.get(name)
-            state = STATES.index(point.state) if point and point.state in STATES else None
-            column["state"].append(state)
-            column["p50_ms"].append(point.p50_ms if point else None)
-            column["p95_ms"].append(point.p95_ms if point else None)
-            column["error_rate"].append(point.error_rate if point else None)
-        series[name] = column
-    return series
+_NO_PROVIDER: tuple[None, None, None, None] = (None, None, None, None)
 
 
-def _project_series(points: list[Snapshot]) -> dict[str, dict[str, list[Any]]]:
-    """Per project: spend today (USD) at each point, and requests a second between points
-    (from the day's counts, so every origin's; null across a missing read or midnight)."""
-    names = sorted({name for p in points for name in (p.projects or {})})
-    series: dict[str, dict[str, list[Any]]] = {}
-    for name in names:
-        spend: list[float | None] = []
-        rate: list[float | None] = []
-        previous: Snapshot | None = None
-        for p in points:
-            today = (p.projects or {}).get(name) if p.projects is not None else None
-            spend.append(None if p.projects is None else (today.cost_usd if today else 0.0))
-            before = (previous.projects or {}).get(name) if previous is not None else None
-            # A rate needs two reads of the same day: none across a failed read or midnight.
-            unread = previous is None or previous.projects is None or p.projects is None
-            if unread or previous is None or previous.day != p.day:
-                rate.append(None)
-            else:
-                count = sum(today.requests.values()) if today else 0
-                was = sum(before.requests.values()) if before else 0
-                seconds = p.totals.at - previous.totals.at
-                rate.append(max(count - was, 0) / seconds if seconds > 0 else None)
-            previous = p
-        series[name] = {"spend_usd": spend, "requests_per_s": rate}
-    return series
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """One point of every chart: rates against the snapshot before it (None: none)."""
+
+    at: float
+    requests: Mapping[str, float] | None
+    hit_ratio: float | None
+    server_errors: float | None
+    kv_queued: float
+    kv_sent: float | None
+    kv_dropped: float | None
+    # name -> (state index, p50 ms, p95 ms, error rate)
+    providers: Mapping[str, tuple[int | None, float | None, float | None, float]]
+    # name -> (spend today USD, requests a second, every origin's); and for a project not
+    # in this read: 0 spent when Redis was read, unknown when it was not
+    projects: Mapping[str, tuple[float | None, float | None]]
+    no_project: tuple[float | None, None]
+
+
+def _row(before: Snapshot | None, point: Snapshot) -> _Row:
+    totals = point.totals
+    rates = rates_between(before.totals, totals) if before is not None else None
+    providers = {
+        name: (
+            STATES.index(p.state) if p.state in STATES else None,
+            p.p50_ms,
+            p.p95_ms,
+            p.error_rate,
+        )
+        for name, p in point.providers.items()
+    }
+    projects: dict[str, tuple[float | None, float | None]] = {}
+    if point.projects is not None:
+        # A rate needs two reads of the same day: none across a failed read or midnight.
+        earlier = None
+        if before is not None and before.projects is not None and before.day == point.day:
+            earlier = before.projects
+        seconds = totals.at - before.totals.at if before is not None else 0.0
+        for name, today in point.projects.items():
+            rate = None
+            if earlier is not None and seconds > 0:
+                was = earlier.get(name)
+                count = sum(today.requests.values()) - (sum(was.requests.values()) if was else 0)
+                rate = max(count, 0) / seconds
+            projects[name] = (today.cost_usd, rate)
+    return _Row(
+        at=round(totals.at, 3),
+        requests=None if rates is None else rates.requests,
+        hit_ratio=None if rates is None else rates.hit_ratio,
+        server_errors=None if rates is None else rates.server_errors,
+        kv_queued=totals.kv_queued,
+        kv_sent=None if rates is None else rates.kv_sent,
+        kv_dropped=None if rates is None else rates.kv_dropped,
+        providers=providers,
+        projects=projects,
+        no_project=(None, None) if point.projects is None else (0.0, None),
+    )
 
 
 def _latest(point: Snapshot) -> dict[str, Any]:

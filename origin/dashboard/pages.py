@@ -103,7 +103,8 @@ class Dashboard:
 
     async def data(self, request: Request) -> Reply:
         self._check(request)
-        return json_reply(self.history.series(), {"cache-control": "no-store"})
+        headers = {"content-type": "application/json", "cache-control": "no-store"}
+        return Reply(200, headers, self.history.series_json())
 
     async def latest(self, request: Request) -> Reply:
         self._check(request)
