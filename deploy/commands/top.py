@@ -31,6 +31,7 @@ __all__ = ["top_command"]
 
 DEFAULT_ADMIN_URL = "http://127.0.0.1:9090"  # `prism origin serve`'s admin listener
 _NONE = "-"  # a figure not known (yet)
+_TWO_COLUMNS = 140  # terminal columns from which the tables sit side by side
 _STATE_COLOURS = {"healthy": "green", "probing": "yellow", "demoted": "red"}
 
 
@@ -131,7 +132,8 @@ def _uptime(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
-def render(frame: Frame, interval: float, live: bool) -> RenderableType:
+def render(frame: Frame, interval: float, live: bool, width: int = 160) -> RenderableType:
+    """The frame as people read it: two columns on a wide terminal, one on a narrow one."""
     health, rates, totals = frame.health, frame.rates, frame.totals
     status_colour = "green" if health.status == "ok" else "yellow"
     head = Text.assemble(
@@ -206,6 +208,8 @@ def render(frame: Frame, interval: float, live: bool) -> RenderableType:
         f"Redis: " + ("ok" if health.redis_ok else "unreachable"),
     )
     notes = [Text(note, style="dim") for note in frame.notes]
+    if width < _TWO_COLUMNS:
+        return Group(head, layers, summary, providers, spend, kv, *notes)
     body = Table.grid(padding=(0, 3))
     body.add_row(Group(layers, summary), Group(providers, spend, kv))
     return Group(head, body, *notes)
@@ -298,7 +302,7 @@ def top_command(
             if as_json:
                 typer.echo(json.dumps(frame.as_dict()))
             else:
-                console.print(render(frame, interval, live=False))
+                console.print(render(frame, interval, live=False, width=console.width))
             return
         _watch(scraper, console, interval)
 
@@ -308,7 +312,8 @@ def _watch(scraper: _Scraper, console: Console, interval: float) -> None:
     with contextlib.suppress(KeyboardInterrupt), _keys() as wait, live:
         while True:
             try:
-                view: RenderableType = render(scraper.scrape(), interval, live=True)
+                frame = scraper.scrape()
+                view: RenderableType = render(frame, interval, live=True, width=console.width)
             except ScrapeError as error:
                 view = Text.assemble(("prism top ", "bold"), (str(error), "red"), " · retrying")
             live.update(view, refresh=True)

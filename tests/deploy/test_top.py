@@ -126,9 +126,12 @@ def test_top_refreshes_in_a_real_terminal_and_quits_cleanly(
     tmux = ["tmux", "-L", socket, "-f", "/dev/null"]
     top = shlex.join([*PRISM, "top", "--interval", "0.5", "--state-dir", str(dev_stack.state_dir)])
     script = f'cd {shlex.quote(str(ROOT))} && {top}; echo "prism top exited $?"; sleep 60'
+    # The terminal's own size, as a person's would be: pytest-xdist's workers set
+    # COLUMNS/LINES (80x24), which would win over the pane's.
+    env = {k: v for k, v in dev_stack.env.items() if k not in ("COLUMNS", "LINES")}
     subprocess.run(
         [*tmux, "new-session", "-d", "-x", "160", "-y", "50", "-s", "top", script],
-        check=True, env=dev_stack.env, timeout=20,
+        check=True, env=env, timeout=20,
     )  # fmt: skip
 
     def screen() -> str:
@@ -138,14 +141,25 @@ def test_top_refreshes_in_a_real_terminal_and_quits_cleanly(
 
     redis_row = re.compile(r"│ redis\s+│\s+([\d.,]+) │\s+([\d,]+) │")
 
+    last = [""]
+
     def moving() -> str | None:
-        shown = screen()
+        shown = last[0] = screen()
         row = redis_row.search(shown)
         busy = row is not None and float(row.group(1).replace(",", "")) > 0
         return shown if busy and "healthy" in shown and "dev " in shown else None
 
     try:
-        shown = wait_for(moving, timeout=45, interval=0.25)
+        try:
+            shown = wait_for(moving, timeout=45, interval=0.25)
+        except AssertionError:
+            size = subprocess.run(
+                [*tmux, "display-message", "-p", "-t", "top", "#{window_width}x#{window_height}"],
+                capture_output=True, text=True, timeout=10,
+            ).stdout  # fmt: skip
+            raise AssertionError(
+                f"prism top never showed the traffic; last screen ({size.strip()}):\n{last[0]}"
+            ) from None
         assert "prism top " + dev_stack.info["origin_admin_url"] in shown
         assert "q to quit" in shown and "Spend today (UTC, every origin)" in shown
         assert "kv (edge)" in shown  # said plainly: the origin cannot see KV hits
