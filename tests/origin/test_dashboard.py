@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from deploy.local.provider import ProviderServer
 from origin import Settings, SettingsError
 from origin.dashboard import AdminAccess
 from tests.fixtures.origin import FORWARD_SECRET, KEY_SECRET, OriginFactory, RunningOrigin
@@ -223,3 +224,32 @@ def test_a_real_browser_signs_in_and_sees_the_charts_fill(
     width, height, shades = png_facts(shot)
     assert (width, height) == (1280, 900)
     assert shot.stat().st_size > 20_000 and shades > 50  # a picture, not one colour
+
+
+def test_a_demoted_provider_is_in_the_health_history(
+    origin_factory: OriginFactory, api_key: str, provider: ProviderServer
+) -> None:
+    origin = origin_factory(DASHBOARD_ENV)
+    wait_for(lambda: data(origin)["t"], timeout=10)  # a healthy sample first
+    provider.control.set_fault("status", status=500, count=-1)
+    with httpx.Client(
+        base_url=origin.url, headers={"authorization": f"Bearer {api_key}"}, timeout=30
+    ) as client:
+        for n in range(2):  # two calls each (a retry): four failures in a row
+            body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": f"down {n}"}]}
+            assert client.post("/v1/chat/completions", json=body).status_code == 502
+
+    def demoted() -> dict[str, Any] | None:
+        found = data(origin)
+        return found if found["events"] else None
+
+    found = wait_for(demoted, timeout=10, interval=0.2)
+    [event] = found["events"]
+    assert (event["provider"], event["from"], event["to"]) == ("openai", "healthy", "demoted")
+    assert "failures in a row" in event["reason"]
+    assert (
+        found["providers"]["openai"]["state"][0] == 0
+        and found["providers"]["openai"]["state"][-1] == 2
+    )
+    assert max(rate or 0 for rate in found["server_errors"]) > 0
+    assert found["latest"]["providers"]["openai"]["state"] == "demoted"
