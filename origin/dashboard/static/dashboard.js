@@ -60,6 +60,11 @@
     return "$" + (v >= 1 || v === 0 ? v.toFixed(2) : v.toPrecision(2));
   }
 
+  // Axis labels stay short: tiny amounts in exponent form ($4.0e-6).
+  function usdShort(v) {
+    return "$" + (v === 0 ? "0" : v >= 0.01 ? v.toFixed(2) : v.toExponential(1));
+  }
+
   function setText(id, text) {
     document.getElementById(id).textContent = text;
   }
@@ -106,7 +111,7 @@
       spend[name] = p.spend_usd;
       perProject[name] = p.requests_per_s;
     }
-    draw("chart-spend", t, spend, { format: usd, axis: usd });
+    draw("chart-spend", t, spend, { format: usd, axis: usdShort });
     draw("chart-projects", t, perProject, { format: fixed(2) });
     draw("chart-kv", t, { queued: d.kv.queued, "sent / s": d.kv.sent, "dropped / s": d.kv.dropped },
       { format: fixed(1) });
