@@ -73,6 +73,10 @@ class Settings:
     semantic_model: str = "auto"
     semantic_threads: int = 1
     semantic_timeout: float = 0.25
+    # The admin dashboard (origin/dashboard): its key (None: no dashboard, no sampling) and
+    # how often it samples the origin's figures.
+    admin_key: str | None = field(default=None, repr=False)
+    dashboard_interval: float = 5.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -125,6 +129,7 @@ class Settings:
             usage_flush_interval=("PRISM_USAGE_FLUSH_INTERVAL", float),
             semantic_threads=("PRISM_SEMANTIC_THREADS", int),
             semantic_timeout=("PRISM_SEMANTIC_TIMEOUT", float),
+            dashboard_interval=("PRISM_DASHBOARD_INTERVAL", float),
         )
         if numbers.get("budget_hold", 60) < 60:
             raise SettingsError("PRISM_BUDGET_HOLD_SECONDS must be at least 60 (seconds).")
@@ -134,6 +139,11 @@ class Settings:
             raise SettingsError("PRISM_SEMANTIC_THREADS must be at least 1.")
         if numbers.get("semantic_timeout", 1) <= 0:
             raise SettingsError("PRISM_SEMANTIC_TIMEOUT must be more than 0 (seconds).")
+        if not 0.5 <= numbers.get("dashboard_interval", 5) <= 60:
+            raise SettingsError("PRISM_DASHBOARD_INTERVAL must be 0.5 to 60 (seconds).")
+        admin_key = env.get("PRISM_ADMIN_KEY") or None
+        if admin_key is not None and len(admin_key) < 16:
+            raise SettingsError("PRISM_ADMIN_KEY must be at least 16 characters.")
         if numbers.get("fallback_ttl", MIN_TTL) < MIN_TTL:
             raise SettingsError(f"PRISM_FALLBACK_TTL must be at least {MIN_TTL} (seconds).")
         return cls(
@@ -146,6 +156,7 @@ class Settings:
             kv=kv,
             release=env.get("PRISM_RELEASE") or "dev",
             semantic_model=env.get("PRISM_SEMANTIC_MODEL") or "auto",
+            admin_key=admin_key,
             limits=Limits(**_numbers(env, max_body_bytes=("PRISM_MAX_BODY_BYTES", int))),
             **numbers,
         )
