@@ -417,6 +417,7 @@ class RateLimiter:
         self._admit = LoadedScript(_ADMIT_TOKENS)
         self._settle = LoadedScript(_SETTLE_TOKENS)
         self.refusals = RefusalLog(audit, spawn)
+        self._reset_ms, self._reset_text = 0, "0s"  # the last reset header written
 
     def check_requests(
         self, project: str, key_id: str, rate: list[int] | None, headers: dict[str, str]
@@ -430,7 +431,9 @@ class RateLimiter:
         # Set one by one: on every request of a limited project, a dict and an update cost.
         headers["x-ratelimit-limit-requests"] = str(rate[1])
         headers["x-ratelimit-remaining-requests"] = str(rate[2])
-        headers["x-ratelimit-reset-requests"] = duration(rate[3])
+        if rate[3] != self._reset_ms:  # the same while a lease lasts: written once
+            self._reset_ms, self._reset_text = rate[3], duration(rate[3])
+        headers["x-ratelimit-reset-requests"] = self._reset_text
 
     def refused(
         self, project: str, key_id: str, kind: str, rate: list[int], cost: int = 1
