@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import os
 import socket
 import subprocess
@@ -145,6 +146,10 @@ def drive_misses(
         started = await replies.get()
         if started["type"] != "lifespan.startup.complete":
             raise RuntimeError(f"the origin did not start: {started}")
+        # As the server does once started (``origin.server.freeze_heap``): without it every
+        # full collection walks the whole start-up heap, which no server pays.
+        gc.collect()
+        gc.freeze()
         try:
             await batches(_WARM)
             if pause:  # the caller turns counting on now (``callgrind_control -i on``)
