@@ -128,6 +128,20 @@ def _tense(ws: set[str]) -> str:
     return "past" if ws & _PAST else "present" if ws & _PRESENT else ""
 
 
+_NAME = re.compile(r"(?<![.!?]\s)(?<!^)\b[A-Z][a-z]+(?:-[A-Z][a-z]+)*\b")
+
+
+def _names(text: str) -> set[str]:
+    """Capitalized words not opening a sentence ("Morgan", "Byzantine"): likely names."""
+    return {m.group(0).lower() for m in _NAME.finditer(text.strip())}
+
+
+def _other_name(a: str, b: str, words_a: set[str], words_b: set[str]) -> bool:
+    """Each text names something the other does not mention at all: another entity
+    ("near Morgan County" / "near Union County"), which a score barely sees."""
+    return bool(_names(a) - words_b) and bool(_names(b) - words_a)
+
+
 def agree(question: str, candidate: str) -> bool:
     """False when the texts differ in what a cosine score cannot see (module docstring)."""
     a, b = words(question), words(candidate)
@@ -144,5 +158,7 @@ def agree(question: str, candidate: str) -> bool:
     if tenses == {"past", "present"}:
         return False
     if _opposed(set_a - set_b, set_b - set_a):
+        return False
+    if _other_name(question, candidate, set_a, set_b):
         return False
     return not _swapped(a, b)
