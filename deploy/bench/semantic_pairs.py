@@ -20,7 +20,15 @@ from origin.semantic.embedder import MAX_BATCH
 from origin.semantic.guard import agree
 from origin.semantic.partition import MAX_TEXT_CHARS, normalized
 
-__all__ = ["LabelledPair", "PairsReport", "SweepRow", "load_labelled", "plot", "run_pairs"]
+__all__ = [
+    "LabelledPair",
+    "PairsReport",
+    "SweepRow",
+    "load_labelled",
+    "plot",
+    "render_pairs",
+    "run_pairs",
+]
 
 SWEEP = tuple(round(0.80 + 0.01 * i, 2) for i in range(20))  # 0.80 .. 0.99
 
@@ -61,7 +69,7 @@ class PairsReport:
     pairs: int
     same: int
     different: int
-    skipped: int  # pairs the origin would never compare (a text over its length limit)
+    skipped: int  # pairs the origin would never compare (too long, unknown characters)
     threshold: float
     rows: list[SweepRow]
     wrong_hits: list[dict[str, Any]]  # at the chosen threshold, guard on (the first 50)
@@ -75,14 +83,14 @@ class PairsReport:
 
 def _embed_all(model: Any, texts: list[str]) -> dict[str, Any]:
     """Vectors by normalized text (None when over the model's token limit)."""
-    from origin.semantic.model import TextTooLong
+    from origin.semantic.model import Incomparable
 
     vectors: dict[str, Any] = {}
     fitting: list[tuple[str, list[int]]] = []
     for text in texts:
         try:
             fitting.append((text, model.tokens(text)))
-        except TextTooLong:
+        except Incomparable:
             vectors[text] = None
     fitting.sort(key=lambda item: len(item[1]))  # like lengths together: less padding
     for start in range(0, len(fitting), MAX_BATCH):
@@ -148,7 +156,12 @@ def plot(reports: list[PairsReport], threshold: float, out: Path) -> Path:
     for report in reports:
         xs = [row.threshold for row in report.rows]
         if report.same:
-            ax.plot(xs, [100 * r.hit_rate for r in report.rows], marker=".", label=f"hits on same: {report.file}")
+            ax.plot(
+                xs,
+                [100 * r.hit_rate for r in report.rows],
+                marker=".",
+                label=f"hits on same: {report.file}",
+            )
         if report.different:
             ax.plot(
                 xs,
@@ -169,3 +182,24 @@ def plot(reports: list[PairsReport], threshold: float, out: Path) -> Path:
     fig.savefig(out)
     plt.close(fig)
     return out
+
+
+def render_pairs(reports: list[PairsReport], threshold: float) -> Any:
+    """A rich table: per file and threshold, hits on same pairs and wrong hits on others."""
+    from rich.table import Table
+
+    table = Table(title="Semantic cache on labelled pairs (b asked after a was cached)")
+    for column in ("file", "threshold", "hits on same", "wrong hits", "hits*", "wrong hits*"):
+        table.add_column(column, justify="right")
+    for report in reports:
+        for row in report.rows:
+            mark = " <" if row.threshold == threshold else ""
+            table.add_row(
+                f"{report.file} ({report.same} same, {report.different} not)",
+                f"{row.threshold:.2f}{mark}",
+                f"{row.hit_rate:.1%}" if report.same else "-",
+                f"{row.wrong_hit_rate:.2%}" if report.different else "-",
+                f"{row.hit_rate_unguarded:.1%}" if report.same else "-",
+                f"{row.wrong_hit_rate_unguarded:.2%}" if report.different else "-",
+            )
+    return table

@@ -78,8 +78,8 @@ class SemanticCache:
         self.outcomes = Counter(
             "prism_semantic_lookups",
             "Semantic cache lookups by outcome: hit, miss, empty (no entry in the partition),"
-            " slow (the embedding took longer than PRISM_SEMANTIC_TIMEOUT), stale (the best"
-            " candidate's entry was gone), too_long, unavailable, error.",
+            " slow (the embedding or the index read took longer than PRISM_SEMANTIC_TIMEOUT),"
+            " stale (the best candidate's entry was gone), too_long (or characters the model cannot see), unavailable, error.",
             ("outcome",),
             registry=registry,
         )
@@ -87,6 +87,7 @@ class SemanticCache:
             "prism_semantic_indexed", "Questions added to the semantic index.", registry=registry
         )
         self._tasks: set[asyncio.Task[None]] = set()
+        self._reading: set[asyncio.Future[int]] = set()  # catch-ups outliving their lookup
 
     @property
     def available(self) -> bool:
@@ -108,8 +109,19 @@ class SemanticCache:
     ) -> tuple[Match | None, Pending | None]:
         """The entry answering ``question`` (if any), and the question for the store."""
         pending = self.pending(question)
+        # A partition this process has not read yet may be large (5 s for 100,000
+        # records): the read goes on in the background, and this question is a miss.
+        refresh = asyncio.ensure_future(self.index.refresh(question.partition))
+        refresh.add_done_callback(_retrieve)
+        deadline = asyncio.get_running_loop().time() + self._timeout  # for both waits
         try:
-            indexed = await self.index.refresh(question.partition)
+            async with asyncio.timeout_at(deadline):
+                indexed = await asyncio.shield(refresh)
+        except TimeoutError:
+            self._reading.add(refresh)
+            refresh.add_done_callback(self._reading.discard)
+            self.outcomes.labels("slow").inc()
+            return None, pending
         except RedisClientError as error:
             log.debug("semantic index read failed: %s", error)
             self.outcomes.labels("error").inc()
@@ -118,7 +130,7 @@ class SemanticCache:
             self.outcomes.labels("empty").inc()
             return None, pending
         try:
-            async with asyncio.timeout(self._timeout):
+            async with asyncio.timeout_at(deadline):
                 vector = await asyncio.shield(pending.vector)
         except TimeoutError:
             self.outcomes.labels("slow").inc()

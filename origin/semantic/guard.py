@@ -7,6 +7,8 @@ question on what reverses or changes an answer:
 
 - the same numbers, in the same order, and the same symbol-bearing names ("C++" is not
   "C#", though both read as "c" to the model's tokenizer);
+- the same symbols, punctuation aside ("2+2" is not "2*2", "$" is not "€"), which the
+  model weighs little;
 - the same negations (a "not" on one side only flips the question);
 - no two words both use trade places around a word both put between them ("is Paris
   bigger than London" is not "is London bigger than Paris");
@@ -68,6 +70,16 @@ _NEGATING_PREFIXES = ("un", "dis", "de", "non", "in", "im", "ir", "il", "anti")
 _QUESTION_KINDS = frozenset({"why", "where", "whom"})  # "whom" asks for the object
 _PAST = frozenset({"was", "were", "did", "had"})
 _PRESENT = frozenset({"is", "are", "am", "do", "does", "has", "have"})
+
+
+# Punctuation that phrasing moves around freely; every other character that is neither a
+# letter, a digit nor a space is a symbol that must be on both sides.
+_PUNCTUATION = frozenset("?.!,;:'\"()[]-\u2018\u2019\u201c\u201d\u2013\u2014\u00bf\u00a1")
+_SYMBOL_CHARS = re.compile(r"[^\w\s]")
+
+
+def _symbols(text: str) -> list[str]:
+    return sorted(c for c in _SYMBOL_CHARS.findall(text) if c not in _PUNCTUATION)
 
 
 def words(text: str) -> list[str]:
@@ -148,6 +160,8 @@ def agree(question: str, candidate: str) -> bool:
     if [w for w in a if _NUMBER.search(w)] != [w for w in b if _NUMBER.search(w)]:
         return False
     if sorted(w for w in a if w in _NEGATIONS) != sorted(w for w in b if w in _NEGATIONS):
+        return False
+    if _symbols(question) != _symbols(candidate):
         return False
     set_a, set_b = set(a), set(b)
     if {w for w in set_a if w[-1] in "+#"} != {w for w in set_b if w[-1] in "+#"}:

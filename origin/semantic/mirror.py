@@ -70,9 +70,8 @@ class Mirror:
         capacity = len(self._expires)
         if needed <= capacity:
             return
-        capacity = max(capacity, 64)
-        while capacity < needed:
-            capacity *= 2
+        # A quarter more each time: copies stay amortised, and at most a fifth is unused.
+        capacity = max(needed, capacity + capacity // 4, 64)
         vectors = np.zeros((capacity, self.dimensions), dtype=np.float16)
         vectors[: self.size] = self._vectors[: self.size]
         bits = np.zeros((self.words, capacity), dtype=np.uint64)

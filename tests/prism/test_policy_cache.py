@@ -56,5 +56,5 @@ def test_any_cosine_from_0_to_1_is_a_threshold(threshold: float) -> None:
 
 
 def test_a_threshold_that_is_not_a_number_is_refused() -> None:
-    with pytest.raises(ValueError, match="cache.threshold"):
+    with pytest.raises(ValueError, match=r"cache\.threshold"):
         Policy.parse('{"cache": {"semantic": true, "threshold": NaN}}')
