@@ -79,7 +79,8 @@ class SemanticCache:
             "prism_semantic_lookups",
             "Semantic cache lookups by outcome: hit, miss, empty (no entry in the partition),"
             " slow (the embedding or the index read took longer than PRISM_SEMANTIC_TIMEOUT),"
-            " stale (the best candidate's entry was gone), too_long (or characters the model cannot see), unavailable, error.",
+            " stale (the best candidate's entry was gone), too_long (or characters the model"
+            " cannot see), unavailable, error.",
             ("outcome",),
             registry=registry,
         )

@@ -17,6 +17,7 @@ from prism.routes import CHAT_PATH
 
 np = pytest.importorskip("numpy", reason="the semantic extra is not installed")
 
+ETHIOPIC = "\u1200 \u1208 \u1210"  # a script the vocabulary lacks
 ODD = [
     "",
     "   \t\n ",
@@ -27,7 +28,7 @@ ODD = [
     "😀",
     "😀😀😀",
     "🍕 or 🍔?",
-    "ሀ ለ ሐ",  # a script the vocabulary lacks
+    ETHIOPIC,
     "?!?",
     "x" * 5000,
     "word " * 400,
@@ -37,7 +38,7 @@ LOOKALIKES = [
     ("what does 😀 mean", "what does 😢 mean"),
     ("what is 2+2", "what is 2*2"),
     ("price in $", "price in €"),
-    ("ሀ means what", "ለ means what"),
+    ("\u1200 means what", "\u1208 means what"),
 ]
 
 
@@ -53,7 +54,7 @@ def test_a_text_without_a_word_is_no_question(text: str) -> None:
 
 @pytest.mark.parametrize(("a", "b"), LOOKALIKES)
 def test_texts_alike_only_to_the_model_do_not_agree(a: str, b: str) -> None:
-    if "ሀ" not in a:  # those two the embedder refuses instead (unknown characters)
+    if "\u1200" not in a:  # those two the embedder refuses instead (unknown characters)
         assert not agree(a, b) and not agree(b, a)
 
 
@@ -104,9 +105,9 @@ async def test_odd_text_never_breaks_the_embedder_and_unseen_characters_are_refu
         vectors = await asyncio.gather(*[embedder.embed(normalized(t)) for t in ODD])
         assert embedder.failed is None
         by_text = dict(zip(ODD, vectors, strict=True))
-        for text in ("😀", "🍕 or 🍔?", "ሀ ለ ሐ", "word " * 400):
+        for text in ("😀", "🍕 or 🍔?", ETHIOPIC, "word " * 400):
             assert by_text[text] is None, text  # never compared
-        for text, vector in by_text.items():
+        for vector in by_text.values():
             if vector is not None:
                 assert np.isfinite(vector).all() and abs(float(np.linalg.norm(vector)) - 1) < 1e-4
         # Characters the model's own normalizer drops (zero-width) change nothing.
