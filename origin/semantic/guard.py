@@ -151,7 +151,9 @@ def _names(text: str) -> set[str]:
 def _other_name(a: str, b: str, words_a: set[str], words_b: set[str]) -> bool:
     """Each text names something the other does not mention at all: another entity
     ("near Morgan County" / "near Union County"), which a score barely sees."""
-    return bool(_names(a) - words_b) and bool(_names(b) - words_a)
+    bare_a = {w.rstrip("+#") for w in words_a}
+    bare_b = {w.rstrip("+#") for w in words_b}
+    return bool(_names(a) - bare_b) and bool(_names(b) - bare_a)
 
 
 def agree(question: str, candidate: str) -> bool:
