@@ -152,31 +152,27 @@ def plot(reports: list[PairsReport], threshold: float, out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=90)
+    fig, (hits, wrong) = plt.subplots(1, 2, figsize=(9, 3.6), dpi=90)
     for report in reports:
         xs = [row.threshold for row in report.rows]
         if report.same:
-            ax.plot(
-                xs,
-                [100 * r.hit_rate for r in report.rows],
-                marker=".",
-                label=f"hits on same: {report.file}",
-            )
+            rates = [100 * r.hit_rate for r in report.rows]
+            hits.plot(xs, rates, marker=".", label=report.file)
         if report.different:
-            ax.plot(
-                xs,
-                [100 * r.wrong_hit_rate for r in report.rows],
-                marker="x",
-                linestyle="--",
-                label=f"wrong hits on different: {report.file}",
-            )
-    ax.axvline(threshold, color="grey", linewidth=0.8)
-    ax.axhline(1.0, color="red", linewidth=0.6, linestyle=":")
-    ax.set_xlabel("threshold (cosine similarity), guard on")
-    ax.set_ylabel("% of pairs answered from the cache")
-    ax.set_ylim(0, 100)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+            rates = [100 * r.wrong_hit_rate for r in report.rows]
+            wrong.plot(xs, rates, marker="x", label=report.file)
+    hits.set_title("hits on pairs labelled same", fontsize=9)
+    hits.set_ylim(0, 100)
+    wrong.set_title("wrong hits on pairs labelled different", fontsize=9)
+    wrong.axhline(1.0, color="red", linewidth=0.6, linestyle=":")
+    wrong.set_ylim(bottom=0)
+    for ax in (hits, wrong):
+        ax.axvline(threshold, color="grey", linewidth=0.8)
+        ax.set_xlabel("threshold (cosine similarity), guard on", fontsize=8)
+        ax.set_ylabel("% of pairs answered from the cache", fontsize=8)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
