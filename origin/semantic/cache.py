@@ -3,9 +3,9 @@
 ``lookup`` starts the question's embedding (in the embedder's thread) and, meanwhile,
 catches up with the question's partition in the index (only what was added since this
 process last read it); an empty partition is a miss at once, without waiting for the
-model. Otherwise the best candidates at or above the project's
-threshold that also pass the lexical guard (``guard.agree``) are read from Redis in one
-``MGET``, and the first that is still a valid entry is the answer. A candidate whose
+model. Otherwise the best candidates at or above the project's threshold that also pass
+the lexical guard (``guard.agree``) are read from Redis in one ``MGET``, and the first
+that is still a valid entry is the answer. A candidate whose
 entry is gone is removed from the index, never served.
 
 A miss carries its question (``Pending``) to the store: once the answer's entry is in

@@ -126,7 +126,10 @@ class RedisStreamIndex:
         self._reading[partition] = future
         try:
             count = await self._catch_up(partition)
-        except BaseException as error:
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        except Exception as error:
             future.set_exception(error)
             raise
         else:
