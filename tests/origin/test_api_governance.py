@@ -7,7 +7,11 @@ requests by layer, tokens, cost and what its hits saved."""
 
 from __future__ import annotations
 
+import json
+import math
 import secrets
+import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -15,7 +19,9 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from typer.testing import CliRunner
 
+from deploy.cli import app
 from deploy.local.provider import ProviderServer
 from deploy.policy_store import PolicyStore
 from origin.budgets import budget_keys, period_of
@@ -78,17 +84,24 @@ def totals(admin: redis.Redis) -> dict[str, int]:
 SETTLED_NOTHING = {"spent": 0, "reserved": 0, "held": 0}
 
 
-def embed(origin: RunningOrigin, key: str, text: str | list[str]) -> httpx.Response:
+def embed(
+    origin: RunningOrigin, key: str, text: str | list[str], timeout: Any = 30
+) -> httpx.Response:
     return httpx.post(
         origin.url + EMBEDDINGS,
         json={"model": EMBED_MODEL, "input": text},
         headers={"authorization": f"Bearer {key}"},
-        timeout=30,
+        timeout=timeout,
     )
 
 
 def message(
-    origin: RunningOrigin, key: str, model: str, max_tokens: int = 200, **extra: Any
+    origin: RunningOrigin,
+    key: str,
+    model: str,
+    max_tokens: int = 200,
+    timeout: Any = 30,
+    **extra: Any,
 ) -> httpx.Response:
     payload = {
         "model": model,
@@ -100,7 +113,7 @@ def message(
         origin.url + MESSAGES,
         json=payload,
         headers={"x-api-key": key, "anthropic-version": "2023-06-01"},
-        timeout=30,
+        timeout=timeout,
     )
 
 
@@ -162,11 +175,21 @@ def test_a_failed_call_releases_the_reservation_for_both_apis(
     origin: RunningOrigin, api_key: str, admin: redis.Redis, provider: ProviderServer
 ) -> None:
     set_budget(admin, 5)
+    # Held while the call runs, released when the client leaves it (the call is cancelled).
+    for send in (lambda t: embed(origin, api_key, "a prism", t), lambda t: message(
+        origin, api_key, CLAUDE, timeout=t)):  # fmt: skip
+        provider.control.set_fault("latency", ms=3000)
+        leaving = threading.Thread(target=_times_out, args=(send,))
+        leaving.start()
+        assert wait_for(lambda: (t := totals(admin))["reserved"] > 0 and t["held"] == 1)
+        leaving.join()
+        assert wait_for(lambda: totals(admin) == SETTLED_NOTHING, 10)
+        provider.control.clear()
+
     provider.control.set_fault("status", status=400)
     assert embed(origin, api_key, "a prism").status_code == 400
     origin.wait_stored()
     assert totals(admin) == SETTLED_NOTHING
-
     for model in (CLAUDE, TRANSLATED):
         provider.control.set_fault("status", status=400)
         failed = message(origin, api_key, model)
@@ -180,6 +203,11 @@ def test_a_failed_call_releases_the_reservation_for_both_apis(
     assert "event: error" in cut.text
     origin.wait_stored()
     assert wait_for(lambda: totals(admin) == SETTLED_NOTHING)
+
+
+def _times_out(send: Any) -> None:
+    with pytest.raises(httpx.ReadTimeout):
+        send(httpx.Timeout(30, read=1.0))
 
 
 # -- token rate limits ----------------------------------------------------------------
@@ -200,10 +228,11 @@ def test_embeddings_tokens_are_admitted_on_the_input_bound_and_settled_to_the_us
     origin: RunningOrigin, api_key: str, store: PolicyStore
 ) -> None:
     tpm(store, 1000)
+    started = time.monotonic()
     first = embed(origin, api_key, "x" * 300)  # a bound of 300 tokens (one per byte)
     assert first.status_code == 200, first.text
     assert first.headers["x-ratelimit-limit-tokens"] == "1000"
-    assert 690 <= int(first.headers["x-ratelimit-remaining-tokens"]) <= 710
+    assert 700 <= int(first.headers["x-ratelimit-remaining-tokens"]) <= 705
     used = first.json()["usage"]["total_tokens"]
     assert used < 300
     origin.wait_stored()  # the settle runs after the response
@@ -211,8 +240,10 @@ def test_embeddings_tokens_are_admitted_on_the_input_bound_and_settled_to_the_us
     second = embed(origin, api_key, "y" * 300)
     assert second.status_code == 200
     left = int(second.headers["x-ratelimit-remaining-tokens"])
-    # Settled: the first request now holds its usage, not its bound of 300.
-    assert 1000 - used - 300 <= left <= 1000 - used - 300 + 10
+    # Settled: the first request now holds its usage, not its bound of 300 (the bucket
+    # refills a token every 60 ms meanwhile).
+    refilled = math.ceil((time.monotonic() - started) / 0.06)
+    assert 1000 - used - 300 <= left <= 1000 - used - 300 + refilled
 
     refused = embed(origin, api_key, "z" * 1200)  # more than the limit itself
     assert refused.status_code == 429
@@ -227,6 +258,7 @@ def test_messages_tokens_are_limited_with_max_tokens_and_refused_in_anthropic_fo
     origin: RunningOrigin, api_key: str, store: PolicyStore, model: str
 ) -> None:
     tpm(store, 2000)
+    started = time.monotonic()
     first = message(origin, api_key, model, max_tokens=500)
     assert first.status_code == 200, first.text
     admitted_left = int(first.headers["x-ratelimit-remaining-tokens"])
@@ -237,10 +269,12 @@ def test_messages_tokens_are_limited_with_max_tokens_and_refused_in_anthropic_fo
 
     second = message(origin, api_key, model, max_tokens=500)
     assert second.status_code == 200
-    # Settled to the Anthropic usage (input + output), not to the bound.
+    # Settled to the Anthropic usage (input + output), not to the bound (the bucket
+    # refills a token every 30 ms meanwhile).
+    refilled = math.ceil((time.monotonic() - started) / 0.03)
     after = int(second.headers["x-ratelimit-remaining-tokens"])
     bound = 2000 - admitted_left
-    assert 2000 - used - bound - 5 <= after <= 2000 - used - bound + 10
+    assert 2000 - used - bound - 5 <= after <= 2000 - used - bound + refilled
 
     refused = message(origin, api_key, model, max_tokens=5000)
     assert refused.status_code == 429
@@ -266,7 +300,7 @@ def usage_rows(admin: redis.Redis, model: str) -> dict[str, int]:
 
 
 def test_usage_counts_each_apis_requests_tokens_cost_and_hit_savings(
-    origin: RunningOrigin, api_key: str, admin: redis.Redis
+    origin: RunningOrigin, api_key: str, admin: redis.Redis, redis_url: str
 ) -> None:
     batch = ["a prism", f"splits light {secrets.token_hex(4)}"]
     miss = embed(origin, api_key, batch)
@@ -324,3 +358,13 @@ def test_usage_counts_each_apis_requests_tokens_cost_and_hit_savings(
     assert origin.metric("prism_usage_saved_usd_total", **claude) == pytest.approx(
         message_spent / 1e6
     )
+    # `prism usage` shows both APIs' rows.
+    shown = CliRunner().invoke(
+        app, ["usage", "--project", "acme", "--json", "--redis-url", redis_url]
+    )
+    assert shown.exit_code == 0, shown.output
+    rows = {row["model"]: row for row in json.loads(shown.stdout)["rows"]}
+    assert rows[EMBED_MODEL]["requests"]["redis"] == 2
+    assert rows[EMBED_MODEL]["saved_usd"] == pytest.approx(2 * cost / 1e6)
+    assert rows[CLAUDE]["tokens_out"] == usage["output_tokens"]
+    assert rows[CLAUDE]["requests"] == {"redis": 1, "miss": 1, "bypass": 0, "coalesced": 0}
