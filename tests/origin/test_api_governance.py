@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 from deploy.cli import app
 from deploy.local.provider import ProviderServer
 from deploy.policy_store import PolicyStore
+from origin.audit import AUDIT_STREAM
 from origin.budgets import budget_keys, period_of
 from origin.pricing import Price, cost_micros, default_prices, tokens_of
 from prism import Budget, Policy, RateLimits, policy_key
@@ -137,6 +138,16 @@ def test_an_embeddings_budget_refuses_what_does_not_fit_and_settles_to_the_real_
     assert "does not cover this request" in error["message"]
     assert int(refused.headers["retry-after"]) >= 1
     assert provider.control.stats()["paths"].get(EMBEDDINGS, 0) == 0  # refused before a call
+
+    def audited() -> dict[str, Any] | None:
+        for _, fields in admin.xrange(AUDIT_STREAM):
+            if fields[b"action"] == b"budget.refuse":
+                detail: dict[str, Any] = json.loads(fields[b"detail"])
+                return detail
+        return None
+
+    detail = wait_for(audited)
+    assert (detail["path"], detail["code"]) == (EMBEDDINGS, "budget_exceeded")
 
     admitted = embed(origin, api_key, ["a prism", "splits light"])
     assert admitted.status_code == 200, admitted.text
