@@ -104,7 +104,8 @@ class ApiRoute(Generic[R]):
         self.limiter = gateway.limiter
         self.billing = gateway.billing
         self.policy = CachePolicy(default_ttl=gateway.settings.default_ttl)
-        self._path = api.path  # read on every request: one attribute, not two
+        # Read on every request: one attribute, not two.
+        self._path, self._key_header = api.path, api.key_header
         self._bodies: RecentBodies[R] = RecentBodies()
         self._entries = RecentEntries()
 
@@ -115,7 +116,7 @@ class ApiRoute(Generic[R]):
             request.id,
             request.timer,
         )
-        gw, api, path = self.gw, self.api, self._path
+        gw, path = self.gw, self._path
         # Routes admits only POST here; a forward signed for anything else is refused.
         caller = authenticate(
             headers,
@@ -124,14 +125,14 @@ class ApiRoute(Generic[R]):
             "POST",
             path,
             gw.metrics,
-            api.key_header,
+            self._key_header,
         )
         timer.mark("auth")
         limits = gw.settings.limits
         raw = await read_body(receive, limits.max_body_bytes, headers.get("content-length"))
         known = self._bodies.get(caller.project, raw)
         if known is None:
-            parsed = api.parse(raw, limits)
+            parsed = self.api.parse(raw, limits)
             fp = fingerprint(caller.project, path, parsed)
             self._bodies.put(caller.project, raw, parsed, fp)
         else:
@@ -168,7 +169,7 @@ class ApiRoute(Generic[R]):
                     out[h.ENTRY_EXPIRES] = str(envelope.expires_at())
                 out[h.SERVER_TIMING] = h.server_timing(timer.stages)
                 if parsed.stream:
-                    return Reply(200, {**SSE, **out}, api.stream_hit(envelope, parsed))
+                    return Reply(200, {**SSE, **out}, self.api.stream_hit(envelope, parsed))
                 return Reply(200, {**JSON, **out}, envelope.body)
         return await self._miss(
             caller, parsed, fp, decision, policy, lookup.available, lookup.rate is not None,
