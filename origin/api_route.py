@@ -33,7 +33,6 @@ from prism import (
     Envelope,
     Limits,
     PermissionDeniedError,
-    Policy,
     PrismError,
     RateLimitError,
     RecentBodies,
@@ -171,28 +170,10 @@ class ApiRoute(Generic[R]):
                 if parsed.stream:
                     return Reply(200, {**SSE, **out}, self.api.stream_hit(envelope, parsed))
                 return Reply(200, {**JSON, **out}, envelope.body)
-        return await self._miss(
-            caller, parsed, fp, decision, policy, lookup.available, lookup.rate is not None,
-            out, timer, receive, request_id,
-        )  # fmt: skip
-
-    async def _miss(
-        self,
-        caller: Caller,
-        parsed: R,
-        fp: str,
-        decision: CacheDecision,
-        policy: Policy | None,
-        available: bool,
-        requests_counted: bool,
-        out: dict[str, str],
-        timer: _Timer,
-        receive: Receive,
-        request_id: str,
-    ) -> Reply:
-        """Not served from Redis: the semantic layer when the policy opts in, then the
-        token limit and the budget, then the provider call (joined when one is running)."""
-        gw, api = self.gw, self.api
+        # Not served from Redis (inline, not a call: every miss pays for a frame): the
+        # semantic layer when the policy opts in, then the token limit and the budget, then
+        # the provider call (joined when one is running).
+        available = lookup.available
         cacheable = available and not decision.bypass
         out[h.CACHE_LAYER] = layer = "miss" if cacheable else "bypass"
         pending: Pending | None = None
@@ -215,13 +196,15 @@ class ApiRoute(Generic[R]):
         if rate_limits is not None and available and rate_limits.limits_tokens(caller.key_id):
             # Tokens are limited on misses only: admitted on the request's bound now,
             # settled to its usage once answered (all given back when it joins a call).
+            api = self.api
             bounds = (api.prompt_tokens(parsed), api.completion_tokens(parsed))
             tokens = await self.limiter.admit_tokens(
-                caller.project, caller.key_id, *bounds, out, requests_counted
+                caller.project, caller.key_id, *bounds, out, lookup.rate is not None
             )
         try:
             try:
                 if budget is not None and bounds is None:
+                    api = self.api
                     bounds = (api.prompt_tokens(parsed), api.completion_tokens(parsed))
                 charge = await self.billing.open(
                     caller.project, caller.key_id, parsed.model, layer, budget, bounds or (0, 0)
