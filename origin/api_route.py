@@ -1,9 +1,19 @@
-"""A cached API route other than chat completions (embeddings, Anthropic messages).
+"""The one governed path every cached API goes through (chat completions, embeddings,
+Anthropic messages).
 
-The same steps as ``origin.chat`` (auth, parse, fingerprint, one Redis round trip with
-revocation and policy, hit or coalesced miss, cache writes after the answer), over an
-``Api``: its path, its parser, its ``Operation`` and how its errors look. Chat keeps
-its own handler, so nothing here adds work to a chat request.
+A request is authenticated, parsed and fingerprinted, then ONE Redis round trip brings
+its key's revocation, the cache entry, the project's policy and the request-limit
+verdict. A denied model is refused (403) before anything is served; a hit is served
+from its stored bytes and counted with what it saved; a miss is admitted on its token
+bound by the token limit, reserves its cost bound against the budget, joins or starts
+the provider call (``origin.flight``), and is settled to what the answer used. Usage is
+counted in memory (``origin.usage``); nothing here writes to Redis on a hit.
+
+What differs between the APIs is data, an ``Api``: its path and parser, the
+``Operation`` that calls a provider (None: chat completions, the flight's own code),
+how its token bounds are computed (``origin.tokens``), how a stored answer is replayed
+as its stream, and how its errors look. The answer's usage is read by
+``origin.pricing.tokens_of``, which knows both OpenAI's and Anthropic's forms.
 """
 
 from __future__ import annotations
@@ -12,13 +22,19 @@ import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from starlette.types import Receive
 
 from prism import (
     AuthenticationError,
+    CacheDecision,
     CachePolicy,
+    Envelope,
     Limits,
     PermissionDeniedError,
     PrismError,
+    RateLimitError,
     RecentBodies,
     RecentEntries,
     classify,
@@ -29,73 +45,98 @@ from prism import headers as h
 from prism.parsers import ParsedRequest
 
 from .asgi import Request, disconnected, read_body
+from .asgi import StageTimer as _Timer
 from .audit import audit_record
-from .auth import authenticate, check_forwarded_body
-from .chat import CLIENT_GONE, JSON, SSE
+from .auth import Caller, authenticate, check_forwarded_body
+from .billing import Charge
 from .flight import Call, ClientStream, Storage
 from .gateway import Gateway
 from .operation import Operation
 from .policies import ProjectPolicies
-from .providers.base import UpstreamCompletion
+from .ratelimits import SettlingStream, TokenCharge
 from .responses import Reply
+from .semantic import Pending, Question, SemanticCache
 
-__all__ = ["Api", "ApiRoute"]
+__all__ = ["CLIENT_GONE", "JSON", "SSE", "Api", "ApiRoute"]
+
+JSON = {"content-type": "application/json"}
+SSE = {"content-type": "text/event-stream", "cache-control": "no-cache", "x-accel-buffering": "no"}
+CLIENT_GONE = 499  # the client closed the connection before the answer (as nginx counts it)
+
+R = TypeVar("R", bound=ParsedRequest)
+
+
+def _no_usage_chunk(request: object) -> bool:
+    return False
 
 
 @dataclass(frozen=True, slots=True)
-class Api:
+class Api(Generic[R]):
+    """One API's part of the governed path: everything else is shared."""
+
     path: str
-    parse: Callable[[bytes, Limits], ParsedRequest]
-    op: Operation
+    parse: Callable[[bytes, Limits], R]
+    op: Operation | None  # how a provider is called; None: chat completions
+    prompt_tokens: Callable[[R], int]  # at least the prompt's tokens (``origin.tokens``)
+    completion_tokens: Callable[[R], int]  # the most generated tokens it can be billed for
+    stream_hit: Callable[[Envelope, R], bytes]  # a stored answer as this API's event stream
+    # Whether a streaming client sees the trailing usage chunk (chat's include_usage).
+    include_usage: Callable[[R], bool] = _no_usage_chunk
+    # The paraphrase the semantic layer looks up (None: this API has no semantic layer).
+    question: Callable[[str, str, R], Question | None] | None = None
     key_header: str | None = None  # a header that may carry the key instead of a bearer token
     error_body: Callable[[PrismError], bytes] = error_json  # how this API's errors look
+    audit_path: bool = True  # name the path in audit records (chat's records never did)
 
 
-class ApiRoute:
-    """The route handler (``asgi.Routes``) for one ``Api``."""
+class ApiRoute(Generic[R]):
+    """The route handler (``asgi.Routes``) for one ``Api``: errors are raised, and
+    rendered there in the API's format."""
 
-    def __init__(self, gateway: Gateway, api: Api, policies: ProjectPolicies) -> None:
+    def __init__(
+        self, gateway: Gateway, api: Api[R], policies: ProjectPolicies | None = None
+    ) -> None:
         self.gw = gateway
         self.api = api
-        self.policies = policies
-        self.policy = CachePolicy(default_ttl=gateway.settings.default_ttl)
-        self._bodies: RecentBodies[ParsedRequest] = RecentBodies()
-        self._entries = RecentEntries()
+        self.policies = policies or ProjectPolicies()
         self.audit = gateway.audit
         self.limiter = gateway.limiter
-
-    def _audit_refusal(self, project: str, key_id: str, model: str, code: str) -> None:
-        """Into the audit log after the response, as chat's refusals are."""
-        if self.gw.cache.available and self.audit.admit():
-            record = audit_record(
-                "policy.refuse",
-                project,
-                f"key:{key_id}",
-                detail={"model": model[:200], "code": code, "path": self.api.path},
-            )
-            self.gw.spawn(self.audit.append(record))
+        self.billing = gateway.billing
+        self.policy = CachePolicy(default_ttl=gateway.settings.default_ttl)
+        # Read on every request: one attribute, not two.
+        self._path, self._key_header = api.path, api.key_header
+        self._bodies: RecentBodies[R] = RecentBodies()
+        self._entries = RecentEntries()
 
     async def __call__(self, request: Request) -> Reply:
-        gw, api, headers, timer = self.gw, self.api, request.headers, request.timer
+        headers, receive, request_id, timer = (
+            request.headers,
+            request.receive,
+            request.id,
+            request.timer,
+        )
+        gw, path = self.gw, self._path
+        # Routes admits only POST here; a forward signed for anything else is refused.
         caller = authenticate(
             headers,
             gw.settings.key_ring,
             gw.settings.forward_secret,
             "POST",
-            api.path,
+            path,
             gw.metrics,
-            api.key_header,
+            self._key_header,
         )
         timer.mark("auth")
         limits = gw.settings.limits
-        raw = await read_body(request.receive, limits.max_body_bytes, headers.get("content-length"))
+        raw = await read_body(receive, limits.max_body_bytes, headers.get("content-length"))
         known = self._bodies.get(caller.project, raw)
         if known is None:
-            parsed = api.parse(raw, limits)
-            fp = fingerprint(caller.project, api.path, parsed)
+            parsed = self.api.parse(raw, limits)
+            fp = fingerprint(caller.project, path, parsed)
             self._bodies.put(caller.project, raw, parsed, fp)
         else:
             parsed, fp = known
+        # A forward vouches for this body only: its signed fingerprint must be this one.
         check_forwarded_body(caller, fp, gw.metrics)
         decision = classify(parsed, headers.get("cache-control"), self.policy)
         timer.mark("parse")
@@ -105,44 +146,175 @@ class ApiRoute:
         timer.mark("redis")
         if lookup.revoked:
             raise AuthenticationError("This API key has been revoked.", code="key_revoked")
+        # The policy came in the same round trip; it is checked before any entry is served.
         try:
             policy = self.policies.resolve(caller.project, lookup)
             if policy is not None:
                 policy.check_model(parsed.model)
         except PermissionDeniedError as refusal:
-            self._audit_refusal(caller.project, caller.key_id, parsed.model, refusal.code)
+            self._audit_refusal(caller, parsed.model, refusal)
             raise
-        out = {h.REQUEST_ID: request.id, h.CACHE_KEY: fp[: h.CACHE_KEY_PREFIX_LEN]}
-        self.limiter.check_requests(caller.project, caller.key_id, lookup.rate, out)
+        out = {h.REQUEST_ID: request_id, h.CACHE_KEY: fp[: h.CACHE_KEY_PREFIX_LEN]}
+        # The request rate limit's verdict came in the same round trip.
+        if lookup.rate is not None:  # no call on the hot path when no limit applies
+            self.limiter.check_requests(caller.project, caller.key_id, lookup.rate, out)
         if lookup.entry is not None:
-            envelope = self._entries.decode(lookup.entry, time.time())
+            now = time.time()  # once: a clock read is not free on every machine
+            envelope = self._entries.decode(lookup.entry, now)
             if envelope is not None:
                 out[h.CACHE_LAYER] = "redis"
+                self.billing.hit(caller.project, caller.key_id, parsed.model, envelope, now)
                 if caller.fingerprint is not None:  # the edge: it writes KV with the time left
                     out[h.ENTRY_EXPIRES] = str(envelope.expires_at())
                 out[h.SERVER_TIMING] = h.server_timing(timer.stages)
                 if parsed.stream:
-                    stored = UpstreamCompletion(envelope.body, envelope.completion())
-                    return Reply(200, {**SSE, **out}, api.op.replay(stored))
+                    return Reply(200, {**SSE, **out}, self.api.stream_hit(envelope, parsed))
                 return Reply(200, {**JSON, **out}, envelope.body)
-        cacheable = lookup.available and not decision.bypass
-        out[h.CACHE_LAYER] = "miss" if cacheable else "bypass"
-        storage = Storage(fp, decision.ttl) if cacheable and decision.write else None
-        call = Call(parsed.body, parsed.model, parsed.stream, request.id, storage, op=api.op)
-        client_gone = functools.partial(disconnected, request.receive)
-        async with gw.flights.subscribe(fp if decision.read else None, call) as subscription:
-            stream: ClientStream | None = None
+        # Not served from Redis (inline, not a call: every miss pays for a frame): the
+        # semantic layer when the policy opts in, then the token limit and the budget, then
+        # the provider call (joined when one is running).
+        available = lookup.available
+        cacheable = available and not decision.bypass
+        out[h.CACHE_LAYER] = layer = "miss" if cacheable else "bypass"
+        pending: Pending | None = None
+        # Only for a project whose policy opts in: any other request pays one attribute check.
+        rules = policy.cache if policy is not None else None
+        if rules is not None and rules.semantic and cacheable and gw.semantic is not None:
+            found = await self._semantic(
+                gw.semantic, rules.threshold, caller, parsed, decision, out, timer
+            )
+            if isinstance(found, Reply):
+                return found
+            pending = found
+        # The budget is the policy's, from the same lookup: none set, no Redis command here.
+        budget = policy.budget if policy is not None else None
+        if budget is not None and decision.read and fp in gw.flights:
+            budget = None  # joins the call in flight, which its starter pays for
+        bounds: tuple[int, int] | None = None
+        tokens: TokenCharge | None = None
+        rate_limits = policy.rate_limits if policy is not None else None
+        if rate_limits is not None and available and rate_limits.limits_tokens(caller.key_id):
+            # Tokens are limited on misses only: admitted on the request's bound now,
+            # settled to its usage once answered (all given back when it joins a call).
+            api = self.api
+            bounds = (api.prompt_tokens(parsed), api.completion_tokens(parsed))
+            tokens = await self.limiter.admit_tokens(
+                caller.project, caller.key_id, *bounds, out, lookup.rate is not None
+            )
+        try:
+            try:
+                if budget is not None and bounds is None:
+                    api = self.api
+                    bounds = (api.prompt_tokens(parsed), api.completion_tokens(parsed))
+                charge = await self.billing.open(
+                    caller.project, caller.key_id, parsed.model, layer, budget, bounds or (0, 0)
+                )
+            except (RateLimitError, PermissionDeniedError) as refusal:
+                self._audit_refusal(caller, parsed.model, refusal, "budget.refuse")
+                raise
+            reply = await self._call(
+                parsed, fp, decision, cacheable, out, timer, receive, request_id, charge,
+                pending, tokens,
+            )  # fmt: skip
+        except BaseException:
+            if tokens is not None:
+                tokens.settle(None)  # no answer: every admitted token goes back
+            raise
+        if tokens is not None and reply.status != 200:
+            tokens.settle(None)
+        return reply
+
+    async def _semantic(
+        self,
+        semantic: SemanticCache,
+        threshold: float,
+        caller: Caller,
+        parsed: R,
+        decision: CacheDecision,
+        out: dict[str, str],
+        timer: _Timer,
+    ) -> Reply | Pending | None:
+        """A paraphrase's answer from the semantic layer (a hit: nothing spent, like a
+        Redis hit), or the question for the miss to index once its answer is stored
+        (None: the request is not a question, or the API has no semantic layer)."""
+        question = self.api.question
+        asked = question(caller.project, self._path, parsed) if question is not None else None
+        if asked is None or not semantic.available:
+            return None
+        if not decision.read:
+            return semantic.pending(asked) if decision.write else None
+        match, pending = await semantic.lookup(asked, threshold)
+        timer.mark("semantic")
+        if match is None:
+            return pending
+        envelope = match.envelope
+        self.billing.hit(caller.project, caller.key_id, parsed.model, envelope, time.time())
+        out[h.CACHE_LAYER] = "semantic"
+        out[h.CACHE_KEY] = match.fingerprint[: h.CACHE_KEY_PREFIX_LEN]
+        out[h.SEMANTIC_SCORE] = f"{match.score:.4f}"
+        out[h.SERVER_TIMING] = h.server_timing(timer.stages)
+        if parsed.stream:
+            return Reply(200, {**SSE, **out}, self.api.stream_hit(envelope, parsed))
+        return Reply(200, {**JSON, **out}, envelope.body)
+
+    def _audit_refusal(
+        self, caller: Caller, model: str, refusal: PrismError, action: str = "policy.refuse"
+    ) -> None:
+        """Into the audit log after the response, never delaying or failing it."""
+        if self.gw.cache.available and self.audit.admit():
+            detail = {"model": model[:200], "code": refusal.code}
+            if action == "budget.refuse":
+                detail["message"] = refusal.message
+            if self.api.audit_path:
+                detail["path"] = self._path
+            record = audit_record(action, caller.project, f"key:{caller.key_id}", detail=detail)
+            self.gw.spawn(self.audit.append(record))
+
+    async def _call(
+        self,
+        parsed: R,
+        fp: str,
+        decision: CacheDecision,
+        cacheable: bool,
+        headers: dict[str, str],
+        timer: _Timer,
+        receive: Receive,
+        request_id: str,
+        charge: Charge,
+        semantic: Pending | None = None,
+        tokens: TokenCharge | None = None,
+    ) -> Reply:
+        gw = self.gw
+        storage = Storage(fp, decision.ttl, semantic) if cacheable and decision.write else None
+        call = Call(
+            parsed.body, parsed.model, parsed.stream, request_id, storage, charge, self.api.op
+        )
+        # Join only requests that would accept a cached answer anyway; Redis being down
+        # is no reason to call the provider once per identical request.
+        key = fp if decision.read else None
+        client_gone = functools.partial(disconnected, receive)
+        async with gw.flights.subscribe(key, call) as subscription:
+            if subscription.call is not call:
+                charge.joined()
+                if tokens is not None:
+                    tokens.settle(None)  # joined a call in flight: it pays nothing
+            stream: ClientStream | SettlingStream | None = None
             if parsed.stream:
                 if not await subscription.started(client_gone):
-                    return Reply(CLIENT_GONE, out)
-                stream = subscription.follow(False)  # closing it is the leave
+                    return Reply(CLIENT_GONE, headers)
+                # Closing it is the leave.
+                stream = subscription.follow(self.api.include_usage(parsed))
+                if tokens is not None:  # settled when the stream ends or is closed
+                    stream = SettlingStream(stream, tokens)
                 body, kind = b"", SSE
             else:
                 answer = await subscription.answer(client_gone)
                 if answer is None:
-                    return Reply(CLIENT_GONE, out)
+                    return Reply(CLIENT_GONE, headers)
                 body, kind = answer.body, JSON
+                if tokens is not None:
+                    tokens.settle(answer.completion)
             timer.mark("upstream")
-            out[h.PROVIDER] = subscription.provider
-        out[h.SERVER_TIMING] = h.server_timing(timer.stages)
-        return Reply(200, {**kind, **out}, body, stream)
+            headers[h.PROVIDER] = subscription.provider
+        headers[h.SERVER_TIMING] = h.server_timing(timer.stages)
+        return Reply(200, {**kind, **headers}, body, stream)

@@ -20,7 +20,6 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from prism import Budget, Envelope
-from prism.request import ChatRequest
 
 from .budgets import Budgets, BudgetUnavailableError, Reservation
 from .pricing import Price, cost_micros, tokens_of
@@ -75,9 +74,16 @@ class Billing:
         self.usage.hit(project, key_id, model, saved, now)
 
     async def open(
-        self, project: str, key_id: str, chat: ChatRequest, layer: str, budget: Budget | None
+        self,
+        project: str,
+        key_id: str,
+        model: str,
+        layer: str,
+        budget: Budget | None,
+        bounds: tuple[int, int] = (0, 0),
     ) -> Charge:
-        """A miss's charge; with a budget, reserved first (raises when it does not fit)."""
+        """A miss's charge; with a budget, its ``bounds`` (prompt and completion tokens,
+        ``origin/tokens.py``) reserved first (raises when it does not fit)."""
         reservation = None
         if budget is not None:
             if not self._available():  # Redis just failed: refuse now, not after a timeout
@@ -85,8 +91,8 @@ class Billing:
                     "This project's budget cannot be checked right now; retry shortly.",
                     headers={"retry-after": "1"},
                 )
-            reservation = await self.budgets.reserve(project, budget, chat)
-        return Charge(self, project, key_id, chat.model, layer, reservation)
+            reservation = await self.budgets.reserve(project, budget, model, *bounds)
+        return Charge(self, project, key_id, model, layer, reservation)
 
     def price(self, provider: str, model: str) -> Price | None:
         return self._config.prices.price(provider, model)

@@ -2,10 +2,11 @@
 
 Before a provider is called for a project with a budget, the most the request can cost
 (its prompt bound x the highest input price of any target its model can reach + its
-completion bound x the highest output price; ``origin/tokens.py``) is reserved by ONE
-script that checks the limit and reserves atomically, so any number of origin processes
-admit exactly as much as the budget allows. The answer settles it (the reservation goes,
-the real cost is added); a failed or abandoned call releases it.
+completion bound x the highest output price; each API's bounds are in
+``origin/tokens.py``) is reserved by ONE script that checks the limit and reserves
+atomically, so any number of origin processes admit exactly as much as the budget
+allows. The answer settles it (the reservation goes, the real cost is added); a failed
+or abandoned call releases it.
 
 Redis, per project and period (``day`` = ``2026-12-01``, ``month`` = ``2026-12``)::
 
@@ -30,12 +31,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 from prism import Budget, PermissionDeniedError, PrismError, RateLimitError
-from prism.request import ChatRequest
 
 from .pricing import Price
 from .providers.config import ProviderConfig
 from .redis_client import NoScriptError, RedisClient, RedisClientError
-from .tokens import DEFAULT_OUTPUT_CAP, completion_token_bound, prompt_token_bound
 
 __all__ = [
     "RELEASE_SCRIPT",
@@ -147,12 +146,10 @@ class Budgets:
         redis: RedisClient,
         config: ProviderConfig,
         hold_seconds: float = 900.0,
-        output_cap: int = DEFAULT_OUTPUT_CAP,
     ) -> None:
         self._redis = redis
         self._config = config
         self._hold_ms = int(hold_seconds * 1000)
-        self._output_cap = output_cap
         self._prices: dict[str, Price | None] = {}  # public model -> the price reserved on
         self._ids = itertools.count()
 
@@ -164,25 +161,26 @@ class Budgets:
         price = self._prices[model] = self._config.model_prices(model)[1]
         return price
 
-    def bound(self, chat: ChatRequest) -> int | None:
-        """The most ``chat`` can cost, in micro-USD; None: its model has no price."""
-        price = self.bound_price(chat.model)
+    def bound(self, model: str, prompt_tokens: int, completion_tokens: int) -> int | None:
+        """The most a request of ``model`` with these token bounds can cost, in micro-USD;
+        None: the model has no price."""
+        price = self.bound_price(model)
         if price is None:
             return None
-        prompt = prompt_token_bound(chat) * price.max_input
-        completion = completion_token_bound(chat, self._output_cap) * price.output
-        return math.ceil(prompt + completion)
+        return math.ceil(prompt_tokens * price.max_input + completion_tokens * price.output)
 
-    async def reserve(self, project: str, budget: Budget, chat: ChatRequest) -> Reservation | None:
+    async def reserve(
+        self, project: str, budget: Budget, model: str, prompt_tokens: int, completion_tokens: int
+    ) -> Reservation | None:
         """Reserve the request's bound, or raise: 429 ``budget_exceeded`` (does not fit),
         403 ``model_not_priced``, 503 ``budget_unavailable`` (Redis failed). None: the
         model has no route, so no call will be made (the router answers 404)."""
-        amount = self.bound(chat)
-        if amount is None and self._config.route(chat.model) is None:
+        amount = self.bound(model, prompt_tokens, completion_tokens)
+        if amount is None and self._config.route(model) is None:
             return None
         if amount is None:
             raise PermissionDeniedError(
-                f"Model '{chat.model[:200]}' has no price, so this project's budget cannot "
+                f"Model '{model[:200]}' has no price, so this project's budget cannot "
                 "admit it; an administrator must add one (providers file, "
                 "[providers.NAME.prices]).",
                 param="model",
@@ -214,9 +212,9 @@ class Budgets:
             raise RateLimitError(
                 f"This project's {per} budget of {_usd(budget.micro_usd)} does not cover this "
                 f"request: {_usd(left)} remains and the request may cost up to "
-                f"{_usd(amount)} (its prompt and max_tokens at the model's price). The "
+                f"{_usd(amount)} (its input and max_tokens at the model's price). The "
                 f"budget renews at {ends.strftime('%Y-%m-%d %H:%M')} UTC; a smaller "
-                "max_tokens may fit now.",
+                "request may fit now.",
                 code="budget_exceeded",
                 headers={"retry-after": str(wait)},
             )

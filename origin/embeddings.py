@@ -2,7 +2,9 @@
 
 A batch of inputs is one request to the provider and one cache entry (its fingerprint
 covers the whole body, ``input`` as sent): the answer is replayed byte for byte, and
-identical concurrent batches share one provider call. Anthropic has no embeddings API:
+identical concurrent batches share one provider call. Budgets and token limits count
+the batch's input bound (``origin.tokens``); an embedding generates no tokens, so its
+cost is its input tokens at the model's input price. Anthropic has no embeddings API:
 a route whose target is an Anthropic provider is refused with a 400 before any call.
 """
 
@@ -10,14 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from prism import InvalidRequestError, PrismError, UpstreamError
-from prism.embeddings_request import parse_embeddings_request
+from prism import Envelope, InvalidRequestError, PrismError, UpstreamError
+from prism.embeddings_request import EmbeddingsRequest, parse_embeddings_request
 from prism.routes import EMBEDDINGS_PATH
 
 from .api_route import Api
 from .operation import StreamBuilder
 from .providers.base import ChatProvider, UpstreamCompletion, UpstreamStream
 from .providers.openai import OpenAICompatibleProvider
+from .tokens import embeddings_token_bound, no_completion
 
 __all__ = ["EMBEDDINGS", "EmbeddingsOperation"]
 
@@ -56,4 +59,15 @@ class EmbeddingsOperation:
         return b""
 
 
-EMBEDDINGS = Api(EMBEDDINGS_PATH, parse_embeddings_request, EmbeddingsOperation())
+def _never_streamed(envelope: Envelope, request: EmbeddingsRequest) -> bytes:
+    raise UpstreamError("Embeddings are never streamed.")  # the parser never asks
+
+
+EMBEDDINGS: Api[EmbeddingsRequest] = Api(
+    EMBEDDINGS_PATH,
+    parse_embeddings_request,
+    EmbeddingsOperation(),
+    embeddings_token_bound,
+    no_completion,
+    _never_streamed,
+)

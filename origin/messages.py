@@ -5,7 +5,9 @@ model name) and the answer comes back as the provider sent it. Towards an
 OpenAI-compatible one the request becomes a chat completion and the answer (or its
 stream, chunk by chunk) a Messages answer (``providers.messages_translate``). Either way
 the cache holds the ``message``: a plain hit replays its bytes, a streamed one
-Anthropic's event sequence (``prism.messages_sse``). Errors are in Anthropic's format.
+Anthropic's event sequence (``prism.messages_sse``). Errors are in Anthropic's format,
+budget and rate-limit refusals too. Budgets and token limits count the prompt's bound
+and ``max_tokens`` (required here); usage is read from the message's own ``usage``.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from typing import Any
 
 import orjson
 
-from prism import PrismError, SSEDecoder, UpstreamError
-from prism.messages_request import parse_messages_request
+from prism import Envelope, PrismError, SSEDecoder, UpstreamError
+from prism.messages_request import MessagesRequest, parse_messages_request
 from prism.messages_sse import MessageAssembler, anthropic_error_json, event_frame, replay_message
 from prism.routes import MESSAGES_PATH
 
@@ -23,6 +25,7 @@ from .api_route import Api
 from .providers.anthropic import AnthropicProvider
 from .providers.base import ChatProvider, UpstreamCompletion, UpstreamStream
 from .providers.messages_translate import ChunkTranslator, to_chat_request, to_message
+from .tokens import messages_completion_bound, messages_prompt_bound
 
 __all__ = ["MESSAGES", "MessagesOperation"]
 
@@ -137,10 +140,17 @@ class MessagesOperation:
         return b"event: error\ndata: " + anthropic_error_json(error) + b"\n\n"
 
 
-MESSAGES = Api(
+def _stream_hit(envelope: Envelope, request: MessagesRequest) -> bytes:
+    return replay_message(envelope.completion())
+
+
+MESSAGES: Api[MessagesRequest] = Api(
     MESSAGES_PATH,
     parse_messages_request,
     MessagesOperation(),
+    messages_prompt_bound,
+    messages_completion_bound,
+    _stream_hit,
     key_header="x-api-key",
     error_body=anthropic_error_json,
 )

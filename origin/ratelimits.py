@@ -47,6 +47,7 @@ from prism import LIMITS_KEY_PREFIX, RateLimitError
 from .audit import AuditWriter, audit_record
 from .flight import ClientStream
 from .metrics import Metrics
+from .pricing import tokens_of
 from .redis_client import NoScriptError, PreparedCommand, RedisClient, RedisClientError
 
 __all__ = [
@@ -372,6 +373,9 @@ def _used_tokens(completion: dict[str, Any], prompt_bound: int) -> int:
         total = usage.get("total_tokens")
         if isinstance(total, int) and not isinstance(total, bool) and total >= 0:
             return total
+        tokens = tokens_of(usage)  # Anthropic's form (a Messages answer) has no total
+        if tokens is not None:
+            return tokens.prompt + tokens.completion
     # Every token is at least one byte of the answer: an upper bound, never an undercount.
     return prompt_bound + len(orjson.dumps(completion.get("choices")))
 

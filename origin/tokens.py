@@ -1,4 +1,4 @@
-"""Upper bounds of a chat request's tokens, known before any provider is called.
+"""Upper bounds of a request's tokens, known before any provider is called.
 
 Budgets reserve money and token rate limits admit requests on these bounds; both settle
 to the provider's reported usage afterwards, so a loose bound costs headroom for the
@@ -10,15 +10,31 @@ length of one request, never money.
   a fixed allowance per part, which is an estimate, not a bound: say so where it shows.
 - Completion: ``max_completion_tokens`` or ``max_tokens`` when the caller set one, else
   the configured cap; times ``n`` (each choice is billed).
+
+The other APIs the same way: an Anthropic Messages request bounds its prompt by the size
+of its messages, ``system`` and ``tools`` and its completion by ``max_tokens`` (required
+there, and including any thinking budget); an embeddings request by the size of its
+inputs (a token array is its own count) and has no completion.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from prism.embeddings_request import EmbeddingsRequest
+from prism.messages_request import MessagesRequest
 from prism.request import ChatRequest
 
-__all__ = ["DEFAULT_OUTPUT_CAP", "IMAGE_TOKENS", "completion_token_bound", "prompt_token_bound"]
+__all__ = [
+    "DEFAULT_OUTPUT_CAP",
+    "IMAGE_TOKENS",
+    "completion_token_bound",
+    "embeddings_token_bound",
+    "messages_completion_bound",
+    "messages_prompt_bound",
+    "no_completion",
+    "prompt_token_bound",
+]
 
 DEFAULT_OUTPUT_CAP = 4096  # reserved for a request that sets no max_tokens
 IMAGE_TOKENS = 1536  # per image part: OpenAI's high-detail ceiling for a 2048 px image
@@ -56,3 +72,36 @@ def completion_token_bound(request: ChatRequest, cap: int = DEFAULT_OUTPUT_CAP) 
     if limit is None:
         limit = body.get("max_tokens")
     return (cap if limit is None else int(limit)) * max(1, request.n)
+
+
+def messages_prompt_bound(request: MessagesRequest) -> int:
+    """The prompt bound of an Anthropic Messages request (its turns, system and tools)."""
+    body = request.body
+    messages = body["messages"]
+    total = _PER_MESSAGE * len(messages) + _size(messages)
+    for field in ("system", "tools", "tool_choice"):
+        if field in body:
+            total += _size(body[field])
+    return total
+
+
+def messages_completion_bound(request: MessagesRequest, cap: int = DEFAULT_OUTPUT_CAP) -> int:
+    """``max_tokens``: required by the Messages API, the most it bills."""
+    limit: int = request.body["max_tokens"]
+    return limit
+
+
+def embeddings_token_bound(request: EmbeddingsRequest) -> int:
+    """The input tokens of an embeddings batch: its strings' UTF-8 size, a token array's
+    length."""
+    value = request.body["input"]
+    if isinstance(value, str):
+        return _size(value)
+    if value and isinstance(value[0], int):  # one token array (the parser checked it)
+        return len(value)
+    return sum(_size(item) if isinstance(item, str) else len(item) for item in value)
+
+
+def no_completion(request: object, cap: int = DEFAULT_OUTPUT_CAP) -> int:
+    """An API that generates no tokens (embeddings)."""
+    return 0

@@ -39,6 +39,7 @@ from origin.app import OriginApp
 from origin.budgets import Budgets, budget_keys, period_of
 from origin.redis_pipe import RedisPipe
 from origin.server import listen, server_options
+from origin.tokens import completion_token_bound, prompt_token_bound
 from prism import Budget, Policy, parse_chat_request, parse_key_secrets, policy_key
 
 __all__ = ["main", "run_budget_bench"]
@@ -124,7 +125,13 @@ async def _reserve_alone(redis_url: str, app: OriginApp, n: int) -> dict[str, fl
     reserve, settle = [], []
     for _ in range(n):
         started = time.perf_counter()
-        held = await budgets.reserve("bench-alone", budget, chat)
+        held = await budgets.reserve(
+            "bench-alone",
+            budget,
+            chat.model,
+            prompt_token_bound(chat),
+            completion_token_bound(chat),
+        )
         assert held is not None
         reserve.append(time.perf_counter() - started)
         started = time.perf_counter()
@@ -143,8 +150,9 @@ def run_budget_bench(concurrent: int = 200, misses: int = 200) -> dict[str, Any]
     ):
         key = parse_key_secrets(_SECRET).mint("bench")
         admin = redis.Redis.from_url(redis_url)
+        chat = parse_chat_request(json.dumps(_body("admission 00000")))
         bound = app.gateway.billing.budgets.bound(
-            parse_chat_request(json.dumps(_body("admission 00000")))
+            chat.model, prompt_token_bound(chat), completion_token_bound(chat)
         )
         assert bound is not None
         limit = bound * 10 + bound // 2

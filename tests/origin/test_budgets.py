@@ -23,6 +23,7 @@ from origin.budgets import Budgets, budget_keys, period_of
 from origin.pricing import cost_micros, default_prices, tokens_of
 from origin.providers.config import load_provider_config
 from origin.redis_pipe import RedisPipe
+from origin.tokens import completion_token_bound, prompt_token_bound
 from prism import Budget, Policy, decode_envelope, parse_chat_request, policy_key
 from tests.fixtures.origin import OriginFactory, RunningOrigin
 from tests.polling import async_wait_for, wait_for
@@ -85,7 +86,10 @@ def cost_of(usage: dict[str, Any]) -> int:
 
 
 def bound_of(origin: RunningOrigin, payload: dict[str, Any]) -> int:
-    bound = origin.gateway.billing.budgets.bound(parse_chat_request(json.dumps(payload)))
+    chat = parse_chat_request(json.dumps(payload))
+    bound = origin.gateway.billing.budgets.bound(
+        chat.model, prompt_token_bound(chat), completion_token_bound(chat)
+    )
     assert bound is not None
     return bound
 
@@ -319,19 +323,20 @@ def test_a_crashed_process_reservation_is_freed_after_its_hold(
     config = load_provider_config(providers_file, {})
     budget = Budget(0.001, "day")  # room for one request's bound, not two
     chat = parse_chat_request(json.dumps(body(max_tokens=1000)))
+    bounds = (prompt_token_bound(chat), completion_token_bound(chat))
 
     async def run() -> None:
         crashed = Budgets(RedisPipe(redis_url), config, hold_seconds=0.3)
-        held = await crashed.reserve("acme", budget, chat)  # never settled: it "crashed"
+        held = await crashed.reserve("acme", budget, MODEL, *bounds)  # never settled: it "crashed"
         assert held is not None
         assert held.amount <= budget.micro_usd < 2 * held.amount
         other = Budgets(RedisPipe(redis_url), config, hold_seconds=60)
         with pytest.raises(Exception, match="does not cover this request"):
-            await other.reserve("acme", budget, chat)
+            await other.reserve("acme", budget, MODEL, *bounds)
 
         async def admitted() -> bool:
             try:
-                await other.reserve("acme", budget, chat)
+                await other.reserve("acme", budget, MODEL, *bounds)
             except Exception:
                 return False
             return True

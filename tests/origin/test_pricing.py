@@ -28,6 +28,11 @@ def test_the_table_prices_the_models_the_docs_and_routes_name() -> None:
     assert table.price("openai", "gpt-4o-2024-08-06") == table.price("openai", "gpt-4o")
     assert table.price("anthropic", "claude-sonnet-4-5-20250929") == SONNET
     assert table.price("openai", "gpt-4o-minix") is None  # not a version of gpt-4o-mini
+    # Embedding models: input only.
+    small = table.price("openai", "text-embedding-3-small")
+    assert small is not None and (small.input, small.output) == (0.02, 0)
+    large = table.price("openai", "text-embedding-3-large")
+    assert large is not None and (large.input, large.output) == (0.13, 0)
     assert table.price("openai", "o1-pro") is None  # another model, not o1
     assert table.price("openai", "mystery") is None
 
