@@ -17,8 +17,9 @@ Where the checks run:
   ``origin.cache.LOOKUP_SCRIPT``), so a hit with a limit set is still one round trip;
   a busy key takes its permits in leases and most of its lookups carry no check at all
   (``origin.request_leases``).
-  Every request to ``/v1/chat/completions`` that reaches the origin counts: Redis hits,
-  misses and bypasses. A refused request takes nothing and gets no entry.
+  Every API request (chat completions, embeddings, messages) that reaches the origin
+  counts: Redis hits, misses and bypasses. A refused request takes nothing and gets no
+  entry.
 - tokens: on a miss only (a hit costs no provider tokens), in a second script before the
   provider is called: the request is admitted on its token bound (prompt bound plus
   completion bound, ``origin.tokens``) and settled to the answer's reported usage after
