@@ -87,6 +87,7 @@ class ApiRoute:
             api.key_header,
         )
         timer.mark("auth")
+        request.project = caller.project  # for the access log and the trace
         limits = gw.settings.limits
         raw = await read_body(request.receive, limits.max_body_bytes, headers.get("content-length"))
         known = self._bodies.get(caller.project, raw)
@@ -99,6 +100,7 @@ class ApiRoute:
         check_forwarded_body(caller, fp, gw.metrics)
         decision = classify(parsed, headers.get("cache-control"), self.policy)
         timer.mark("parse")
+        request.chat = parsed
         lookup = await gw.cache.lookup(
             caller.key_id, fp if decision.read else None, caller.project, count=True
         )
@@ -118,6 +120,7 @@ class ApiRoute:
             envelope = self._entries.decode(lookup.entry, time.time())
             if envelope is not None:
                 out[h.CACHE_LAYER] = "redis"
+                request.usage = envelope.usage
                 if caller.fingerprint is not None:  # the edge: it writes KV with the time left
                     out[h.ENTRY_EXPIRES] = str(envelope.expires_at())
                 out[h.SERVER_TIMING] = h.server_timing(timer.stages)

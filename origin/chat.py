@@ -79,6 +79,7 @@ class ChatCompletions:
             headers, gw.settings.key_ring, gw.settings.forward_secret, "POST", CHAT_PATH, gw.metrics
         )
         timer.mark("auth")
+        request.project = caller.project  # for the access log and the trace
         limits = gw.settings.limits
         raw = await read_body(receive, limits.max_body_bytes, headers.get("content-length"))
         known = self._bodies.get(caller.project, raw)
@@ -92,6 +93,7 @@ class ChatCompletions:
         check_forwarded_body(caller, fp, gw.metrics)
         decision = classify(chat, headers.get("cache-control"), self.policy)
         timer.mark("parse")
+        request.chat = chat
         lookup = await gw.cache.lookup(
             caller.key_id, fp if decision.read else None, caller.project, count=True
         )
@@ -115,6 +117,7 @@ class ChatCompletions:
             envelope = self._entries.decode(lookup.entry, now)
             if envelope is not None:
                 out[h.CACHE_LAYER] = "redis"
+                request.usage = envelope.usage
                 self.billing.hit(caller.project, caller.key_id, chat.model, envelope, now)
                 if caller.fingerprint is not None:  # the edge: it writes KV with the time left
                     out[h.ENTRY_EXPIRES] = str(envelope.expires_at())
@@ -162,6 +165,7 @@ class ChatCompletions:
             except (RateLimitError, PermissionDeniedError) as refusal:
                 self._audit_refusal(caller, chat.model, refusal, "budget.refuse")
                 raise
+            request.charge = charge
             reply = await self._miss(
                 chat, fp, decision, cacheable, out, timer, receive, request_id, charge, pending,
                 tokens,

@@ -57,6 +57,10 @@ def serve(
         typer.echo(f"Error: {error}; choose another with --port / --admin-port.", err=True)
         raise typer.Exit(1) from None
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    if settings.access_log:
+        from origin.access_log import print_access_log
+
+        print_access_log()
     config = uvicorn.Config(
         app,
         log_level=log_level,
