@@ -384,7 +384,8 @@ class Telemetry:
         origins: Sequence[SpanContext | None],
     ) -> None:
         """One bulk call's span: a child of the first request it carries, linked to the rest."""
-        carried = list(dict.fromkeys(o for o in origins if o is not None))
+        unique = {(o.trace_id, o.span_id): o for o in origins if o is not None}
+        carried = list(unique.values())
         parent = otel_context.Context()
         if carried:
             parent = trace.set_span_in_context(trace.NonRecordingSpan(carried[0]))
