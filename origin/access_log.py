@@ -85,7 +85,13 @@ class AccessLog:
         if self._prompt and chat is not None:  # asked for: what was asked, as sent
             body = chat.body
             line["prompt"] = {name: body[name] for name in _PROMPT if name in body}
-        log.info(orjson.dumps(line).decode())
+        # The record made directly: ``log.info`` would also walk the stack for the caller's
+        # file and line, which say nothing here and cost more than the line itself.
+        log.handle(
+            log.makeRecord(
+                log.name, logging.INFO, __file__, 0, orjson.dumps(line).decode(), None, None
+            )
+        )
 
 
 def print_access_log() -> None:
