@@ -89,7 +89,7 @@ class AccessLog:
         # file and line, which say nothing here and cost more than the line itself.
         log.handle(
             log.makeRecord(
-                log.name, logging.INFO, __file__, 0, orjson.dumps(line).decode(), None, None
+                log.name, logging.INFO, __file__, 0, orjson.dumps(line).decode(), (), None
             )
         )
 

@@ -29,7 +29,7 @@ from .redis_client import RedisClient, RedisPyClient
 from .redis_pipe import RedisPipe
 from .router import Router
 from .semantic import Pending, SemanticCache, build_semantic_cache
-from .settings import Settings
+from .settings import Settings, SettingsError
 from .usage import UsageRecorder
 
 if TYPE_CHECKING:
@@ -206,8 +206,14 @@ def _telemetry(gateway: Gateway, settings: Settings) -> Telemetry:
     """Tracing and the GenAI metrics, hooked into the parts that report to them. Imported
     here, only when configured: the OpenTelemetry SDK is an optional extra (``otel``)."""
     from .providers._http import UpstreamHTTP
-    from .telemetry import Telemetry
 
+    try:
+        from .telemetry import Telemetry
+    except ImportError as error:
+        raise SettingsError(
+            f"An OTLP endpoint is set but the OpenTelemetry SDK is missing ({error.name}): "
+            "pip install 'prism-edge-gateway[otel]', or unset PRISM_OTEL_ENDPOINT."
+        ) from None
     telemetry = Telemetry(settings)
     gateway.router.telemetry = telemetry
     if gateway.kv_writer is not None:

@@ -50,7 +50,11 @@ def serve(
     except SettingsError as error:
         typer.echo(f"Error: {error}", err=True)
         raise typer.Exit(2) from None
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except SettingsError as error:  # e.g. telemetry asked for, its extra not installed
+        typer.echo(f"Error: {error}", err=True)
+        raise typer.Exit(2) from None
     try:
         sockets = listen(app, host, port, admin_host, admin_port)
     except OSError as error:
