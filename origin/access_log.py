@@ -7,8 +7,9 @@ cache layer, provider, status, tokens in and out and the cost when known, and th
 to the first byte and in total. Never the API key (the route never notes it) and never
 the prompt, unless ``PRISM_ACCESS_LOG_PROMPT`` asks for it.
 
-The operator routes the logger like any other (``prism origin serve`` prints it to
-stdout, one line each); ``PRISM_ACCESS_LOG=off`` turns it off, so no line is even built.
+On with ``PRISM_ACCESS_LOG=on``; the operator routes the logger like any other (``prism
+origin serve`` prints it to stdout, one line each). Off (the default: a line costs about a
+third of a Redis hit's instructions, docs/architecture.md "Observability") nothing is made.
 """
 
 from __future__ import annotations

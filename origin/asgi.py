@@ -183,10 +183,13 @@ class Routes:
             await send_reply(reply, receive, send)
         finally:
             ended = time.perf_counter()
-            if telemetry is not None:
-                telemetry.finish(request, reply, span, first_byte, ended)
-            if self.access_log is not None:
-                self.access_log.write(request, reply, first_byte, ended)
+            try:
+                if telemetry is not None:
+                    telemetry.finish(request, reply, span, first_byte, ended)
+                if self.access_log is not None:
+                    self.access_log.write(request, reply, first_byte, ended)
+            except Exception:  # the answer is out: what failed to record it is only logged
+                log.exception("recording request %s failed", request.id)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         await receive()  # lifespan.startup

@@ -63,7 +63,7 @@ def _post(origin: RunningOrigin, key: str, body: object, request_id: str) -> htt
 def test_a_miss_a_hit_and_a_stream_each_log_one_line_with_what_happened(
     origin_factory: OriginFactory, api_key: str, access_lines: _Lines
 ) -> None:
-    origin = origin_factory()
+    origin = origin_factory(PRISM_ACCESS_LOG="on")
     prompt = f"a secret question {secrets.token_hex(8)}"
     body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": prompt}]}
 
@@ -109,7 +109,7 @@ def test_a_miss_a_hit_and_a_stream_each_log_one_line_with_what_happened(
 def test_errors_are_logged_with_their_code_and_no_key(
     origin_factory: OriginFactory, provider: ProviderServer, api_key: str, access_lines: _Lines
 ) -> None:
-    origin = origin_factory()
+    origin = origin_factory(PRISM_ACCESS_LOG="on")
     forged = api_key[:-4] + "AAAA"
     assert _post(origin, forged, {"model": "x"}, "log-401").status_code == 401
     assert _post(origin, api_key, {"model": "gpt-4o-mini"}, "log-400").status_code == 400
@@ -131,16 +131,16 @@ def test_errors_are_logged_with_their_code_and_no_key(
     assert api_key not in everything and forged not in everything
 
 
-def test_the_prompt_only_when_asked_and_nothing_when_off(
+def test_the_prompt_only_when_asked_and_no_line_by_default(
     origin_factory: OriginFactory, api_key: str, access_lines: _Lines
 ) -> None:
-    asked = origin_factory(PRISM_ACCESS_LOG_PROMPT="on")
+    asked = origin_factory(PRISM_ACCESS_LOG="on", PRISM_ACCESS_LOG_PROMPT="on")
     prompt = f"log me {secrets.token_hex(6)}"
     body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": prompt}]}
     assert _post(asked, api_key, body, "log-prompt").status_code == 200
     assert _line(access_lines, "log-prompt")["prompt"] == {"messages": body["messages"]}
 
-    off = origin_factory(PRISM_ACCESS_LOG="off")
+    off = origin_factory()  # the default
     assert off.server.app.access_log is None
     assert _post(off, api_key, body, "log-off").status_code == 200
     assert all(r["request_id"] != "log-off" for r in access_lines.records())
@@ -149,7 +149,7 @@ def test_the_prompt_only_when_asked_and_nothing_when_off(
 def test_a_silenced_logger_costs_no_line(
     origin_factory: OriginFactory, api_key: str, access_lines: _Lines
 ) -> None:
-    origin = origin_factory()
+    origin = origin_factory(PRISM_ACCESS_LOG="on")
     logging.getLogger(ACCESS_LOGGER).setLevel(logging.WARNING)  # the operator turned it down
     body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "quiet"}]}
     assert _post(origin, api_key, body, "log-quiet").status_code == 200

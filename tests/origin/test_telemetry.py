@@ -8,10 +8,12 @@ import secrets
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 
-from deploy.local.provider import ProviderServer
+from deploy.local.provider import ProviderServer, ProviderSettings
 from origin import Settings
 from tests.fixtures.origin import OriginFactory, origin_env
 from tests.fixtures.otlp import Collector, ReceivedSpan
@@ -182,3 +184,59 @@ def test_the_standard_otlp_endpoint_variable_turns_it_on_too(
     assert Settings.from_env(env).otel_endpoint == "http://collector:4318"
     ours = {**env, "PRISM_OTEL_ENDPOINT": "http://ours:4318"}
     assert Settings.from_env(ours).otel_endpoint == "http://ours:4318"
+
+
+def test_a_hedge_is_an_event_and_each_attempt_its_own_span(
+    origin_factory: OriginFactory,
+    otel_collector: Collector,
+    provider: ProviderServer,
+    provider_factory: Callable[[ProviderSettings], ProviderServer],
+    api_key: str,
+    tmp_path: Path,
+) -> None:
+    second = provider_factory(ProviderSettings())
+    providers = tmp_path / "providers.toml"
+    providers.write_text(
+        f"""
+[providers.first]
+base_url = "{provider.url}/v1"
+api_key = "provider-test-key"
+hedge_delay = 0.05
+[providers.second]
+base_url = "{second.url}/v1"
+api_key = "provider-test-key"
+[models]
+"demo" = ["first", "second"]
+"""
+    )
+    origin = origin_factory(_telemetry_env(otel_collector), PRISM_PROVIDERS_FILE=str(providers))
+    provider.control.set_fault("stall_before_first_byte", seconds=1)  # the first is slow
+    trace_id = secrets.token_hex(16)
+    response = httpx.post(
+        origin.url + "/v1/chat/completions",
+        json={"model": "demo", "messages": [{"role": "user", "content": secrets.token_hex(8)}]},
+        headers={
+            "authorization": f"Bearer {api_key}",
+            "traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01",
+        },
+        timeout=30,
+    )
+    assert response.status_code == 200
+
+    def both_attempts(spans: list[ReceivedSpan]) -> bool:
+        attempts = [s for s in spans if s.trace_id == trace_id and s.name == "chat demo"]
+        return len(attempts) == 2 and any(
+            s.name == "POST /v1/chat/completions" and s.trace_id == trace_id for s in spans
+        )
+
+    spans = [s for s in otel_collector.spans(both_attempts) if s.trace_id == trace_id]
+    [request] = [s for s in spans if s.name == "POST /v1/chat/completions"]
+    attempts = {s.attributes["prism.provider"]: s for s in spans if s.name == "chat demo"}
+    assert set(attempts) == {"first", "second"}
+    assert all(a.parent_span_id == request.span_id for a in attempts.values())
+    assert attempts["first"].attributes["error.type"] == "CancelledError"  # the loser
+    assert "error.type" not in attempts["second"].attributes
+    assert ("prism.hedge", {"prism.provider": "second", "gen_ai.request.model": "demo"}) in (
+        request.events
+    )
+    assert request.attributes["prism.provider"] == "second"
