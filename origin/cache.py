@@ -36,6 +36,7 @@ from prism import POLICY_KEY_PREFIX, REVOKED_KEY, AuthenticationError, entry_key
 from .metrics import Metrics
 from .ratelimits import RATE_CHECK_SCRIPT, REQUEST_LIMIT_LUA, LoadedScript
 from .redis_client import NoScriptError, PreparedCommand, RedisClient, RedisClientError
+from .request_leases import ProjectLeases, RequestLeases
 
 __all__ = ["LOOKUP_SCRIPT", "Lookup", "RedisCache"]
 
@@ -48,7 +49,7 @@ class Lookup(NamedTuple):  # a tuple: made on every request, and cheaper than a 
     entry: bytes | None = None
     policy: bytes | None = None  # the project's policy record as stored (None: no policy)
     # The request rate limit's verdict when one applies: [admitted, limit, remaining,
-    # reset_ms, retry_ms, scope] (origin.ratelimits); refused: no entry was read.
+    # reset_ms, retry_ms, scope, ...] (origin.ratelimits); refused: no entry was read.
     rate: list[int] | None = None
 
 
@@ -56,8 +57,9 @@ UNAVAILABLE = Lookup(available=False)
 REVOKED_WHILE_UNAVAILABLE = Lookup(available=False, revoked=True)
 
 # KEYS[1] = the revoked set, KEYS[2] = the entry, KEYS[3] = the project's policy, either
-# "" when not wanted; ARGV[1] = the key id; ARGV[2] = "1" to check the request against
-# the project's request rate limits, "2" (on a replica, which cannot write) only to say
+# "" when not wanted; ARGV[1] = the key id; ARGV[2] = a number N >= 1 to check the
+# request against the project's request rate limits, taking up to N permits
+# (``origin.request_leases``), "r" (on a replica, which cannot write) only to say
 # whether it has any (reply {..., 2}), "0" neither. A missing value comes back as false
 # (nil), which keeps its place in the reply. Revoked: nothing else is read. The rate
 # limit check runs only when the policy record sets rate limits; a refused request
@@ -69,10 +71,10 @@ local entry, policy, rate = false, false, nil
 if KEYS[3] ~= '' then
   policy = redis.call('GET', KEYS[3])
   if ARGV[2] ~= '0' and policy and string.find(policy, '"rate_limits":', 1, true) then
-    if ARGV[2] == '2' then
+    if ARGV[2] == 'r' then
       rate = {{2}}
     else
-      local project = string.sub(KEYS[3], {len(POLICY_KEY_PREFIX) + 1})
+      local project, want = string.sub(KEYS[3], {len(POLICY_KEY_PREFIX) + 1}), tonumber(ARGV[2])
 {REQUEST_LIMIT_LUA}
     end
   end
@@ -108,6 +110,7 @@ class RedisCache:
         self._down_until = 0.0
         self._lookup_script: PreparedCommand | None = None  # EVALSHA sha 2 revoked-set
         self._rate_check = LoadedScript(RATE_CHECK_SCRIPT)  # on the primary, after a replica
+        self.leases = RequestLeases()
         # The revoked key ids last read from Redis, for when Redis cannot be asked.
         self._revoked: set[str] = set()
         self._revoked_refresh = revoked_refresh
@@ -149,13 +152,22 @@ class RedisCache:
         if not self.available:
             return self._unavailable(key_id)
         redis = self._lookup_client()
+        # A permit this process leased earlier spares the script its rate check.
+        held: ProjectLeases | None = None
+        leased: list[int] | None = None
+        counted = "0"
+        if count:
+            held = self.leases.by_project.get(project) if project is not None else None
+            if held is None:  # never limited here: the script says whether it is
+                counted = "r" if redis is self._reader else "1"
+            elif (leased := held.take(key_id)) is None:
+                counted = "r" if redis is self._reader else held.want(key_id)
         try:
             if fingerprint is None and project is None:
                 reply: Any = (await redis.execute("SISMEMBER", REVOKED_KEY, key_id),)
             else:
                 entry = "" if fingerprint is None else entry_key(fingerprint)
                 policy = "" if project is None else policy_key(project)
-                counted = ("2" if redis is self._reader else "1") if count else "0"
                 reply = None
                 if self._lookup_script is not None:
                     with contextlib.suppress(NoScriptError):  # Redis restarted or was flushed
@@ -176,20 +188,28 @@ class RedisCache:
             return Lookup(True, True)
         if len(reply) < 3:
             return Lookup(True, False)
+        if project is None:
+            return Lookup(True, False, reply[1], reply[2])
         if len(reply) > 3:
-            if reply[3] == 2 and project is not None:  # a replica: the primary decides
-                rate = await self._check_rate(project, key_id)
-                if rate is None:
-                    return Lookup(True, False, reply[1], reply[2])
-                return Lookup(True, False, reply[1] if rate[0] else None, reply[2], rate)
-            return Lookup(True, False, reply[1], reply[2], reply[3:])
-        return Lookup(True, False, reply[1], reply[2])
+            rate = reply[3:] if reply[3] != 2 else await self._check_rate(project, key_id)
+        elif leased is not None and held is not None and reply[2] != held.policy:
+            # Leased under a policy that has changed since: the new one decides.
+            rate = await self._check_rate(project, key_id)
+        else:
+            return Lookup(True, False, reply[1], reply[2], leased)
+        if rate is None:  # no request limit applies (or the primary could not say)
+            self.leases.by_project.pop(project, None)
+            return Lookup(True, False, reply[1], reply[2])
+        self.leases.record(project, key_id, rate, reply[2])
+        return Lookup(True, False, reply[1] if rate[0] else None, reply[2], rate)
 
     async def _check_rate(self, project: str, key_id: str) -> list[int] | None:
         """The request rate limit's verdict from the primary (None: no limit applies, or
         the primary failed: no limits without Redis)."""
+        held = self.leases.by_project.get(project)
+        want = "1" if held is None else held.want(key_id)
         try:
-            rate: list[int] = await self._rate_check.run(self.redis, key_id, project)
+            rate: list[int] = await self._rate_check.run(self.redis, key_id, project, want)
         except RedisClientError as error:
             self._failed("rate_limit", error)
             return None
@@ -221,6 +241,27 @@ class RedisCache:
             return False
         self._down_until = 0.0
         return True
+
+    async def replica_status(self) -> dict[str, object] | None:
+        """How far the replica this origin reads is behind its primary (None: no replica):
+        its link, the bytes of the primary's replication stream it has yet to apply (the
+        two offsets are read one after the other, so a busy primary shows some bytes),
+        and the seconds since it last heard from the primary (which pings it every 10 s)."""
+        if self._reader is None:
+            return None
+        try:
+            replica = _info(await self._reader.execute("INFO", "replication"))
+            primary = _info(await self.redis.execute("INFO", "replication"))
+        except RedisClientError as error:
+            return {"ok": False, "error": type(error).__name__}
+        applied, sent = replica.get("slave_repl_offset"), primary.get("master_repl_offset")
+        link = replica.get("master_link_status", "")
+        return {
+            "ok": link == "up",
+            "link": link or "not a replica",
+            "lag_bytes": max(int(sent) - int(applied), 0) if applied and sent else None,
+            "last_io_seconds_ago": int(replica.get("master_last_io_seconds_ago", -1)),
+        }
 
     async def reload_revoked(self) -> bool:
         """Read the revoked set from Redis into memory; False when Redis is unavailable."""
@@ -256,3 +297,11 @@ class RedisCache:
             refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await refresher
+
+
+def _info(reply: bytes | str) -> dict[str, str]:
+    """An ``INFO`` reply's ``name:value`` lines."""
+    text = reply.decode() if isinstance(reply, bytes) else reply
+    return dict(
+        line.split(":", 1) for line in text.splitlines() if ":" in line and not line.startswith("#")
+    )

@@ -140,12 +140,10 @@ class Flight:
             if not waiter.done():  # a waiter cancelled with its client is done already
                 waiter.set_result(None)
 
-    async def _next_change(self, client_gone: asyncio.Future[Any] | None = None) -> None:
-        """Until the flight publishes something, or ``client_gone`` finishes."""
+    async def _next_change(self) -> None:
+        """Until the flight publishes something."""
         waiter = self._task.get_loop().create_future()
         self._waiters.append(waiter)
-        if client_gone is not None:
-            client_gone.add_done_callback(functools.partial(_wake, waiter))
         await waiter
 
     # -- membership ------------------------------------------------------------------
@@ -314,11 +312,6 @@ class Flight:
         return None
 
 
-def _wake(waiter: asyncio.Future[None], _: object) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
 def _stream_error(router: Router, routed: Routed[UpstreamStream], chunk: Any) -> UpstreamError:
     """The provider's own mid-stream error, with its message (redacted) when it gave one."""
     error = chunk.get("error") if isinstance(chunk, dict) else None
@@ -404,20 +397,51 @@ class Subscription:
             while not ready():
                 await flight._next_change()
             return True
-        # One task, only while a miss is waited for: the client leaving ends the wait.
-        gone = asyncio.ensure_future(client_gone())
+        # The client's leaving is awaited in this task, not in a watcher task of its own
+        # (a task per miss is most of the wait's cost): the flight's next change wakes it
+        # by cancelling it out of ``client_gone``, as a hedge that wins does.
+        me = asyncio.current_task()
+        assert me is not None
+        wake = _Wake(me)
         try:
             while not ready():
-                await flight._next_change(gone)
-                if gone.done():
-                    return False
+                waiter = me.get_loop().create_future()
+                waiter.add_done_callback(wake)
+                flight._waiters.append(waiter)
+                wake.armed = True
+                try:
+                    await client_gone()
+                except asyncio.CancelledError:
+                    if wake.fired and me.uncancel() == 0:  # our own wake, nothing else
+                        wake.fired = False
+                        continue
+                    raise
+                except Exception:
+                    return False  # a failed receive() means gone too
+                finally:
+                    wake.armed = False
+                return False
             return True
         finally:
-            if gone.done():
-                if not gone.cancelled():
-                    gone.exception()  # retrieved: a failed receive() means gone too
-            else:
-                gone.cancel()
+            wake.armed = False
+
+
+class _Wake:
+    """A waiter's callback: cancels the waiting task out of ``client_gone``, once, and
+    only while it is still waiting there (``armed``)."""
+
+    __slots__ = ("armed", "fired", "task")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.armed = False
+        self.fired = False
+
+    def __call__(self, _: object) -> None:
+        if self.armed:
+            self.armed = False
+            self.fired = True
+            self.task.cancel()
 
 
 class ClientStream:

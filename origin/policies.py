@@ -26,7 +26,9 @@ _MAX_PROJECTS = 10_000
 class ProjectPolicies:
     def __init__(self) -> None:
         self._parsed = PolicyMemo()
-        self._last: dict[str, Policy] = {}
+        # The last record seen per project and its policy: an unchanged record (nearly
+        # every request) is recognised by one comparison, without hashing its bytes.
+        self._last: dict[str, tuple[bytes, Policy]] = {}
         self._warned: set[bytes] = set()  # invalid records already logged
 
     def resolve(self, project: str, lookup: Lookup) -> Policy | None:
@@ -35,13 +37,16 @@ class ProjectPolicies:
         A stored record that does not parse (edited by hand) refuses every model of the
         project (403 ``policy_invalid``): a policy fails closed, never open.
         """
+        last = self._last.get(project)
         if not lookup.available:
-            return self._last.get(project)
+            return None if last is None else last[1]
         raw = lookup.policy
         if raw is None:
-            if project in self._last:
+            if last is not None:
                 del self._last[project]
             return None
+        if last is not None and last[0] == raw:
+            return last[1]
         try:
             policy = self._parsed.get(raw)
         except ValueError as error:
@@ -53,8 +58,7 @@ class ProjectPolicies:
                 "again (`prism policy set`).",
                 code="policy_invalid",
             ) from None
-        if self._last.get(project) is not policy:
-            if len(self._last) >= _MAX_PROJECTS:
-                self._last.clear()
-            self._last[project] = policy
+        if len(self._last) >= _MAX_PROJECTS:
+            self._last.clear()
+        self._last[project] = (raw, policy)
         return policy

@@ -14,7 +14,9 @@ window; window counters are approximate at window edges.)
 Where the checks run:
 
 - requests: in the lookup script itself (``REQUEST_LIMIT_LUA``, spliced into
-  ``origin.cache.LOOKUP_SCRIPT``), so a hit with a limit set is still one round trip.
+  ``origin.cache.LOOKUP_SCRIPT``), so a hit with a limit set is still one round trip;
+  a busy key takes its permits in leases and most of its lookups carry no check at all
+  (``origin.request_leases``).
   Every request to ``/v1/chat/completions`` that reaches the origin counts: Redis hits,
   misses and bypasses. A refused request takes nothing and gets no entry.
 - tokens: on a miss only (a hit costs no provider tokens), in a second script before the
@@ -62,6 +64,12 @@ __all__ = [
 ]
 
 log = logging.getLogger("prism.origin")
+
+# A lease never holds more than this share of the smallest limit it draws on: with
+# limits under 2 x LEASE_SHARE a minute every request is checked in Redis, one by one.
+LEASE_SHARE = 1000
+# How long a process may spend the permits it leased, in seconds.
+LEASE_SECONDS = 1.0
 
 # The shared Lua. A limit and its state live in the project's limits hash (one HMGET
 # reads both, one HSET writes every state): ``rpm``, ``key.rpm``, ``id.{key}.rpm`` are the
@@ -124,10 +132,12 @@ local function give_back(h, checks, cost, now)
 end
 """
 
-# Spliced into the lookup script, where ``project`` and ``ARGV[1]`` (the key id) are set
-# and ``rate`` is nil: sets ``rate`` to the GCRA reply when a request limit applies. The
-# same algorithm as ``GCRA_LUA`` for a cost of 1, written out flat: it runs on every hit
-# of a limited project, where each allocation and call shows.
+# Spliced into the lookup script, where ``project``, ``ARGV[1]`` (the key id) and ``want``
+# (the permits asked for, >= 1) are set and ``rate`` is nil: sets ``rate`` to the GCRA
+# reply, with the permits granted appended, when a request limit applies. The same
+# algorithm as ``GCRA_LUA`` written out flat (it runs on every lease of a limited
+# project, where each allocation and call shows), taking up to ``want`` permits at once
+# but never more than fit now, nor more than a ``LEASE_SHARE``th of the smallest limit.
 REQUEST_LIMIT_LUA = f"""
 local h = '{LIMITS_KEY_PREFIX}' .. project
 local mine = 's.' .. ARGV[1] .. '.rpm'
@@ -137,7 +147,7 @@ if got[1] or per_key then
   local t = redis.call('TIME')
   local now = t[1] * 1000000 + t[2]
   local PERIOD = 60000000
-  local worst, worst_over, least, least_left = nil, 0, nil, nil
+  local worst, worst_over, fits, smallest = nil, 0, nil, nil
   local checks = {{}}
   if got[1] then checks[1] = {{tonumber(got[1]), 's.rpm', 1, tonumber(got[4]) or now}} end
   if per_key then checks[#checks + 1] = {{tonumber(per_key), mine, 2, tonumber(got[5]) or now}} end
@@ -147,30 +157,33 @@ if got[1] or per_key then
     local over = c[4] + step - now - PERIOD - step / 2
     if over > 0 and over > worst_over then worst, worst_over = c, over end
     c[5] = step
+    c[6] = math.floor((PERIOD + step / 2 - (c[4] - now)) / step)
+    if fits == nil or c[6] < fits then fits = c[6] end
+    if smallest == nil or c[1] < smallest then smallest = c[1] end
   end
   if worst then
-    local step = worst[5]
-    rate = {{0, worst[1], math.max(0, math.floor((PERIOD + step / 2 - (worst[4] - now)) / step)),
-            math.ceil((worst[4] - now) / 1000), math.ceil(worst_over / 1000), worst[3]}}
+    rate = {{0, worst[1], math.max(0, worst[6]), math.ceil((worst[4] - now) / 1000),
+            math.ceil(worst_over / 1000), worst[3]}}
   else
-    local fields = {{}}
+    local grant = math.min(want, fits, math.max(1, math.floor(smallest / {LEASE_SHARE})))
+    local fields, least, least_left, least_tat = {{}}, nil, nil, nil
     for _, c in ipairs(checks) do
-      local new = c[4] + c[5]
+      local new = c[4] + grant * c[5]
       fields[#fields + 1] = c[2]
       fields[#fields + 1] = new
-      local left = math.floor((PERIOD + c[5] / 2 - (new - now)) / c[5])
-      if least == nil or left < least_left then least, least_left, c[6] = c, left, new end
+      local left = c[6] - grant
+      if least == nil or left < least_left then least, least_left, least_tat = c, left, new end
     end
     redis.call('HSET', h, unpack(fields))
-    rate = {{1, least[1], least_left, math.ceil((least[6] - now) / 1000), 0, least[3]}}
+    rate = {{1, least[1], least_left, math.ceil((least_tat - now) / 1000), 0, least[3], grant}}
   end
 end
 """
 
 # The request check alone, on the primary after a replica's lookup: ARGV = key id,
-# project. Reply: the GCRA reply, or {} when no request limit applies.
+# project, permits wanted. Reply: the GCRA reply, or {} when no request limit applies.
 RATE_CHECK_SCRIPT = f"""
-local project, rate = ARGV[2], nil
+local project, want, rate = ARGV[2], tonumber(ARGV[3]), nil
 {REQUEST_LIMIT_LUA}
 return rate or {{}}
 """
@@ -404,6 +417,7 @@ class RateLimiter:
         self._admit = LoadedScript(_ADMIT_TOKENS)
         self._settle = LoadedScript(_SETTLE_TOKENS)
         self.refusals = RefusalLog(audit, spawn)
+        self._reset_ms, self._reset_text = 0, "0s"  # the last reset header written
 
     def check_requests(
         self, project: str, key_id: str, rate: list[int] | None, headers: dict[str, str]
@@ -414,7 +428,12 @@ class RateLimiter:
             return
         if not rate[0]:
             raise self.refused(project, key_id, "requests", rate)
-        headers.update(request_headers(rate))
+        # Set one by one: on every request of a limited project, a dict and an update cost.
+        headers["x-ratelimit-limit-requests"] = str(rate[1])
+        headers["x-ratelimit-remaining-requests"] = str(rate[2])
+        if rate[3] != self._reset_ms:  # the same while a lease lasts: written once
+            self._reset_ms, self._reset_text = rate[3], duration(rate[3])
+        headers["x-ratelimit-reset-requests"] = self._reset_text
 
     def refused(
         self, project: str, key_id: str, kind: str, rate: list[int], cost: int = 1

@@ -85,14 +85,14 @@ class Router:
         """A complete answer from the model's first working target (``op``: another API's
         call than chat completions)."""
         request = RouteRequest(self, self._plan(model), body, False, op)
-        return cast(Routed[UpstreamCompletion], await request.run())
+        return cast("Routed[UpstreamCompletion]", await request.run())  # no runtime generic
 
     async def stream(
         self, body: dict[str, Any], model: str, op: Operation | None = None
     ) -> Routed[UpstreamStream]:
         """A stream whose first bytes have arrived; failover happens only before them."""
         request = RouteRequest(self, self._plan(model), body, True, op)
-        return cast(Routed[UpstreamStream], await request.run())
+        return cast("Routed[UpstreamStream]", await request.run())
 
     def stream_failed(self, routed: Routed[UpstreamStream], error: PrismError) -> None:
         """A stream that broke after it started (cut, malformed, unfinished) counts against

@@ -82,6 +82,10 @@ class Settings:
     # a line costs about a third more instructions); the prompt only if asked.
     access_log: bool = False
     access_log_prompt: bool = False
+    # The admin dashboard (origin/dashboard): its key (None: no dashboard, no sampling) and
+    # how often it samples the origin's figures.
+    admin_key: str | None = field(default=None, repr=False)
+    dashboard_interval: float = 5.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -135,6 +139,7 @@ class Settings:
             semantic_threads=("PRISM_SEMANTIC_THREADS", int),
             semantic_timeout=("PRISM_SEMANTIC_TIMEOUT", float),
             otel_export_interval=("PRISM_OTEL_EXPORT_INTERVAL", float),
+            dashboard_interval=("PRISM_DASHBOARD_INTERVAL", float),
         )
         if numbers.get("budget_hold", 60) < 60:
             raise SettingsError("PRISM_BUDGET_HOLD_SECONDS must be at least 60 (seconds).")
@@ -146,6 +151,11 @@ class Settings:
             raise SettingsError("PRISM_SEMANTIC_TIMEOUT must be more than 0 (seconds).")
         if numbers.get("otel_export_interval", 1) <= 0:
             raise SettingsError("PRISM_OTEL_EXPORT_INTERVAL must be more than 0 (seconds).")
+        if not 0.5 <= numbers.get("dashboard_interval", 5) <= 60:
+            raise SettingsError("PRISM_DASHBOARD_INTERVAL must be 0.5 to 60 (seconds).")
+        admin_key = env.get("PRISM_ADMIN_KEY") or None
+        if admin_key is not None and len(admin_key) < 16:
+            raise SettingsError("PRISM_ADMIN_KEY must be at least 16 characters.")
         if numbers.get("fallback_ttl", MIN_TTL) < MIN_TTL:
             raise SettingsError(f"PRISM_FALLBACK_TTL must be at least {MIN_TTL} (seconds).")
         return cls(
@@ -164,6 +174,7 @@ class Settings:
             otel_service_name=env.get("OTEL_SERVICE_NAME") or "prism-origin",
             access_log=_switch(env, "PRISM_ACCESS_LOG", False),
             access_log_prompt=_switch(env, "PRISM_ACCESS_LOG_PROMPT", False),
+            admin_key=admin_key,
             limits=Limits(**_numbers(env, max_body_bytes=("PRISM_MAX_BODY_BYTES", int))),
             **numbers,
         )

@@ -14,9 +14,9 @@ __all__ = ["Plan", "Routed", "Target"]
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: made on every miss, and frozen fields cost a call each
 class Routed(Generic[T]):
-    """What a target answered, and which target it was."""
+    """What a target answered, and which target it was (never changed once made)."""
 
     value: T
     provider: str  # the provider's name in the configuration

@@ -24,8 +24,17 @@ from typing import Any
 import redis
 import uvloop
 
+from deploy.policy_store import PolicyStore
 from origin import Settings, create_app
-from prism import encode_envelope, entry_key, fingerprint, parse_chat_request, parse_key_secrets
+from origin.server import freeze_heap
+from prism import (
+    RateLimits,
+    encode_envelope,
+    entry_key,
+    fingerprint,
+    parse_chat_request,
+    parse_key_secrets,
+)
 from prism import headers as h
 from prism.routes import CHAT_PATH
 
@@ -35,6 +44,7 @@ __all__ = ["drive_hits", "main"]
 
 _KEY_SECRET = "bench-hit-driver-key-secret-0123456789"
 _PROJECT = "bench"
+_LIMITS = RateLimits.from_dict({"project": {"rpm": 1_000_000}, "key": {"rpm": 1_000_000}})
 _WARM = 100  # hits before counting: the script is loaded and the memos are filled
 _ANSWER = (
     b'{"id":"bench","object":"chat.completion","model":"gpt-4o-mini","choices":[{"index":0,'
@@ -43,9 +53,12 @@ _ANSWER = (
 )
 
 
-def drive_hits(redis_url: str, count: int, concurrency: int = 32) -> float:
+def drive_hits(
+    redis_url: str, count: int, concurrency: int = 32, rate_limits: bool = False
+) -> float:
     """Send ``count`` hits after a warm-up; the wall time per hit in seconds (the
-    instruction count is what to trust)."""
+    instruction count is what to trust). With ``rate_limits`` the project has request
+    limits per project and per key (high enough never to refuse), so every hit is checked."""
     env = {
         "PRISM_KEY_SECRET": _KEY_SECRET,
         "PRISM_FORWARD_SECRET": _KEY_SECRET,
@@ -62,6 +75,11 @@ def drive_hits(redis_url: str, count: int, concurrency: int = 32) -> float:
         client.set(entry_key(fp), encode_envelope(_ANSWER, model=MODEL, ttl=3600), ex=3600)
     finally:
         client.close()
+    store = PolicyStore.from_url(redis_url)
+    if rate_limits:
+        store.set(_PROJECT, rate_limits=_LIMITS, updated_by="hit-driver")
+    else:
+        store.clear(_PROJECT, actor="hit-driver")
     key = parse_key_secrets(_KEY_SECRET).mint(_PROJECT)
     app = create_app(settings)
     scope = {
@@ -109,6 +127,7 @@ def drive_hits(redis_url: str, count: int, concurrency: int = 32) -> float:
         started = await replies.get()
         if started["type"] != "lifespan.startup.complete":
             raise RuntimeError(f"the origin did not start: {started}")
+        freeze_heap()  # as `prism origin serve` does once started
         try:
             for _ in range(_WARM):
                 await one()
@@ -132,8 +151,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("redis_url")
     parser.add_argument("count", type=int)
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument(
+        "--rate-limits", action="store_true", help="Check project and key request limits."
+    )
     args = parser.parse_args(argv)
-    per_hit = drive_hits(args.redis_url, args.count, args.concurrency)
+    per_hit = drive_hits(args.redis_url, args.count, args.concurrency, args.rate_limits)
     print(f"{args.count} Redis hits, {args.concurrency} at a time: {per_hit * 1e6:.1f} µs each")
 
 

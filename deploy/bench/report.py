@@ -29,7 +29,7 @@ ROWS: tuple[tuple[str, str, str, bool], ...] = (
     ("origin", "floor", "origin: floor app, one Redis GET", True),
     ("origin", "floor_redis_py", "origin: floor app on redis-py's pool (context)", True),
     ("origin", "redis_hit", "origin: Prism Redis hit", False),
-    ("origin", "redis_hit_limited", "origin: Prism Redis hit, rate limits set", False),
+    ("origin", "redis_hit_limited", "origin: Prism Redis hit, rate limits + budget set", False),
     ("origin", "provider_direct", "origin: provider called directly", True),
     ("origin", "miss", "origin: Prism miss (→ provider)", False),
 )

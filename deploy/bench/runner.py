@@ -30,7 +30,7 @@ from deploy.local.redis import find_redis_server
 from deploy.local.stack import LocalStack, StackConfig, StackInfo
 from deploy.local.workers import ExtraWorker, find_node_toolchain
 from deploy.policy_store import PolicyStore
-from prism import RateLimits, parse_key_secrets
+from prism import Budget, RateLimits, parse_key_secrets
 from prism import headers as h
 
 from .ladder import ladder_worker, measure_ladder
@@ -68,6 +68,7 @@ Step = Callable[[str], None]
 # The rate-limited hit row: limits high enough never to refuse, both a project and a
 # per-key one, so the row measures the whole check riding in the lookup script.
 _BENCH_LIMITS = RateLimits.from_dict({"project": {"rpm": 1_000_000}, "key": {"rpm": 1_000_000}})
+_BENCH_BUDGET = Budget(usd=1_000_000, period="day")
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,13 +354,15 @@ class BenchRunner:
 
     @contextlib.contextmanager
     def _rate_limited(self, ctx: _Context, on: bool) -> Iterator[None]:
-        """With ``on``, the project has rate limits (that never refuse) while inside."""
+        """With ``on``, the project has rate limits and a budget (that never refuse) while
+        inside."""
         if not on:
             yield
             return
         store = PolicyStore.from_url(ctx.info.redis_url)
         try:
-            store.set(ctx.info.project, rate_limits=_BENCH_LIMITS, updated_by="bench")
+            store.set(ctx.info.project, rate_limits=_BENCH_LIMITS, budget=_BENCH_BUDGET,
+                      updated_by="bench")  # fmt: skip
             check = httpx.post(ctx.info.origin_url + CHAT_PATH, content=ctx.hit_body,
                                headers=ctx.auth, timeout=30)  # fmt: skip
             if check.headers.get("x-ratelimit-limit-requests") != "1000000":

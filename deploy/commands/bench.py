@@ -25,7 +25,14 @@ from deploy.local.workers import RuntimeStartError, ToolchainNotFoundError
 
 from ._options import JsonOption
 
-__all__ = ["app", "bench_command", "budget_command", "faults_command", "semantic_command"]
+__all__ = [
+    "app",
+    "bench_command",
+    "budget_command",
+    "faults_command",
+    "geo_command",
+    "semantic_command",
+]
 
 # The callback's docstring is the group's help: `prism bench` itself is the layer benchmark.
 app = typer.Typer(name="bench")
@@ -351,3 +358,63 @@ def budget_command(
         f"{miss['redis_script']['reserve_p50_us']} us (settle, after the answer: "
         f"{miss['redis_script']['settle_p50_us']} us)"
     )
+
+
+@app.command("geo")
+def geo_command(
+    requests: Annotated[int, typer.Option(help="New requests per customer and edge.")] = 10,
+    scale: Annotated[
+        float, typer.Option(help="Every distance of the profile times this (0.1: a quick run).")
+    ] = 1.0,
+    loopback: Annotated[
+        bool, typer.Option("--loopback", help="No network namespaces even when root.")
+    ] = False,
+    out: Annotated[Path, typer.Option(help="Where geo.json and geo.png go.")] = Path(
+        "bench-results"
+    ),
+    as_json: JsonOption = False,
+) -> None:
+    """The three requests (miss, Redis hit, KV hit) of a customer in Singapore and one in
+    San Francisco, with the origin in ap-south-1 only and with a second in us-west-1, each
+    part in its own network namespace with a delay proxy on every link (round trips from
+    the profile in deploy/bench/geo_profile.py); then the nearer origin killed mid-run.
+    Checks (exit status 1 if one fails): a KV hit costs at most the client-PoP round trip
+    + 5 ms, a Redis hit one PoP-origin round trip + 10 ms, San Francisco's miss pays the
+    us-west-1 round trip with two regions, and no request fails when an origin dies.
+    Without root (or `ip`), every part runs on loopback instead, and it says so.
+
+    Example: prism bench geo --requests 10
+    """
+    from deploy.bench.geo import GeoConfig, run_geo
+    from deploy.bench.geo_profile import DEFAULT_PROFILE
+    from deploy.bench.geo_report import render_geo, write_geo
+    from deploy.local import netns
+
+    console = Console(stderr=True)
+    why_not = "--loopback given" if loopback else netns.available()
+    if why_not is not None:
+        console.print(
+            f"[yellow]No network namespaces ({why_not}): every part on loopback, the same "
+            "delay proxies between them.[/yellow]"
+        )
+    profile = DEFAULT_PROFILE if scale == 1.0 else DEFAULT_PROFILE.scaled(scale)
+    config = GeoConfig(profile, requests=requests, isolated=why_not is None)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        result = run_geo(config, on_step=lambda step: console.print(f"[dim]{step}…[/dim]"))
+    except (StackError, RuntimeStartError, ToolchainNotFoundError, RuntimeError, OSError) as error:
+        console.print(f"[red]Error:[/red] {error}")
+        raise typer.Exit(1) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    path, chart_problem = write_geo(result, out)
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        stdout = Console() if Console().is_terminal else Console(width=160)
+        stdout.print(render_geo(result))
+        console.print(
+            f"results: {path}" + (f" ({chart_problem})" if chart_problem else ""), markup=False
+        )
+    if not all(check["ok"] for check in result["checks"]):
+        raise typer.Exit(1)

@@ -95,6 +95,12 @@ def dev_command(
             soft_wrap=True,
             highlight=False,
         )
+        console.print(
+            f"watch:   prism top   ·   dashboard: {info.origin_admin_url}/dashboard "
+            f"(admin key: PRISM_ADMIN_KEY in {state_dir}/dev-secrets.json)",
+            soft_wrap=True,
+            highlight=False,
+        )
         console.print("[dim]Ctrl-C to stop.[/dim]")
         if as_json:
             typer.echo(json.dumps(info.to_dict()))

@@ -65,6 +65,21 @@ def smoke_command(
             "to land (Redis at the origin, then KV at the edge)."
         ),
     ] = 1.0,
+    regions: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--from",
+            help="Run from Globalping probes in this place instead (a city, country or "
+            "continent; repeat for several). Probes only GET: see README.",
+        ),
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(envvar="PRISM_GLOBALPING_TOKEN", help="Globalping API token (optional)."),
+    ] = None,
+    globalping_api: Annotated[
+        str, typer.Option(envvar="PRISM_GLOBALPING_API", hidden=True)
+    ] = "https://api.globalping.io",
     as_json: JsonOption = False,
 ) -> None:
     """Send one new chat request three times, waiting --pause seconds before each repeat, and
@@ -74,8 +89,17 @@ def smoke_command(
     the origin, miss, redis, redis. Exit status 1 when a request fails or a layer is not one
     expected (a cache that does not keep answers).
 
+    With --from, probes in those places ask the edge three GETs instead (no key; the key,
+    answered at the PoP; the key with no-cache, answered by the nearest origin).
+
     Example: prism smoke http://127.0.0.1:8787 --key sk-prism-v1.dev....
     """
+    if regions:
+        from deploy.smoke_from import run_smoke_from
+
+        if not run_smoke_from(url, key, regions, token, globalping_api, as_json):
+            raise typer.Exit(1)
+        return
     body = {
         "model": model,
         "messages": [{"role": "user", "content": f"Prism smoke test {secrets.token_hex(4)}"}],

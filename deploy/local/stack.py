@@ -92,7 +92,12 @@ def _dev_secrets(state_dir: Path, env: Mapping[str, str]) -> dict[str, str]:
     if path.exists():
         with contextlib.suppress(ValueError, OSError):
             stored = json.loads(path.read_text())
-    wanted = ("PRISM_KEY_SECRET", "PRISM_FORWARD_SECRET", "PRISM_LOCAL_API_TOKEN")
+    wanted = (
+        "PRISM_KEY_SECRET",
+        "PRISM_FORWARD_SECRET",
+        "PRISM_LOCAL_API_TOKEN",
+        "PRISM_ADMIN_KEY",
+    )
     values = {
         name: env.get(name) or stored.get(name) or secrets.token_urlsafe(32) for name in wanted
     }
@@ -205,6 +210,7 @@ class LocalStack:
             **cfg.env,
             "PRISM_KEY_SECRET": dev["PRISM_KEY_SECRET"],
             "PRISM_FORWARD_SECRET": dev["PRISM_FORWARD_SECRET"],
+            "PRISM_ADMIN_KEY": dev["PRISM_ADMIN_KEY"],  # the dashboard on the admin listener
             "REDIS_URL": redis_url,
         }
         if any(cfg.env.get(name) for name in _PROVIDER_ENV):
@@ -296,7 +302,9 @@ class LocalStack:
         assert self._runtime.edge_url is not None
         self._wait_http(origin, origin_admin_url + "/healthz", 30)
         self._ready(components, "origin", origin_url, f"providers: {provider}")
-        self._ready(components, "admin", origin_admin_url, "origin /healthz and /metrics")
+        self._ready(
+            components, "admin", origin_admin_url, "origin /healthz, /metrics and /dashboard"
+        )
         if second is not None:
             process, admin = second
             self._wait_http(process, admin + "/healthz", 30)

@@ -143,6 +143,8 @@ def regions(
             worker("kill", at["doomed"]),
             worker("stall", stalled.url, PRISM_ORIGIN_TIMEOUT_MS="500"),
             worker("bare503", unavailable_url),
+            # eu-west-1 said to be near San Jose's data centre only
+            worker("override", at["eu"], PRISM_ORIGIN_REGIONS="eu-west-1=colo:SJC"),
         ],
     )
     kv = KVApi(runtime)
@@ -208,6 +210,20 @@ def test_a_request_goes_to_the_origin_nearest_to_where_it_comes_from(
     assert response.status_code == 200, response.text
     assert response.headers[REGION] == "us-west-1"
     assert (requests_of(fresh.us), requests_of(fresh.eu)) == (us + 1, eu + 1)
+
+
+def test_where_a_region_is_near_is_configurable_down_to_the_data_centre(
+    fresh: Regions, api_key: str
+) -> None:
+    """``PRISM_ORIGIN_REGIONS`` overrides the built-in table: a colo beats a continent,
+    and a request near no origin keeps the configured order."""
+    response, _ = chat(fresh.url("override"), api_key, AMERICA)  # colo SJC
+    assert response.status_code == 200, response.text
+    assert response.headers[REGION] == "eu-west-1"
+    response, _ = chat(fresh.url("override"), api_key, {**AMERICA, "colo": "LAX"})
+    assert response.headers[REGION] == "us-west-1"
+    response, _ = chat(fresh.url("override"), api_key, EUROPE)  # near neither: the first
+    assert response.headers[REGION] == "us-west-1"
 
 
 def test_with_the_nearest_origin_killed_the_other_answers_and_is_asked_first_after(

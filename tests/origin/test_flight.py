@@ -308,6 +308,35 @@ async def test_a_json_client_going_away_leaves_the_call_to_those_still_waiting(
     assert router.cancelled == 0 and len(stores.stored) == 1
 
 
+async def test_a_waiting_client_is_woken_by_the_answer_and_left_uncancelled(
+    table: FlightTable, router: FakeRouter
+) -> None:
+    """The wait runs in the client's own task, woken by cancelling it out of
+    ``client_gone``: that cancel must never leak to the caller (nor a cancel from
+    outside be swallowed)."""
+
+    async def wait() -> tuple[object, int]:
+        answer = await subscription.answer(asyncio.Event().wait)
+        task = asyncio.current_task()
+        assert task is not None
+        await asyncio.sleep(0)  # a leaked cancel would land here
+        return answer, task.cancelling()
+
+    async with table.subscribe(KEY, call(stream=False)) as subscription:
+        waiting = asyncio.ensure_future(wait())
+        await async_wait_for(lambda: router.calls == 1)
+        router.answer.set()
+        answer, cancelling = await waiting
+    assert answer is not None and cancelling == 0
+    router.answer.clear()
+    async with table.subscribe("another-key", call(stream=False)) as other:
+        stopped = asyncio.ensure_future(other.answer(asyncio.Event().wait))
+        await async_wait_for(lambda: router.calls == 2)
+        stopped.cancel()  # the server stopping this request: it stays stopped
+        with pytest.raises(asyncio.CancelledError):
+            await stopped
+
+
 async def test_a_streaming_client_gone_before_the_first_event_leaves(
     table: FlightTable, router: FakeRouter
 ) -> None:

@@ -4,12 +4,16 @@
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 import redis
+from typer.testing import CliRunner
 
+from deploy.cli import app
 from deploy.local.provider import ProviderServer
 from deploy.local.redis import RedisServer
 from origin import Settings
@@ -17,7 +21,13 @@ from origin.cache import RedisCache
 from origin.metrics import Metrics
 from origin.settings import RedisClientKind
 from prism import REVOKED_KEY, KeyRing
-from tests.fixtures.origin import OriginFactory, make_redis_client, origin_env
+from tests.fixtures.origin import (
+    KEY_SECRET,
+    OriginFactory,
+    RunningOrigin,
+    make_redis_client,
+    origin_env,
+)
 from tests.polling import async_wait_for, wait_for
 
 
@@ -194,3 +204,79 @@ def test_only_the_origin_that_stored_an_entry_replicates_it_to_workers_kv(
     wait_for(hit, timeout=5)
     submitted = "prism_kv_writer_submitted_total"
     assert (near.metric(submitted), far.metric(submitted)) == (1, 0)
+
+
+def replica_health(origin: RunningOrigin) -> dict[str, object] | None:
+    health = httpx.get(origin.admin_url + "/healthz").json()
+    replica: dict[str, object] | None = health["redis"]["replica"]
+    return replica
+
+
+def test_the_replica_lag_is_on_the_admin_healthz_and_comes_back_to_nothing(
+    origin_factory: OriginFactory,
+    provider: ProviderServer,
+    primary: RedisServer,
+    replica: RedisServer,
+    api_key: str,
+) -> None:
+    near = origin_factory(origin_env(primary.url, provider.url))
+    far = origin_factory(origin_env(primary.url, provider.url, PRISM_REDIS_READ_URL=replica.url))
+    assert replica_health(near) is None  # no replica, nothing to say
+    headers = {"authorization": f"Bearer {api_key}"}
+    for number in range(5):
+        body = {"model": "demo", "messages": [{"role": "user", "content": f"lag {number}"}]}
+        assert httpx.post(f"{near.url}/v1/chat/completions", json=body, headers=headers).is_success
+    near.wait_stored()
+
+    # Bounded: the replica applies everything the primary sent, within a deadline.
+    def settled() -> dict[str, object] | None:
+        health = replica_health(far)
+        return health if health is not None and health["lag_bytes"] == 0 else None
+
+    health = wait_for(settled, 5)
+    assert health is not None
+    assert health["ok"] is True and health["link"] == "up"
+    assert 0 <= int(str(health["last_io_seconds_ago"])) <= 10
+
+    cut = redis.Redis.from_url(replica.url)
+    try:
+        cut.replicaof("NO", "ONE")
+        health = replica_health(far)
+        assert health is not None and health["ok"] is False
+        assert health["link"] == "not a replica"
+        assert httpx.get(far.admin_url + "/healthz").json()["redis"]["ok"] is True
+    finally:
+        cut.close()
+
+
+def test_a_key_revoked_with_the_cli_on_the_primary_is_refused_by_the_far_origin_in_time(
+    origin_factory: OriginFactory,
+    provider: ProviderServer,
+    primary: RedisServer,
+    replica: RedisServer,
+    key_ring: KeyRing,
+) -> None:
+    """The documented bound: the replication lag, 10 s (the revoked set's reload) at worst."""
+    far = origin_factory(origin_env(primary.url, provider.url, PRISM_REDIS_READ_URL=replica.url))
+    cli = {"REDIS_URL": primary.url, "PRISM_KEY_SECRET": KEY_SECRET}
+    created = CliRunner().invoke(app, ["keys", "create", "--project", "regions", "--json"], env=cli)
+    assert created.exit_code == 0, created.output
+    made = json.loads(created.output.splitlines()[0])  # then a note on stderr
+    headers = {"authorization": f"Bearer {made['key']}"}
+    body = {"model": "demo", "messages": [{"role": "user", "content": "revoked far away"}]}
+    assert httpx.post(f"{far.url}/v1/chat/completions", json=body, headers=headers).is_success
+
+    result = CliRunner().invoke(
+        app,
+        ["keys", "revoke", made["key_id"], "--project", "regions", "--no-kv"],
+        env=cli,
+    )
+    assert result.exit_code == 0, result.output
+    revoked_at = time.monotonic()
+
+    def refused() -> bool:
+        response = httpx.post(f"{far.url}/v1/chat/completions", json=body, headers=headers)
+        return response.status_code == 401 and "revoked" in response.text
+
+    wait_for(refused, timeout=10)
+    assert time.monotonic() - revoked_at < 10

@@ -12,7 +12,7 @@ import weakref
 import httpx
 import pytest
 
-from origin.server import freeze_heap
+from origin.server import YOUNG_GENERATION, freeze_heap
 from tests.fixtures.origin import OriginFactory, RunningOrigin
 
 CHAT = {"model": "demo", "messages": [{"role": "user", "content": "surface"}]}
@@ -208,12 +208,15 @@ def test_freeze_heap_exempts_what_lives_and_frees_what_does_not() -> None:
     garbage.other = garbage  # a cycle only the collector can free
     gone = weakref.ref(garbage)
     del garbage
+    thresholds = gc.get_threshold()
     try:
         freeze_heap()
+        assert gc.get_threshold() == (YOUNG_GENERATION, *thresholds[1:])
         assert gone() is None  # collected before the freeze, not made permanent
         assert gc.get_freeze_count() > 0
         # Full collections no longer walk what start-up left alive.
         assert not any(found is kept for found in gc.get_objects())
     finally:
         gc.unfreeze()
+        gc.set_threshold(*thresholds)
     assert any(found is kept for found in gc.get_objects())
