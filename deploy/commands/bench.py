@@ -272,11 +272,26 @@ def semantic_command(
         Path | None,
         typer.Option(help="A sentence-transformers model directory. [default: the bundled one]"),
     ] = None,
+    pairs: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--pairs",
+            help='Instead: labelled pairs from this file (JSON lines {"a", "b", "same"}; '
+            "repeatable): b asked after a was cached; writes JSON and a PNG to --out.",
+        ),
+    ] = None,
+    scale: Annotated[
+        int | None,
+        typer.Option(help="Instead: the cost of a miss with this many records in one partition."),
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Where --pairs writes.")] = Path("bench-results"),
     as_json: JsonOption = False,
 ) -> None:
     """Measure the semantic cache's precision on the labelled question pairs (paraphrases
     that should match, near misses that must not), at a sweep of thresholds, with and
-    without the lexical guard; and the model's cost (ms per embedding, RSS).
+    without the lexical guard; and the model's cost (ms per embedding, RSS). With
+    --pairs, the same on other labelled files; with --scale, a miss's cost and the memory
+    with that many records in one partition (a private redis-server).
 
     Example: prism bench semantic --threshold 0.92
     """
@@ -284,6 +299,11 @@ def semantic_command(
     from prism import DEFAULT_SEMANTIC_THRESHOLD
 
     chosen = DEFAULT_SEMANTIC_THRESHOLD if threshold is None else threshold
+    if pairs or scale is not None:
+        from deploy.bench.semantic_cli import other_runs
+
+        other_runs(pairs or [], scale, chosen, model, out, as_json)
+        return
     try:
         report = run(chosen, model)
     except (RuntimeError, OSError, ImportError) as error:

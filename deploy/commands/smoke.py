@@ -80,6 +80,14 @@ def smoke_command(
     globalping_api: Annotated[
         str, typer.Option(envvar="PRISM_GLOBALPING_API", hidden=True)
     ] = "https://api.globalping.io",
+    semantic: Annotated[
+        bool,
+        typer.Option(
+            "--semantic",
+            help="Then ask a new question and a paraphrase of it: the paraphrase must come "
+            "from the semantic cache (for a project whose policy turns it on).",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Send one new chat request three times, waiting --pause seconds before each repeat, and
@@ -106,6 +114,7 @@ def smoke_command(
         "temperature": 0,  # cacheable even for a project that does not cache sampled answers
     }
     rows: list[dict[str, Any]] = []
+    extra: list[dict[str, Any]] = []  # --semantic's, with their own expectations
     try:
         with httpx.Client(
             base_url=url.rstrip("/"), headers={"authorization": f"Bearer {key}"}, timeout=60
@@ -118,12 +127,17 @@ def smoke_command(
                 rows.append(_row(number, response, (time.perf_counter() - started) * 1000))
                 if response.status_code != 200:
                     break  # the same request again would only fail the same way
+            if semantic and rows[-1]["status"] == 200:
+                from .smoke_semantic import semantic_rows
+
+                extra = semantic_rows(client, model, pause, _row, len(rows) + 1)
     except httpx.HTTPError as error:
         typer.echo(f"Error: cannot reach {url}: {type(error).__name__}", err=True)
         raise typer.Exit(1) from None
     for row, layers in zip(rows, expected_layers(rows[0]["server_timing"]), strict=False):
         row["expected"] = list(layers)
         row["ok"] = row["status"] == 200 and row["layer"] in layers
+    rows += extra
     if as_json:
         typer.echo(json.dumps(rows))
     else:

@@ -1,10 +1,11 @@
 """The semantic layer: after the exact lookup missed, before the provider is called.
 
 ``lookup`` starts the question's embedding (in the embedder's thread) and, meanwhile,
-reads the question's partition from the index; an empty partition is a miss at once,
-without waiting for the model. Otherwise the best candidates at or above the project's
-threshold that also pass the lexical guard (``guard.agree``) are read from Redis in one
-``MGET``, and the first that is still a valid entry is the answer. A candidate whose
+catches up with the question's partition in the index (only what was added since this
+process last read it); an empty partition is a miss at once, without waiting for the
+model. Otherwise the best candidates at or above the project's threshold that also pass
+the lexical guard (``guard.agree``) are read from Redis in one ``MGET``, and the first
+that is still a valid entry is the answer. A candidate whose
 entry is gone is removed from the index, never served.
 
 A miss carries its question (``Pending``) to the store: once the answer's entry is in
@@ -31,7 +32,7 @@ from ..redis_client import RedisClient, RedisClientError
 from ..settings import Settings
 from .embedder import Embedder, EmbedderUnavailable
 from .guard import agree
-from .index import IndexRecord, RedisHashIndex, SemanticIndex
+from .index import RedisStreamIndex, SemanticIndex
 from .partition import Question, normalized
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ __all__ = ["Match", "Pending", "SemanticCache", "build_semantic_cache"]
 log = logging.getLogger("prism.origin")
 
 MAX_CANDIDATES = 3  # entries read per hit attempt: the best few, in case the best is gone
+SHORTLISTED = 16  # the best-scoring records the guard is asked about
 
 
 class Match(NamedTuple):
@@ -76,8 +78,9 @@ class SemanticCache:
         self.outcomes = Counter(
             "prism_semantic_lookups",
             "Semantic cache lookups by outcome: hit, miss, empty (no entry in the partition),"
-            " slow (the embedding took longer than PRISM_SEMANTIC_TIMEOUT), stale (the best"
-            " candidate's entry was gone), too_long, unavailable, error.",
+            " slow (the embedding or the index read took longer than PRISM_SEMANTIC_TIMEOUT),"
+            " stale (the best candidate's entry was gone), too_long (or characters the model"
+            " cannot see), unavailable, error.",
             ("outcome",),
             registry=registry,
         )
@@ -85,6 +88,7 @@ class SemanticCache:
             "prism_semantic_indexed", "Questions added to the semantic index.", registry=registry
         )
         self._tasks: set[asyncio.Task[None]] = set()
+        self._reading: set[asyncio.Future[int]] = set()  # catch-ups outliving their lookup
 
     @property
     def available(self) -> bool:
@@ -106,17 +110,28 @@ class SemanticCache:
     ) -> tuple[Match | None, Pending | None]:
         """The entry answering ``question`` (if any), and the question for the store."""
         pending = self.pending(question)
+        # A partition this process has not read yet may be large (5 s for 100,000
+        # records): the read goes on in the background, and this question is a miss.
+        refresh = asyncio.ensure_future(self.index.refresh(question.partition))
+        refresh.add_done_callback(_retrieve)
+        deadline = asyncio.get_running_loop().time() + self._timeout  # for both waits
         try:
-            records = await self.index.records(question.partition)
+            async with asyncio.timeout_at(deadline):
+                indexed = await asyncio.shield(refresh)
+        except TimeoutError:
+            self._reading.add(refresh)
+            refresh.add_done_callback(self._reading.discard)
+            self.outcomes.labels("slow").inc()
+            return None, pending
         except RedisClientError as error:
             log.debug("semantic index read failed: %s", error)
             self.outcomes.labels("error").inc()
             return None, pending
-        if not records:
+        if not indexed:
             self.outcomes.labels("empty").inc()
             return None, pending
         try:
-            async with asyncio.timeout(self._timeout):
+            async with asyncio.timeout_at(deadline):
                 vector = await asyncio.shield(pending.vector)
         except TimeoutError:
             self.outcomes.labels("slow").inc()
@@ -127,7 +142,7 @@ class SemanticCache:
         if vector is None:
             self.outcomes.labels("too_long").inc()
             return None, None
-        candidates = _ranked(records, vector, threshold, question.text)
+        candidates = self._agreeing(question, vector, threshold)
         if not candidates:
             self.outcomes.labels("miss").inc()
             return None, pending
@@ -146,6 +161,20 @@ class SemanticCache:
             self._spawn(self._forget(question.partition, fp))
         self.outcomes.labels("stale").inc()
         return None, pending
+
+    def _agreeing(
+        self, question: Question, vector: Vector, threshold: float
+    ) -> list[tuple[str, float]]:
+        """The best indexed questions at or above ``threshold`` that the guard lets
+        through (best first, at most ``MAX_CANDIDATES``)."""
+        found: list[tuple[str, float]] = []
+        nearest = self.index.nearest(question.partition, vector, threshold, SHORTLISTED)
+        for candidate in nearest:
+            if agree(question.text, candidate.text):
+                found.append((candidate.fingerprint, candidate.score))
+                if len(found) == MAX_CANDIDATES:
+                    break
+        return found
 
     async def _forget(self, partition: str, fingerprint: str) -> None:
         try:
@@ -183,29 +212,6 @@ class SemanticCache:
         self.embedder.close()
 
 
-def _ranked(
-    records: list[IndexRecord], vector: Vector, threshold: float, text: str
-) -> list[tuple[str, float]]:
-    """The best records at or above ``threshold`` that agree with ``text`` (best first)."""
-    import numpy as np  # loaded with the model already
-
-    size = vector.nbytes
-    usable = [r for r in records if len(r.vector) == size]  # another model's: ignored
-    if not usable:
-        return []
-    matrix = np.frombuffer(b"".join([r.vector for r in usable]), dtype="<f4")
-    scores = matrix.reshape(len(usable), -1) @ vector
-    found: list[tuple[str, float]] = []
-    for i in np.argsort(-scores):
-        score = float(scores[i])
-        if score < threshold or len(found) >= MAX_CANDIDATES:
-            break
-        record = usable[i]
-        if agree(text, record.text):
-            found.append((record.fingerprint, score))
-    return found
-
-
 def _retrieve(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()
@@ -221,5 +227,5 @@ def build_semantic_cache(
         return None
     embedder = Embedder(None if model == "auto" else Path(model), settings.semantic_threads)
     return SemanticCache(
-        RedisHashIndex(redis), embedder, redis, metrics.registry, settings.semantic_timeout
+        RedisStreamIndex(redis), embedder, redis, metrics.registry, settings.semantic_timeout
     )

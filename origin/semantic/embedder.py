@@ -58,7 +58,8 @@ class Embedder:
         return self._failed
 
     def embed(self, text: str) -> asyncio.Future[Vector | None]:
-        """The vector of ``text`` (unit length), or None when it is too long to compare.
+        """The vector of ``text`` (unit length), or None when it cannot be compared (too
+        long, or characters the model cannot see: ``model.Incomparable``).
         The future fails with ``EmbedderUnavailable`` when there is no model."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Vector | None] = loop.create_future()
@@ -126,13 +127,13 @@ class Embedder:
         if model is None:
             model = self._model = self._load()
         started = time.perf_counter()
-        from .model import TextTooLong
+        from .model import Incomparable
 
         ids: list[list[int] | None] = []
         for text in texts:
             try:
                 ids.append(model.tokens(text))
-            except TextTooLong:
+            except Incomparable:  # too long, or characters the model cannot see
                 ids.append(None)
         fitting = [seq for seq in ids if seq is not None]
         encoded: Any = model.encode_ids(fitting) if fitting else []

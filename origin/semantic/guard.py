@@ -7,6 +7,8 @@ question on what reverses or changes an answer:
 
 - the same numbers, in the same order, and the same symbol-bearing names ("C++" is not
   "C#", though both read as "c" to the model's tokenizer);
+- the same symbols, punctuation aside ("2+2" is not "2*2", "$" is not "€"), which the
+  model weighs little;
 - the same negations (a "not" on one side only flips the question);
 - no two words both use trade places around a word both put between them ("is Paris
   bigger than London" is not "is London bigger than Paris");
@@ -70,6 +72,16 @@ _PAST = frozenset({"was", "were", "did", "had"})
 _PRESENT = frozenset({"is", "are", "am", "do", "does", "has", "have"})
 
 
+# Punctuation that phrasing moves around freely; every other character that is neither a
+# letter, a digit nor a space is a symbol that must be on both sides.
+_PUNCTUATION = frozenset("?.!,;:'\"()[]-\u2018\u2019\u201c\u201d\u2013\u2014\u00bf\u00a1")
+_SYMBOL_CHARS = re.compile(r"[^\w\s]")
+
+
+def _symbols(text: str) -> list[str]:
+    return sorted(c for c in _SYMBOL_CHARS.findall(text) if c not in _PUNCTUATION)
+
+
 def words(text: str) -> list[str]:
     """Lower-cased words and numbers, contractions split off ("isn't" -> "is", "not")."""
     out: list[str] = []
@@ -128,12 +140,30 @@ def _tense(ws: set[str]) -> str:
     return "past" if ws & _PAST else "present" if ws & _PRESENT else ""
 
 
+_NAME = re.compile(r"(?<![.!?]\s)(?<!^)\b[A-Z][a-z]+(?:-[A-Z][a-z]+)*\b")
+
+
+def _names(text: str) -> set[str]:
+    """Capitalized words not opening a sentence ("Morgan", "Byzantine"): likely names."""
+    return {m.group(0).lower() for m in _NAME.finditer(text.strip())}
+
+
+def _other_name(a: str, b: str, words_a: set[str], words_b: set[str]) -> bool:
+    """Each text names something the other does not mention at all: another entity
+    ("near Morgan County" / "near Union County"), which a score barely sees."""
+    bare_a = {w.rstrip("+#") for w in words_a}
+    bare_b = {w.rstrip("+#") for w in words_b}
+    return bool(_names(a) - bare_b) and bool(_names(b) - bare_a)
+
+
 def agree(question: str, candidate: str) -> bool:
     """False when the texts differ in what a cosine score cannot see (module docstring)."""
     a, b = words(question), words(candidate)
     if [w for w in a if _NUMBER.search(w)] != [w for w in b if _NUMBER.search(w)]:
         return False
     if sorted(w for w in a if w in _NEGATIONS) != sorted(w for w in b if w in _NEGATIONS):
+        return False
+    if _symbols(question) != _symbols(candidate):
         return False
     set_a, set_b = set(a), set(b)
     if {w for w in set_a if w[-1] in "+#"} != {w for w in set_b if w[-1] in "+#"}:
@@ -144,5 +174,7 @@ def agree(question: str, candidate: str) -> bool:
     if tenses == {"past", "present"}:
         return False
     if _opposed(set_a - set_b, set_b - set_a):
+        return False
+    if _other_name(question, candidate, set_a, set_b):
         return False
     return not _swapped(a, b)

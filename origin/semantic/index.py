@@ -1,58 +1,61 @@
-"""The semantic index: question vectors per partition, in Redis, shared by every origin.
+"""The semantic index: question vectors per partition, Redis the source of truth.
 
-``SemanticIndex`` is what the semantic cache needs; ``RedisHashIndex`` implements it on
-plain Redis (7.0, no search module). One hash per partition::
+``SemanticIndex`` is what the semantic cache needs; ``RedisStreamIndex`` implements it on
+plain Redis (6.2+: no search module, no vector sets; what Upstash serves too). One
+stream per partition is its log::
 
-    prism:sem:v1:<partition>   hash   field: the entry's fingerprint
-                                      value: expiry (10 ASCII digits, unix s), the
-                                      vector (float32, little-endian), the question text
+    prism:sem:v2:<partition>   stream   f: the entry's fingerprint
+                                        e: its expiry (unix s); "0" removes the fingerprint
+                                        v: the vector (float16, little-endian)
+                                        t: the question text
 
-A lookup reads the whole partition in one round trip (HGETALL) and compares with numpy:
-partitions are exact on everything but one text, so they stay small, and each keeps at
-most ``cap`` records (the ones that expire last). A record expires with its entry: it
-carries the entry's expiry and is skipped once past it, the hash itself expires with
-its last record, and adding prunes expired records. A record whose entry has gone
-anyway (deleted, evicted) is found when it would be served, and removed.
-
-At scale, similarity search moves into the store (Redis 8 vector sets or Redis Stack's
-FT.SEARCH KNN with a partition tag filter, or Upstash Vector with the partition as
-namespace): another ``SemanticIndex``, nothing else changes.
+Every origin process keeps a ``Mirror`` of the partitions it has been asked about and
+catches up before each search by reading only the entries added since the last one it
+read (``XRANGE key (last-id +``: one round trip, empty when nothing is new, and run
+while the question is being embedded). Searching is then in memory (``mirror.py``). The
+stream is capped (``XADD MAXLEN ~``, the oldest first) and expires with its last
+record; a record carries its entry's expiry and is skipped once past it, and a record
+whose entry has gone anyway (deleted, evicted) is found when it would be served and
+removed for every process (a removal entry). A process restarted, or one that dropped a
+partition from its memory, reads the partition again from the start.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import struct
 import time
-from typing import NamedTuple, Protocol
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from ..redis_client import NoScriptError, RedisClient
 
-__all__ = ["INDEX_KEY_PREFIX", "IndexRecord", "RedisHashIndex", "SemanticIndex", "index_key"]
+if TYPE_CHECKING:  # numpy is imported with the model, on the first opted-in request
+    import numpy as np
+    import numpy.typing as npt
 
-INDEX_KEY_PREFIX = "prism:sem:v1:"
-_EXPIRY_DIGITS = 10
+    from .mirror import Mirror
 
-# KEYS[1] = the partition's hash; ARGV = field, value, expiry (unix s), cap, now.
-# Adds the record; past the cap drops expired records, then the ones expiring first;
-# keeps the hash until its last record expires (EXPIRETIME: Redis 7.0+).
+__all__ = [
+    "INDEX_KEY_PREFIX",
+    "Candidate",
+    "RedisStreamIndex",
+    "SemanticIndex",
+    "index_key",
+]
+
+INDEX_KEY_PREFIX = "prism:sem:v2:"
+READ_BATCH = 5000  # stream entries per XRANGE while catching up
+MAX_RECORDS = 200_000  # per partition: the stream's cap
+MAX_PARTITIONS = 4096  # mirrored in one process; the least recently asked go first
+
+# KEYS[1] = the partition's stream; ARGV = fingerprint, expiry, vector, text, cap.
+# The stream expires with its last record (EXPIRETIME: Redis 7.0+).
 _ADD_SCRIPT = """
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-local cap, now = tonumber(ARGV[4]), tonumber(ARGV[5])
-if redis.call('HLEN', KEYS[1]) > cap then
-  local all = redis.call('HGETALL', KEYS[1])
-  local kept = {}
-  for i = 1, #all, 2 do
-    local expires = tonumber(string.sub(all[i + 1], 1, 10))
-    if expires <= now then redis.call('HDEL', KEYS[1], all[i])
-    else kept[#kept + 1] = {expires, all[i]} end
-  end
-  if #kept > cap then
-    table.sort(kept, function(a, b) return a[1] < b[1] end)
-    for i = 1, #kept - cap do redis.call('HDEL', KEYS[1], kept[i][2]) end
-  end
-end
-local expires = tonumber(ARGV[3])
+redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[5], '*',
+  'f', ARGV[1], 'e', ARGV[2], 'v', ARGV[3], 't', ARGV[4])
+local expires = tonumber(ARGV[2])
 if redis.call('EXPIRETIME', KEYS[1]) < expires then redis.call('EXPIREAT', KEYS[1], expires) end
 return 1
 """
@@ -62,79 +65,172 @@ def index_key(partition: str) -> str:
     return INDEX_KEY_PREFIX + partition
 
 
-class IndexRecord(NamedTuple):
+class Candidate(NamedTuple):
     fingerprint: str  # the entry's: prism:v1:<fingerprint>
-    expires: int
-    vector: bytes  # float32, little-endian
+    score: float
     text: str
 
 
 class SemanticIndex(Protocol):
-    async def records(self, partition: str) -> list[IndexRecord]:
-        """The partition's live records (expired ones are left out)."""
+    async def refresh(self, partition: str) -> int:
+        """Catch up with the partition; how many records it holds (0: empty)."""
+        ...
+
+    def nearest(
+        self, partition: str, vector: npt.NDArray[np.float32], threshold: float, count: int
+    ) -> list[Candidate]:
+        """Up to ``count`` live records scoring at least ``threshold``, best first
+        (as of the last ``refresh``)."""
         ...
 
     async def add(
         self, partition: str, fingerprint: str, vector: bytes, text: str, expires: int
-    ) -> None: ...
+    ) -> None:
+        """Index a question (``vector``: float32, little-endian) until ``expires``."""
+        ...
 
     async def remove(self, partition: str, fingerprint: str) -> None: ...
 
 
-def encode_record(vector: bytes, text: str, expires: int) -> bytes:
-    return b"%010d" % expires + struct.pack("<I", len(vector)) + vector + text.encode()
+def _fields(raw: list[Any]) -> dict[bytes, bytes]:
+    return {raw[i]: raw[i + 1] for i in range(0, len(raw) - 1, 2)}
 
 
-def decode_record(fingerprint: bytes | str, value: bytes) -> IndexRecord | None:
-    try:
-        expires = int(value[:_EXPIRY_DIGITS])
-        (size,) = struct.unpack_from("<I", value, _EXPIRY_DIGITS)
-        start = _EXPIRY_DIGITS + 4
-        vector = value[start : start + size]
-        if len(vector) != size or size % 4:
-            return None
-        text = value[start + size :].decode()
-        fp = fingerprint.decode() if isinstance(fingerprint, bytes) else fingerprint
-    except (ValueError, struct.error, UnicodeDecodeError):
-        return None
-    return IndexRecord(fp, expires, vector, text)
+class RedisStreamIndex:
+    """``SemanticIndex`` on a Redis stream per partition (see the module docstring)."""
 
-
-class RedisHashIndex:
-    """``SemanticIndex`` on plain Redis hashes (see the module docstring)."""
-
-    def __init__(self, redis: RedisClient, cap: int = 50) -> None:
+    def __init__(
+        self,
+        redis: RedisClient,
+        dimensions: int = 384,
+        max_records: int = MAX_RECORDS,
+        max_partitions: int = MAX_PARTITIONS,
+    ) -> None:
         self._redis = redis
-        self._cap = cap
+        self._dimensions = dimensions
+        self._max_records = max_records
+        self._max_partitions = max_partitions
+        self._mirrors: OrderedDict[str, Mirror] = OrderedDict()
+        self._reading: dict[str, asyncio.Future[int]] = {}  # one catch-up per partition
         self._sha: bytes | None = None
 
-    async def records(self, partition: str) -> list[IndexRecord]:
-        reply = await self._redis.execute("HGETALL", index_key(partition))
-        now = time.time()
-        found: list[IndexRecord] = []
-        for i in range(0, len(reply) - 1, 2):
-            record = decode_record(reply[i], reply[i + 1])
-            if record is not None and record.expires > now:
-                found.append(record)
-        return found
+    def mirror(self, partition: str) -> Mirror | None:
+        return self._mirrors.get(partition)
+
+    async def refresh(self, partition: str) -> int:
+        running = self._reading.get(partition)
+        if running is not None:  # another lookup is reading it: share that read
+            return await asyncio.shield(running)
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_retrieve)
+        self._reading[partition] = future
+        try:
+            count = await self._catch_up(partition)
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        except Exception as error:
+            future.set_exception(error)
+            raise
+        else:
+            future.set_result(count)
+            return count
+        finally:
+            del self._reading[partition]
+
+    async def _catch_up(self, partition: str) -> int:
+        from .mirror import Mirror
+
+        mirror = self._mirrors.get(partition)
+        if mirror is None:
+            mirror = self._mirrors[partition] = Mirror(self._dimensions)
+            while len(self._mirrors) > self._max_partitions:
+                self._mirrors.popitem(last=False)
+        self._mirrors.move_to_end(partition)
+        key = index_key(partition)
+        while True:
+            start = b"-" if mirror.last_id == b"-" else b"(" + mirror.last_id
+            entries = await self._redis.execute("XRANGE", key, start, "+", "COUNT", READ_BATCH)
+            if entries:
+                self._apply(mirror, entries)
+            if len(entries) < READ_BATCH:
+                break
+        if mirror.size and mirror.dead * 2 >= mirror.size:
+            mirror.compact(time.time())
+        return mirror.live
+
+    def _apply(self, mirror: Mirror, entries: list[Any]) -> None:
+        width = mirror.dimensions * 2
+        fingerprints: list[str] = []
+        expiries: list[int] = []
+        vectors: list[bytes] = []
+        texts: list[str] = []
+
+        def flush() -> None:
+            if fingerprints:
+                mirror.append(fingerprints, expiries, b"".join(vectors), texts)
+                for column in (fingerprints, expiries, vectors, texts):
+                    column.clear()
+
+        for entry_id, raw in entries:
+            mirror.last_id = entry_id
+            fields = _fields(raw)
+            try:
+                fingerprint = fields[b"f"].decode()
+                expires = int(fields[b"e"])
+                if expires == 0:  # a removal: after the rows before it
+                    flush()
+                    mirror.remove(fingerprint)
+                    continue
+                vector, text = fields[b"v"], fields[b"t"].decode()
+            except (KeyError, ValueError, UnicodeDecodeError):
+                continue  # not a record this version wrote
+            if len(vector) != width:
+                if mirror.size or fingerprints or len(vector) % 2:
+                    continue  # another model's: the partition's first record decides
+                mirror.resize(len(vector) // 2)
+                width = len(vector)
+            fingerprints.append(fingerprint)
+            expiries.append(expires)
+            vectors.append(vector)
+            texts.append(text)
+        flush()
+
+    def nearest(
+        self, partition: str, vector: npt.NDArray[np.float32], threshold: float, count: int
+    ) -> list[Candidate]:
+        mirror = self._mirrors.get(partition)
+        if mirror is None:
+            return []
+        return mirror.nearest(vector, threshold, count, time.time())
 
     async def add(
         self, partition: str, fingerprint: str, vector: bytes, text: str, expires: int
     ) -> None:
-        args = (
-            index_key(partition),
-            fingerprint,
-            encode_record(vector, text, expires),
-            expires,
-            self._cap,
-            int(time.time()),
-        )
+        import numpy as np
+
+        half = np.frombuffer(vector, dtype="<f4").astype("<f2").tobytes()
+        args = (index_key(partition), fingerprint, expires, half, text, self._max_records)
+        await self._script(lambda sha: self._redis.execute("EVALSHA", sha, 1, *args))
+
+    async def _script(self, call: Callable[[bytes], Awaitable[Any]]) -> None:
         if self._sha is not None:
             with contextlib.suppress(NoScriptError):  # Redis restarted or was flushed
-                await self._redis.execute("EVALSHA", self._sha, 1, *args)
+                await call(self._sha)
                 return
         self._sha = await self._redis.execute("SCRIPT", "LOAD", _ADD_SCRIPT)
-        await self._redis.execute("EVALSHA", self._sha, 1, *args)
+        await call(self._sha)
 
     async def remove(self, partition: str, fingerprint: str) -> None:
-        await self._redis.execute("HDEL", index_key(partition), fingerprint)
+        mirror = self._mirrors.get(partition)
+        if mirror is not None:
+            mirror.remove(fingerprint)
+        # NOMKSTREAM: a removal never recreates a stream that has expired.
+        await self._redis.execute(
+            "XADD", index_key(partition), "NOMKSTREAM", "*", "f", fingerprint, "e", "0"
+        )
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()

@@ -21,16 +21,32 @@ import numpy as np
 import numpy.typing as npt
 from tokenizers import Tokenizer
 
-__all__ = ["DIMENSIONS_KEY", "SentenceModel", "TextTooLong", "bundled_model_dir"]
+__all__ = [
+    "DIMENSIONS_KEY",
+    "Incomparable",
+    "SentenceModel",
+    "TextTooLong",
+    "UnknownCharacters",
+    "bundled_model_dir",
+]
 
 Vector = npt.NDArray[np.float32]
 DIMENSIONS_KEY = "hidden_size"
 _DTYPES = {"F32": np.float32, "F16": np.float16, "I64": np.int64}
 
 
-class TextTooLong(ValueError):
-    """The text has more tokens than the model reads: its tail would be ignored, so two
-    texts differing only there would look identical. Such a text is never compared."""
+class Incomparable(ValueError):
+    """The model would not see all of the text, so two texts differing only in what it
+    cannot see would look identical: such a text is never compared."""
+
+
+class TextTooLong(Incomparable):
+    """More tokens than the model reads: its tail would be ignored."""
+
+
+class UnknownCharacters(Incomparable):
+    """Characters the vocabulary lacks (emoji, most scripts it was not trained on) all
+    become one unknown token: "what does 😀 mean" would be "what does 😢 mean"."""
 
 
 def bundled_model_dir() -> Path | None:
@@ -156,6 +172,7 @@ class SentenceModel:
         self.tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
         self.tokenizer.no_truncation()
         self.tokenizer.no_padding()
+        self.unknown = self.tokenizer.token_to_id("[UNK]")  # None: the vocabulary has none
         t = _load_safetensors(directory / "model.safetensors")
         prefix = "bert." if "bert.embeddings.word_embeddings.weight" in t else ""
         e = f"{prefix}embeddings"
@@ -169,10 +186,13 @@ class SentenceModel:
         self.layers = [_Layer(t, f"{prefix}encoder.layer.{i}") for i in range(count)]
 
     def tokens(self, text: str) -> list[int]:
-        """The text's token ids with [CLS] and [SEP]; ``TextTooLong`` past the model's limit."""
+        """The text's token ids with [CLS] and [SEP]; ``TextTooLong`` past the model's limit,
+        ``UnknownCharacters`` when any token is the unknown one."""
         ids: list[int] = self.tokenizer.encode(text).ids
         if len(ids) > self.max_tokens:
             raise TextTooLong(f"{len(ids)} tokens; the model reads {self.max_tokens}")
+        if self.unknown in ids:
+            raise UnknownCharacters("characters outside the model's vocabulary")
         return ids
 
     def encode_ids(self, batch: list[list[int]]) -> Vector:

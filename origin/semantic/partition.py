@@ -18,7 +18,9 @@ Only a question qualifies (``question``):
 - ``n`` is 1 and ``temperature`` is at most ``MAX_TEMPERATURE`` (unset counts as 1,
   the providers' default): a caller asking for more randomness than the default wants
   a fresh sample, not a neighbour's answer;
-- the text is at most ``MAX_TEXT_CHARS`` (long prompts are documents, not questions).
+- the text is at most ``MAX_TEXT_CHARS`` (long prompts are documents, not questions)
+  and has at least one word or number (two texts of only punctuation, emoji or spaces
+  would all embed alike).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import re
 from typing import Any, NamedTuple
 
 from prism import ChatRequest, canonical_document
+
+from .guard import words
 
 __all__ = [
     "MAX_EARLIER_TURNS",
@@ -127,8 +131,8 @@ def question(project: str, path: str, chat: ChatRequest) -> Question | None:
     if last.get("role") != "user" or set(last) - _TURN_FIELDS:
         return None
     text = _text(last.get("content"))
-    if text is None or not text.strip() or len(text) > MAX_TEXT_CHARS:
-        return None
+    if text is None or len(text) > MAX_TEXT_CHARS or not words(text):
+        return None  # no word at all ("???", "..."): nothing a paraphrase could share
     turns = 0
     for message in messages[:-1]:
         role = message.get("role")

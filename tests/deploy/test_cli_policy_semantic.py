@@ -80,9 +80,9 @@ def test_set_replaces_the_whole_policy_cache_options_included(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--semantic", "--semantic-threshold", "0.5"], "cache.threshold: must be a number from 0.9 to 0.99"),
-        (["--semantic", "--semantic-threshold", "1.2"], "cache.threshold: must be a number from 0.9 to 0.99"),
-        (["--semantic", "--semantic-threshold", "0.899"], "cache.threshold: must be a number from 0.9"),
+        (["--semantic", "--semantic-threshold", "-0.5"], "cache.threshold: must be a number from 0.0 to 1.0"),
+        (["--semantic", "--semantic-threshold", "1.2"], "cache.threshold: must be a number from 0.0 to 1.0"),
+        (["--semantic", "--semantic-threshold", "1.001"], "cache.threshold: must be a number from 0.0"),
         (["--allow", "x", "--semantic-threshold", "0.95"], "--semantic-threshold needs --semantic"),
         (["--no-semantic"], "give at least one --allow, --deny or --budget, or --semantic"),
         ([], "give at least one --allow, --deny or --budget, or --semantic"),

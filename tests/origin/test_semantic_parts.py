@@ -4,15 +4,11 @@ partitioned, the lexical guard, the Redis index (a real Redis), and the embedder
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
-import redis
 
-from origin.redis_pipe import RedisPipe
 from origin.semantic.guard import agree, words
-from origin.semantic.index import RedisHashIndex, decode_record, encode_record, index_key
 from origin.semantic.partition import MAX_TEXT_CHARS, normalized, question
 from prism import parse_chat_request
 from prism.routes import CHAT_PATH
@@ -113,46 +109,6 @@ def test_the_guard_lets_paraphrases_through(a: str, b: str) -> None:
 
 def test_words_split_contractions_and_keep_numbers_and_symbols() -> None:
     assert words("Isn't 5,000 C++ it's") == ["is", "not", "5,000", "c++", "it"]
-
-
-def test_a_record_round_trips_and_garbage_is_skipped() -> None:
-    vector = np.arange(4, dtype="<f4").tobytes()
-    record = decode_record(b"f" * 64, encode_record(vector, "capital of France?", 1_900_000_000))
-    assert record is not None
-    assert (record.expires, record.vector, record.text) == (
-        1_900_000_000,
-        vector,
-        "capital of France?",
-    )
-    assert decode_record(b"f", b"garbage") is None
-    assert decode_record(b"f", encode_record(vector, "x", 1)[:16]) is None  # cut short
-
-
-async def test_the_index_keeps_the_records_that_expire_last_and_skips_expired_ones(
-    redis_url: str,
-) -> None:
-    pipe = RedisPipe(redis_url, 1.0)
-    admin = redis.Redis.from_url(redis_url)
-    try:
-        index = RedisHashIndex(pipe, cap=3)
-        now = int(time.time())
-        vector = np.ones(4, dtype="<f4").tobytes()
-        await index.add("p", "expired", vector, "a", now - 1)
-        assert await index.records("p") == []  # past its expiry: never returned
-        for i in range(4):
-            await index.add("p", f"fp{i}", vector, f"q{i}", now + 100 + i)
-        kept = sorted(r.fingerprint for r in await index.records("p"))
-        assert kept == ["fp1", "fp2", "fp3"]  # capped: the expired one and the soonest went
-        assert admin.hlen(index_key("p")) == 3
-        assert now + 100 < admin.expiretime(index_key("p")) <= now + 103  # with its last
-        await index.remove("p", "fp2")
-        assert sorted(r.fingerprint for r in await index.records("p")) == ["fp1", "fp3"]
-        admin.script_flush()  # the add script is loaded again when Redis forgot it
-        await index.add("p", "fp9", vector, "q9", now + 50)
-        assert len(await index.records("p")) == 3
-    finally:
-        await pipe.close()
-        admin.close()
 
 
 async def test_concurrent_embeddings_are_batched_and_too_long_texts_are_refused() -> None:

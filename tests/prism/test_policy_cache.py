@@ -37,8 +37,8 @@ def test_a_policy_without_cache_options_encodes_as_before() -> None:
         ('{"cache": true}', "cache: must be an object"),
         ('{"cache": {"semantic": "yes"}}', "cache.semantic: must be true or false"),
         ('{"cache": {"semantic": 1}}', "cache.semantic: must be true or false"),
-        ('{"cache": {"threshold": 0.5}}', "cache.threshold: must be a number from 0.9 to 0.99"),
-        ('{"cache": {"threshold": 1}}', "cache.threshold: must be a number from 0.9 to 0.99"),
+        ('{"cache": {"threshold": -0.1}}', "cache.threshold: must be a number from 0.0 to 1.0"),
+        ('{"cache": {"threshold": 1.01}}', "cache.threshold: must be a number from 0.0 to 1.0"),
         ('{"cache": {"threshold": true}}', "cache.threshold: must be a number"),
         ('{"cache": {"threshold": "0.95"}}', "cache.threshold: must be a number"),
         ('{"cache": {"semantic": true, "ttl": 5}}', "cache.ttl: unknown field"),
@@ -47,3 +47,14 @@ def test_a_policy_without_cache_options_encodes_as_before() -> None:
 def test_invalid_cache_options_are_refused_naming_the_field(raw: str, message: str) -> None:
     with pytest.raises(ValueError, match="^" + message.replace(".", r"\.")):
         Policy.parse(raw)
+
+
+@pytest.mark.parametrize("threshold", [0, 0.0, 0.5, 1, 1.0])
+def test_any_cosine_from_0_to_1_is_a_threshold(threshold: float) -> None:
+    policy = Policy.parse(json.dumps({"cache": {"semantic": True, "threshold": threshold}}))
+    assert policy.cache == CacheRules(semantic=True, threshold=float(threshold))
+
+
+def test_a_threshold_that_is_not_a_number_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"cache\.threshold"):
+        Policy.parse('{"cache": {"semantic": true, "threshold": NaN}}')

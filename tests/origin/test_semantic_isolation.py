@@ -1,0 +1,66 @@
+"""Partitions hold whatever the threshold: at threshold 0 (any question scores above it)
+a project, a model or a system prompt never gets another one's answer, through the real
+origin, a real Redis and the real model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from deploy.local.provider import ProviderServer
+from tests.fixtures.origin import RunningOrigin
+from tests.origin.test_semantic import CHAT, LAYER, QUESTION, ask, calls, first, opt_in
+
+pytest.importorskip("numpy", reason="the semantic extra is not installed")
+
+UNRELATED = "How do I bake sourdough bread at home?"
+
+
+@pytest.fixture
+def admin(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+def test_at_threshold_0_nothing_crosses_a_partition(
+    client: httpx.Client,
+    origin: RunningOrigin,
+    admin: redis.Redis,
+    provider: ProviderServer,
+    key_ring: Any,
+) -> None:
+    opt_in(admin, threshold=0)
+    opt_in(admin, "globex", threshold=0)
+    first(client, origin, ask(QUESTION))
+    globex = httpx.Client(
+        base_url=origin.url,
+        headers={"authorization": f"Bearer {key_ring.mint('globex')}"},
+        timeout=30,
+    )
+    with globex:
+        response = globex.post(CHAT, json=ask(QUESTION))  # the very same question
+        assert response.status_code == 200 and response.headers[LAYER] == "miss"
+    origin.wait_stored()
+    for other in (
+        ask(QUESTION, model="gpt-4o-mini"),
+        {
+            "model": "demo",
+            "messages": [
+                {"role": "system", "content": "Answer in French."},
+                {"role": "user", "content": QUESTION},
+            ],
+        },
+    ):
+        response = client.post(CHAT, json=other)
+        assert response.status_code == 200 and response.headers[LAYER] == "miss"
+        origin.wait_stored()
+    assert calls(provider) == 4
+    # Within the partition, threshold 0 really is 0: an unrelated question is a hit.
+    response = client.post(CHAT, json=ask(UNRELATED))
+    assert response.headers[LAYER] == "semantic"
+    assert calls(provider) == 4
