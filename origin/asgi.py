@@ -17,6 +17,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from starlette.types import Receive, Scope, Send
 
@@ -31,6 +32,10 @@ from prism import headers as h
 
 from .metrics import Metrics
 from .responses import Reply, error_reply
+
+if TYPE_CHECKING:
+    from .access_log import AccessLog
+    from .telemetry import Telemetry
 
 __all__ = [
     "Handler",
@@ -70,6 +75,13 @@ class Request:
     receive: Receive
     id: str
     timer: StageTimer
+    # What the route learned, for the access log and the trace (``origin.access_log``):
+    # set by the handler as it goes, read once the response has been sent.
+    project: str = ""
+    chat: Any = None  # the parsed request (prism.ChatRequest)
+    usage: Any = None  # a hit: the stored answer's usage
+    charge: Any = None  # a miss: its bill (origin.billing.Charge), settled when it ends
+    error: str = ""  # the error code answered, if any
 
 
 Handler = Callable[[Request], Awaitable[Reply]]
@@ -108,6 +120,9 @@ class Routes:
         self._on_shutdown = on_shutdown
         self.admin = admin
         self.admin_port: int | None = None  # None: the admin table is not served
+        # Set by ``create_app`` when configured; None costs one check per request.
+        self.telemetry: Telemetry | None = None
+        self.access_log: AccessLog | None = None
         # Request ids need to be unique, not secret: a random prefix and a counter.
         self._id_prefix = secrets.token_hex(4)
         self._ids = itertools.count(1)
@@ -130,6 +145,8 @@ class Routes:
             headers.get(h.REQUEST_ID) or f"{self._id_prefix}{next(self._ids):08x}",
             StageTimer(),
         )
+        telemetry = self.telemetry
+        span = telemetry.start(request) if telemetry is not None else None
         route = self._routes.get(request.path)
         try:
             if route is None:
@@ -141,6 +158,7 @@ class Routes:
                 )
             reply = await route.handler(request)
         except PrismError as error:
+            request.error = error.code
             render = route.error_body if route is not None else None
             reply = error_reply(error, request.id, request.timer.stages, render)
         except Exception:  # a bug must still answer in the API's format, and be logged
@@ -149,13 +167,28 @@ class Routes:
             )
             failed = PrismError("The gateway failed unexpectedly.")
             render = route.error_body if route is not None else None
+            request.error = failed.code
             reply = error_reply(failed, request.id, request.timer.stages, render)
         reply.headers.setdefault(h.REQUEST_ID, request.id)
         if self._metrics is not None and route is not None and route.name:
             layer = reply.headers.get(h.CACHE_LAYER, "bypass")
             elapsed = time.perf_counter() - request.timer.started
             self._metrics.record_request(route.name, reply.status, layer, elapsed)
-        await send_reply(reply, receive, send)
+        if telemetry is None and self.access_log is None:
+            await send_reply(reply, receive, send)
+            return
+        first_byte = time.perf_counter()  # the response starts now (a stream: its first bytes)
+        try:
+            await send_reply(reply, receive, send)
+        finally:
+            ended = time.perf_counter()
+            try:
+                if telemetry is not None:
+                    telemetry.finish(request, reply, span, first_byte, ended)
+                if self.access_log is not None:
+                    self.access_log.write(request, reply, first_byte, ended)
+            except Exception:  # the answer is out: what failed to record it is only logged
+                log.exception("recording request %s failed", request.id)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         await receive()  # lifespan.startup

@@ -22,7 +22,7 @@ from typing import Any
 from prism import Budget, Envelope
 
 from .budgets import Budgets, BudgetUnavailableError, Reservation
-from .pricing import Price, cost_micros, tokens_of
+from .pricing import Price, Tokens, cost_micros, tokens_of
 from .providers.base import UpstreamCompletion
 from .providers.config import ProviderConfig
 from .usage import UsageRecorder
@@ -101,7 +101,18 @@ class Billing:
 class Charge:
     """One miss's bill; the flight calls it once when its provider call ends."""
 
-    __slots__ = ("_billing", "_done", "key_id", "layer", "model", "project", "reservation")
+    __slots__ = (
+        "_billing",
+        "_done",
+        "cost",
+        "key_id",
+        "layer",
+        "model",
+        "project",
+        "reservation",
+        "served",
+        "tokens",
+    )
 
     def __init__(
         self,
@@ -119,6 +130,11 @@ class Charge:
         self.layer = layer
         self.reservation = reservation
         self._done = False
+        # Once the call ended (for the access log and the trace): what it used and cost
+        # (None: not reported, or no price) and (provider, upstream model) that answered.
+        self.tokens: Tokens | None = None
+        self.cost: int | None = None
+        self.served: tuple[str, str] | None = None
 
     def __call__(self, result: UpstreamCompletion | None, provider: str, upstream: str) -> None:
         """The call ended: ``result`` None when it failed or was abandoned."""
@@ -132,6 +148,7 @@ class Charge:
         tokens = tokens_of(result.completion.get("usage"))
         price = billing.price(provider, upstream) if tokens is not None else None
         cost = cost_micros(price, tokens) if price is not None and tokens is not None else None
+        self.tokens, self.cost, self.served = tokens, cost, (provider, upstream)
         billing.usage.record(self.project, self.key_id, self.model, self.layer, tokens, cost)
         if self.reservation is not None:
             # No usage or no price for what answered: keep what was reserved (an upper

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Coroutine, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
@@ -29,8 +29,11 @@ from .redis_client import RedisClient, RedisPyClient
 from .redis_pipe import RedisPipe
 from .router import Router
 from .semantic import Pending, SemanticCache, build_semantic_cache
-from .settings import Settings
+from .settings import Settings, SettingsError
 from .usage import UsageRecorder
+
+if TYPE_CHECKING:
+    from .telemetry import Telemetry
 
 __all__ = ["Gateway"]
 
@@ -98,6 +101,9 @@ class Gateway:
         self.semantic: SemanticCache | None = build_semantic_cache(
             settings, self.redis, self.metrics
         )
+        self.telemetry: Telemetry | None = None
+        if settings.otel_endpoint:
+            self.telemetry = _telemetry(self, settings)
         # /v1/models as the origin answers it without a policy (``create_app`` sets it).
         self.models_body: bytes | None = None
         self._models_task: asyncio.Task[None] | None = None
@@ -138,7 +144,10 @@ class Gateway:
             usage=usage if isinstance(usage, dict) else None,
             created=created,
         )
-        write = self.spawn(self.cache.store(fingerprint, data, ttl))
+        storing = self.cache.store(fingerprint, data, ttl)
+        if self.telemetry is not None:
+            storing = self.telemetry.traced("prism.cache.store", storing)
+        write = self.spawn(storing)
         if self.kv_writer is not None:
             self.kv_writer.submit(entry_key(fingerprint), data, ttl)
         if semantic is not None and self.semantic is not None:
@@ -185,10 +194,35 @@ class Gateway:
             await provider.aclose()
         if self.semantic is not None:
             self.semantic.close()
+        if self.telemetry is not None:  # what is left goes out (the SDK's export blocks)
+            await asyncio.to_thread(self.telemetry.shutdown)
         await self.cache.close()
         await self.redis.close()
         if self.redis_reader is not None:
             await self.redis_reader.close()
+
+
+def _telemetry(gateway: Gateway, settings: Settings) -> Telemetry:
+    """Tracing and the GenAI metrics, hooked into the parts that report to them. Imported
+    here, only when configured: the OpenTelemetry SDK is an optional extra (``otel``)."""
+    from .providers._http import UpstreamHTTP
+
+    try:
+        from .telemetry import Telemetry
+    except ImportError as error:
+        raise SettingsError(
+            f"An OTLP endpoint is set but the OpenTelemetry SDK is missing ({error.name}): "
+            "pip install 'prism-edge-gateway[otel]', or unset PRISM_OTEL_ENDPOINT."
+        ) from None
+    telemetry = Telemetry(settings)
+    gateway.router.telemetry = telemetry
+    if gateway.kv_writer is not None:
+        gateway.kv_writer.telemetry = telemetry
+    for provider in gateway.providers.values():
+        http = getattr(provider, "_http", None)  # each adapter's one connection pool
+        if isinstance(http, UpstreamHTTP):
+            http.trace_configs.append(telemetry.trace_config())
+    return telemetry
 
 
 def _redis_client(settings: Settings, url: str) -> RedisClient:

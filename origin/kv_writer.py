@@ -15,6 +15,7 @@ import contextlib
 import logging
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import orjson
@@ -23,6 +24,9 @@ from prism import MIN_TTL
 
 from .metrics import Metrics
 from .settings import KVSettings
+
+if TYPE_CHECKING:
+    from .telemetry import Telemetry
 
 __all__ = ["KVWriter"]
 
@@ -37,6 +41,7 @@ class _Entry:
     key: str
     value: str
     ttl: int
+    origin: Any = None  # the submitting request's span context, when tracing
 
 
 class KVWriter:
@@ -49,6 +54,7 @@ class KVWriter:
         self._headers = {"content-type": "application/json"}
         if settings.api_token:
             self._headers["authorization"] = f"Bearer {settings.api_token}"
+        self.telemetry: Telemetry | None = None  # set by the gateway when tracing is on
 
     @property
     def queued(self) -> int:
@@ -60,7 +66,8 @@ class KVWriter:
         if entry:
             self._metrics.kv_submitted.inc()
         try:
-            self._queue.put_nowait(_Entry(key, value.decode(), max(MIN_TTL, ttl)))
+            origin = self.telemetry.current() if self.telemetry is not None else None
+            self._queue.put_nowait(_Entry(key, value.decode(), max(MIN_TTL, ttl), origin))
         except asyncio.QueueFull:
             self._metrics.kv_dropped.labels("queue_full").inc()
             return False
@@ -105,7 +112,10 @@ class KVWriter:
             batch = await self._next_batch()
             self._metrics.kv_in_flight.set(len(batch))
             try:
-                await self._send(batch)
+                if self.telemetry is None:
+                    await self._send(batch)
+                else:  # one span per bulk call, linked to the requests it carries
+                    await self.telemetry.kv_write(self._send, batch, [e.origin for e in batch])
             except Exception:  # the writer must outlive any single failure
                 log.exception("KV batch failed unexpectedly")
                 self._metrics.kv_dropped.labels("error").inc(len(batch))

@@ -19,7 +19,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from prism import NotFoundError, PrismError
 
@@ -33,6 +33,9 @@ from .providers.config import ProviderConfig
 from .race import RouteRequest
 from .retry import CLIENT_ERROR, classify
 from .targets import Plan, Routed, Target
+
+if TYPE_CHECKING:
+    from .telemetry import Telemetry
 
 __all__ = ["Routed", "Router"]
 
@@ -72,6 +75,7 @@ class Router:
         self._plans: dict[str, Plan] = {}
         self._seconds: dict[tuple[str, bool], Any] = {}
         self._losers: set[asyncio.Task[Any]] = set()
+        self.telemetry: Telemetry | None = None  # set by the gateway when tracing is on
 
     # -- the public interface (the flight's) ---------------------------------------------
 
@@ -163,6 +167,13 @@ class Router:
         self, target: Target, body: dict[str, Any], stream: bool, op: Operation | None = None
     ) -> Any:
         """One upstream call, recorded; every failure leaves as a ``PrismError``."""
+        if self.telemetry is not None:  # a span around it, current while the call is made
+            return await self.telemetry.attempt(self._attempt, target, body, stream, op)
+        return await self._attempt(target, body, stream, op)
+
+    async def _attempt(
+        self, target: Target, body: dict[str, Any], stream: bool, op: Operation | None = None
+    ) -> Any:
         started = self.clock()
         try:
             if stream:
@@ -234,6 +245,8 @@ class Router:
 
     def count_hedge(self, target: Target) -> None:
         self._metrics.provider_hedges.labels(target.name).inc()
+        if self.telemetry is not None:
+            self.telemetry.hedged(target)
 
     def _whole(self, target: Target, started: float) -> None:
         """A stream that ended whole: it may restore a demoted target, as a probe."""

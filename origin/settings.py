@@ -73,6 +73,15 @@ class Settings:
     semantic_model: str = "auto"
     semantic_threads: int = 1
     semantic_timeout: float = 0.25
+    # OpenTelemetry (docs/architecture.md "Observability"): the OTLP/HTTP collector's base
+    # URL (traces to {url}/v1/traces, metrics to {url}/v1/metrics); None: off, and free.
+    otel_endpoint: str | None = None
+    otel_service_name: str = "prism-origin"
+    otel_export_interval: float = 10.0  # seconds between metric exports (spans: at most 5)
+    # One JSON line per request on the "prism.access" logger (off by default: on a Redis hit
+    # a line costs about a third more instructions); the prompt only if asked.
+    access_log: bool = False
+    access_log_prompt: bool = False
     # The admin dashboard (origin/dashboard): its key (None: no dashboard, no sampling) and
     # how often it samples the origin's figures.
     admin_key: str | None = field(default=None, repr=False)
@@ -129,6 +138,7 @@ class Settings:
             usage_flush_interval=("PRISM_USAGE_FLUSH_INTERVAL", float),
             semantic_threads=("PRISM_SEMANTIC_THREADS", int),
             semantic_timeout=("PRISM_SEMANTIC_TIMEOUT", float),
+            otel_export_interval=("PRISM_OTEL_EXPORT_INTERVAL", float),
             dashboard_interval=("PRISM_DASHBOARD_INTERVAL", float),
         )
         if numbers.get("budget_hold", 60) < 60:
@@ -139,6 +149,8 @@ class Settings:
             raise SettingsError("PRISM_SEMANTIC_THREADS must be at least 1.")
         if numbers.get("semantic_timeout", 1) <= 0:
             raise SettingsError("PRISM_SEMANTIC_TIMEOUT must be more than 0 (seconds).")
+        if numbers.get("otel_export_interval", 1) <= 0:
+            raise SettingsError("PRISM_OTEL_EXPORT_INTERVAL must be more than 0 (seconds).")
         if not 0.5 <= numbers.get("dashboard_interval", 5) <= 60:
             raise SettingsError("PRISM_DASHBOARD_INTERVAL must be 0.5 to 60 (seconds).")
         admin_key = env.get("PRISM_ADMIN_KEY") or None
@@ -156,10 +168,28 @@ class Settings:
             kv=kv,
             release=env.get("PRISM_RELEASE") or "dev",
             semantic_model=env.get("PRISM_SEMANTIC_MODEL") or "auto",
+            otel_endpoint=(
+                env.get("PRISM_OTEL_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None
+            ),
+            otel_service_name=env.get("OTEL_SERVICE_NAME") or "prism-origin",
+            access_log=_switch(env, "PRISM_ACCESS_LOG", False),
+            access_log_prompt=_switch(env, "PRISM_ACCESS_LOG_PROMPT", False),
             admin_key=admin_key,
             limits=Limits(**_numbers(env, max_body_bytes=("PRISM_MAX_BODY_BYTES", int))),
             **numbers,
         )
+
+
+_ON, _OFF = frozenset({"1", "true", "on", "yes"}), frozenset({"0", "false", "off", "no"})
+
+
+def _switch(env: Mapping[str, str], variable: str, default: bool) -> bool:
+    raw = (env.get(variable) or "").strip().lower()
+    if not raw:
+        return default
+    if raw in _ON or raw in _OFF:
+        return raw in _ON
+    raise SettingsError(f"{variable} must be on or off, got {raw!r}.")
 
 
 def _numbers(

@@ -6,4 +6,5 @@ pytest_plugins = [
     "tests.fixtures.aws",
     "tests.fixtures.origin",
     "tests.fixtures.edge",
+    "tests.fixtures.otlp",
 ]

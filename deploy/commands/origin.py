@@ -50,13 +50,21 @@ def serve(
     except SettingsError as error:
         typer.echo(f"Error: {error}", err=True)
         raise typer.Exit(2) from None
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except SettingsError as error:  # e.g. telemetry asked for, its extra not installed
+        typer.echo(f"Error: {error}", err=True)
+        raise typer.Exit(2) from None
     try:
         sockets = listen(app, host, port, admin_host, admin_port)
     except OSError as error:
         typer.echo(f"Error: {error}; choose another with --port / --admin-port.", err=True)
         raise typer.Exit(1) from None
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    if settings.access_log:
+        from origin.access_log import print_access_log
+
+        print_access_log()
     config = uvicorn.Config(
         app,
         log_level=log_level,

@@ -56,6 +56,8 @@ class UpstreamHTTP:
         self._base = spec.base_url.rstrip("/")
         self._connector = connector or _default_connector
         self._session: aiohttp.ClientSession | None = None
+        # aiohttp request hooks, before the first call (tracing adds ``traceparent`` so).
+        self.trace_configs: list[aiohttp.TraceConfig] = []
         self._timeout = aiohttp.ClientTimeout(
             total=None,
             connect=spec.connect_timeout,
@@ -71,6 +73,7 @@ class UpstreamHTTP:
                 headers=self.spec.headers,
                 cookie_jar=aiohttp.DummyCookieJar(),  # an API client keeps no cookies
                 raise_for_status=False,
+                trace_configs=self.trace_configs or None,
             )
         return self._session
 
