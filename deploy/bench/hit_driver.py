@@ -38,7 +38,7 @@ from prism import (
 from prism import headers as h
 from prism.routes import CHAT_PATH
 
-from .workload import MODEL, chat_body
+from .workload import MODEL, chat_body, chat_scope
 
 __all__ = ["drive_hits", "main"]
 
@@ -82,25 +82,7 @@ def drive_hits(
         store.clear(_PROJECT, actor="hit-driver")
     key = parse_key_secrets(_KEY_SECRET).mint(_PROJECT)
     app = create_app(settings)
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": CHAT_PATH,
-        "raw_path": CHAT_PATH.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [
-            (b"host", b"127.0.0.1"),
-            (b"authorization", f"Bearer {key}".encode()),
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-        ],
-        "server": ("127.0.0.1", 8080),
-        "client": ("127.0.0.1", 50000),
-    }
+    scope = chat_scope(f"Bearer {key}".encode(), len(body))
     message = {"type": "http.request", "body": body, "more_body": False}
     layer_header = h.CACHE_LAYER.encode()
 

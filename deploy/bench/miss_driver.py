@@ -40,10 +40,9 @@ import uvloop
 from origin import Settings, create_app
 from prism import headers as h
 from prism import parse_key_secrets
-from prism.routes import CHAT_PATH
 
 from .loadgen import UNIQUE
-from .workload import chat_body
+from .workload import chat_body, chat_scope
 
 __all__ = ["drive_misses", "main"]
 
@@ -83,25 +82,7 @@ def drive_misses(
 
     async def one() -> None:
         body = next(bodies)
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": "POST",
-            "scheme": "http",
-            "path": CHAT_PATH,
-            "raw_path": CHAT_PATH.encode(),
-            "query_string": b"",
-            "root_path": "",
-            "headers": [
-                (b"host", b"127.0.0.1"),
-                (b"authorization", auth),
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-            "server": ("127.0.0.1", 8080),
-            "client": ("127.0.0.1", 50000),
-        }
+        scope = chat_scope(auth, len(body))
         sent = False
         finished = asyncio.Event()
         head: dict[str, Any] = {}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import redis
@@ -25,7 +26,7 @@ from prism.routes import CHAT_PATH
 
 from .loadgen import UNIQUE
 
-__all__ = ["CHAT_PATH", "MODEL", "PlantedEntry", "chat_body", "plant_entry"]
+__all__ = ["CHAT_PATH", "MODEL", "PlantedEntry", "chat_body", "chat_scope", "plant_entry"]
 
 MODEL = "gpt-4o-mini"
 _TTL = 86_400
@@ -62,6 +63,30 @@ class PlantedEntry:
     fingerprint: str
     key: str  # the Redis / KV key
     envelope: bytes
+
+
+def chat_scope(authorization: bytes, length: int) -> dict[str, Any]:
+    """The ASGI scope of a chat request with a body of ``length`` bytes, as uvicorn makes
+    it (the in-process drivers call the app with it, no sockets)."""
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": CHAT_PATH,
+        "raw_path": CHAT_PATH.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"127.0.0.1"),
+            (b"authorization", authorization),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(length).encode()),
+        ],
+        "server": ("127.0.0.1", 8080),
+        "client": ("127.0.0.1", 50000),
+    }
 
 
 def plant_entry(
