@@ -298,9 +298,12 @@ class EdgeHandler:
         if h.REQUEST_ID in request.headers:
             headers[h.REQUEST_ID] = request.headers[h.REQUEST_ID]
         started = platform.now()
-        # The edge's span in the request's trace: the client's traceparent continued (or a
-        # new trace), and its stages so far for the origin to rebuild it from.
-        headers.update(edge_trace_headers(request.headers.get(TRACEPARENT), started, timings))
+        if self.settings.trace:
+            # The edge's span in the request's trace: the client's traceparent continued (or
+            # a new trace), and its stages so far for the origin to rebuild it from.
+            headers.update(edge_trace_headers(request.headers.get(TRACEPARENT), started, timings))
+        elif TRACEPARENT in request.headers:  # the origin's spans join the client's trace
+            headers[TRACEPARENT] = request.headers[TRACEPARENT]
         # Nearest origin first; the next one when it does not answer (see edge/origins.py).
         plan = self.origins.plan(platform.location, started)
         deadline = started + max(self.settings.origin_timeout, _ORIGIN_BUDGET)

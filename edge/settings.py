@@ -30,6 +30,9 @@ class EdgeSettings:
     policy_ttl: float = 60.0  # how stale a project's policy may be per isolate
     models_ttl: float = 60.0  # how stale the published model list may be per isolate
     limits: Limits = field(default_factory=Limits)
+    # PRISM_TRACE=on (when the origin exports traces): the edge starts its own span on each
+    # forward. Off, a client's traceparent is passed on as it came, at no cost.
+    trace: bool = False
 
     @classmethod
     def from_env(cls, get: Callable[[str], str | None]) -> EdgeSettings:
@@ -64,6 +67,11 @@ class EdgeSettings:
             value = get(binding)
             if value:
                 optional[name] = float(value) / scale
+        trace = (get("PRISM_TRACE") or "off").strip().lower()
+        if trace not in ("on", "off"):
+            raise ValueError(f"PRISM_TRACE must be on or off, not {trace[:20]!r}")
+        if trace == "on":
+            optional["trace"] = True
         max_body = get("PRISM_MAX_BODY_BYTES")
         if max_body:
             optional["limits"] = Limits(max_body_bytes=int(max_body))

@@ -56,6 +56,7 @@ def traced(
             "PRISM_KEY_SECRET": KEY_SECRET,
             "PRISM_FORWARD_SECRET": FORWARD_SECRET,
             "ORIGIN_URL": f"http://127.0.0.1:{port}",
+            "PRISM_TRACE": "on",
         },
         api_token="kv-api-test-token",
     )
