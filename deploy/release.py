@@ -4,7 +4,9 @@ A release is content-addressed. The wheel is built by ``uv build`` from a copy o
 the checkout (tracked and untracked-but-not-ignored files, so uncommitted edits
 ship and stray build output does not) with ``SOURCE_DATE_EPOCH`` fixed, so the
 same tree always gives the same bytes. The lock is ``uv pip compile
---generate-hashes`` of the project's ``[project].dependencies`` for the
+--generate-hashes`` of the project's ``[project].dependencies`` and its ``otel`` extra
+(so a deployed origin can export traces when told where; without an endpoint it imports
+none of it) for the
 instance's Python and platform (:class:`Target`), not this machine's. The
 instance installs ``requirements.txt`` (the lock plus the wheel by path and
 hash) with ``pip install --require-hashes``: nothing is installed by bare name.
@@ -159,7 +161,8 @@ def build_wheel(source: Path, out: Path, *, uv: str | None = None) -> Path:
 def compile_lock(source: Path, target: Target, *, uv: str | None = None) -> str:
     """Every dependency of ``source`` pinned with its hashes, resolved for ``target``."""
     uv = uv or find_uv()
-    args = [uv, "pip", "compile", str(source / "pyproject.toml"), "--generate-hashes"]
+    args = [uv, "pip", "compile", str(source / "pyproject.toml"), "--extra", "otel"]
+    args += ["--generate-hashes"]
     args += ["--python-version", target.python, "--python-platform", target.platform]
     args += ["--no-header", "--no-annotate", "--quiet", "--no-config"]
     text = _run(args, dict(os.environ), "pip compile")
