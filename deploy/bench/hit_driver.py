@@ -26,7 +26,6 @@ import uvloop
 
 from deploy.policy_store import PolicyStore
 from origin import Settings, create_app
-from origin.server import freeze_heap
 from prism import (
     RateLimits,
     encode_envelope,
@@ -38,7 +37,7 @@ from prism import (
 from prism import headers as h
 from prism.routes import CHAT_PATH
 
-from .workload import MODEL, chat_body, chat_scope
+from .workload import MODEL, chat_body, chat_scope, serving
 
 __all__ = ["drive_hits", "main"]
 
@@ -102,15 +101,7 @@ def drive_hits(
             raise RuntimeError(f"not a Redis hit: {head.get('status')} {layer!r}")
 
     async def run() -> float:
-        lifespan: asyncio.Queue[MutableMapping[str, Any]] = asyncio.Queue()
-        replies: asyncio.Queue[MutableMapping[str, Any]] = asyncio.Queue()
-        await lifespan.put({"type": "lifespan.startup"})
-        served = asyncio.ensure_future(app({"type": "lifespan"}, lifespan.get, replies.put))
-        started = await replies.get()
-        if started["type"] != "lifespan.startup.complete":
-            raise RuntimeError(f"the origin did not start: {started}")
-        freeze_heap()  # as `prism origin serve` does once started
-        try:
+        async with serving(app):
             for _ in range(_WARM):
                 await one()
             begun = time.perf_counter()
@@ -120,10 +111,6 @@ def drive_hits(
                 await asyncio.gather(*(one() for _ in range(batch)))
                 done += batch
             return (time.perf_counter() - begun) / max(count, 1)
-        finally:
-            await lifespan.put({"type": "lifespan.shutdown"})
-            await replies.get()
-            await served
 
     return uvloop.run(run())
 

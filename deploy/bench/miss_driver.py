@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import gc
 import os
 import socket
 import subprocess
@@ -42,7 +41,7 @@ from prism import headers as h
 from prism import parse_key_secrets
 
 from .loadgen import UNIQUE
-from .workload import chat_body, chat_scope
+from .workload import chat_body, chat_scope, serving
 
 __all__ = ["drive_misses", "main"]
 
@@ -120,15 +119,7 @@ def drive_misses(
             done += batch
 
     async def run() -> float:
-        lifespan: asyncio.Queue[MutableMapping[str, Any]] = asyncio.Queue()
-        replies: asyncio.Queue[MutableMapping[str, Any]] = asyncio.Queue()
-        await lifespan.put({"type": "lifespan.startup"})
-        served = asyncio.ensure_future(app({"type": "lifespan"}, lifespan.get, replies.put))
-        started = await replies.get()
-        if started["type"] != "lifespan.startup.complete":
-            raise RuntimeError(f"the origin did not start: {started}")
-        _as_the_server_does()
-        try:
+        async with serving(app):
             await batches(_WARM)
             if pause:  # the caller turns counting on now (``callgrind_control -i on``)
                 print("warm", flush=True)
@@ -136,24 +127,8 @@ def drive_misses(
             begun = time.perf_counter()
             await batches(count)
             return (time.perf_counter() - begun) / max(count, 1)
-        finally:
-            await lifespan.put({"type": "lifespan.shutdown"})
-            await replies.get()
-            await served
 
     return uvloop.run(run())
-
-
-def _as_the_server_does() -> None:
-    """The collector set up as the server sets it once started (``freeze_heap``): a miss
-    is counted as a running server pays for it."""
-    try:
-        from origin.server import freeze_heap
-    except ImportError:  # an older origin, measured for comparison
-        gc.collect()
-        gc.freeze()
-    else:
-        freeze_heap()
 
 
 @contextmanager

@@ -14,7 +14,11 @@ the origin will compute. The runner then checks the response header says
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
+from collections.abc import AsyncIterator, MutableMapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +30,15 @@ from prism.routes import CHAT_PATH
 
 from .loadgen import UNIQUE
 
-__all__ = ["CHAT_PATH", "MODEL", "PlantedEntry", "chat_body", "chat_scope", "plant_entry"]
+__all__ = [
+    "CHAT_PATH",
+    "MODEL",
+    "PlantedEntry",
+    "chat_body",
+    "chat_scope",
+    "plant_entry",
+    "serving",
+]
 
 MODEL = "gpt-4o-mini"
 _TTL = 86_400
@@ -63,6 +75,33 @@ class PlantedEntry:
     fingerprint: str
     key: str  # the Redis / KV key
     envelope: bytes
+
+
+@asynccontextmanager
+async def serving(app: Any) -> AsyncIterator[None]:
+    """The in-process drivers' origin: ``app`` started through its ASGI lifespan, the heap
+    frozen as ``prism origin serve`` freezes it (so a request is counted as a running
+    server pays for it), and shut down on the way out."""
+    lifespan: asyncio.Queue[MutableMapping[str, Any]] = asyncio.Queue()
+    replies: asyncio.Queue[MutableMapping[str, Any]] = asyncio.Queue()
+    await lifespan.put({"type": "lifespan.startup"})
+    served = asyncio.ensure_future(app({"type": "lifespan"}, lifespan.get, replies.put))
+    started = await replies.get()
+    if started["type"] != "lifespan.startup.complete":
+        raise RuntimeError(f"the origin did not start: {started}")
+    try:
+        from origin.server import freeze_heap
+    except ImportError:  # an older origin, measured for comparison
+        gc.collect()
+        gc.freeze()
+    else:
+        freeze_heap()
+    try:
+        yield
+    finally:
+        await lifespan.put({"type": "lifespan.shutdown"})
+        await replies.get()
+        await served
 
 
 def chat_scope(authorization: bytes, length: int) -> dict[str, Any]:
