@@ -15,8 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from deploy.cli import app
-from deploy.local.ports import free_port
-from deploy.local.stack import LocalStack, StackConfig, StackInfo
+from deploy.local.stack import LocalStack, StackInfo
+from tests.fixtures.stacks import two_region_stack
 from tests.polling import wait_for
 
 CHAT = "/v1/chat/completions"
@@ -26,21 +26,7 @@ AMERICA = {"continent": "NA", "country": "US", "colo": "SJC"}
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalStack, StackInfo]]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "PRISM_PROVIDERS_FILE", "REDIS_URL")
-    }
-    local = LocalStack(
-        StackConfig(
-            state_dir=tmp_path_factory.mktemp("dev-regions"),
-            origin_port=free_port(),
-            edge_port=free_port(),
-            kv_api_port=free_port(),
-            env=env,
-            regions=2,
-        )
-    )
+    local = two_region_stack(tmp_path_factory.mktemp("dev-regions"))
     info = local.start()
     try:
         yield local, info

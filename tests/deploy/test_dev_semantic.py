@@ -5,7 +5,6 @@ package; nothing is downloaded)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 from pathlib import Path
@@ -13,27 +12,18 @@ from pathlib import Path
 import pytest
 
 from deploy.local.ports import free_port
-from tests.deploy.test_dev_stack import PRISM, read_line
+from tests.fixtures.stacks import PRISM, prism_dev, read_line, stack_env
 
 pytest.importorskip("numpy", reason="the semantic extra is not installed")
 
 
 def test_prism_dev_offline_serves_a_semantic_hit(tmp_path: Path) -> None:
-    ports = [str(free_port()) for _ in range(3)]
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "REDIS_URL", "PRISM_SEMANTIC_MODEL")
-    }
+    env = stack_env("PRISM_SEMANTIC_MODEL")
     # Offline: the hub libraries' switches, and any HTTP(S) client pointed at a dead proxy.
     dead = f"http://127.0.0.1:{free_port()}"
     env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     env |= {"HTTP_PROXY": dead, "HTTPS_PROXY": dead, "NO_PROXY": "127.0.0.1,localhost"}
-    dev = subprocess.Popen(
-        [*PRISM, "dev", "--origin-port", ports[0], "--edge-port", ports[1], "--kv-port", ports[2],
-         "--state-dir", str(tmp_path / "state"), "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+    dev = prism_dev(tmp_path / "state", env)
     try:
         info = json.loads(read_line(dev, timeout=120))
         policy = subprocess.run(

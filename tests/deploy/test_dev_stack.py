@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import select
 import signal
 import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 from deploy.local.ports import free_port
 from deploy.local.processes import process_tree
+from tests.fixtures.stacks import PRISM, prism_dev, read_line, stack_env
 from tests.polling import wait_for
-
-PRISM = [sys.executable, "-m", "deploy.cli"]
 
 
 def descendants(root: int) -> set[int]:
@@ -32,37 +27,9 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def read_line(process: subprocess.Popen[str], timeout: float) -> str:
-    assert process.stdout is not None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([process.stdout], [], [], 0.2)
-        if ready:
-            line = process.stdout.readline()
-            if line:
-                return line
-        if process.poll() is not None:
-            raise AssertionError(
-                f"prism dev exited early: {process.stderr.read() if process.stderr else ''}"
-            )
-    raise AssertionError("prism dev did not report ready in time")
-
-
 def test_prism_dev_serves_miss_then_kv_and_stops_cleanly_on_sigint(tmp_path: Path) -> None:
-    ports = [str(free_port()) for _ in range(3)]
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "REDIS_URL")
-    }
-    dev = subprocess.Popen(
-        [*PRISM, "dev", "--origin-port", ports[0], "--edge-port", ports[1], "--kv-port", ports[2],
-         "--state-dir", str(tmp_path / "state"), "--json"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )  # fmt: skip
+    env = stack_env()
+    dev = prism_dev(tmp_path / "state", env)
     try:
         info = json.loads(read_line(dev, timeout=120))
         assert info["provider"] == "demo (local)"

@@ -5,7 +5,6 @@ two-region local stack (real HTTP, the real Workers runtime, two origins)."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 
 import httpx
@@ -15,29 +14,15 @@ from typer.testing import CliRunner, Result
 from deploy.cli import app
 from deploy.globalping import ProbeRequest, row_of
 from deploy.local.globalping_api import GlobalpingStandIn
-from deploy.local.ports import free_port
-from deploy.local.stack import LocalStack, StackConfig, StackInfo
+from deploy.local.stack import StackInfo
+from tests.fixtures.stacks import two_region_stack
 
 TOKEN = "gp-test-token-do-not-print"
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "PRISM_PROVIDERS_FILE", "REDIS_URL")
-    }
-    local = LocalStack(
-        StackConfig(
-            state_dir=tmp_path_factory.mktemp("smoke-from"),
-            origin_port=free_port(),
-            edge_port=free_port(),
-            kv_api_port=free_port(),
-            env=env,
-            regions=2,
-        )
-    )
+    local = two_region_stack(tmp_path_factory.mktemp("smoke-from"))
     try:
         yield local.start()
     finally:

@@ -11,7 +11,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,10 +21,9 @@ import httpx
 import pytest
 
 from deploy.local.ports import free_port
-from tests.deploy.test_dev_stack import read_line
+from tests.fixtures.stacks import PRISM, prism_dev, read_line, stack_env
 from tests.polling import wait_for
 
-PRISM = [sys.executable, "-m", "deploy.cli"]
 ROOT = Path(__file__).parents[2]
 
 
@@ -39,17 +37,8 @@ class DevStack:
 @pytest.fixture(scope="module")
 def dev_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
     state = tmp_path_factory.mktemp("top") / "state"
-    ports = [str(free_port()) for _ in range(3)]
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "REDIS_URL", "PRISM_ADMIN_KEY")
-    }
-    dev = subprocess.Popen(
-        [*PRISM, "dev", "--origin-port", ports[0], "--edge-port", ports[1], "--kv-port", ports[2],
-         "--state-dir", str(state), "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+    env = stack_env("PRISM_ADMIN_KEY")
+    dev = prism_dev(state, env)
     try:
         info = json.loads(read_line(dev, timeout=120))
         yield DevStack(info, state, env)
