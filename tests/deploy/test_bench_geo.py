@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from deploy.bench.geo import GeoConfig, run_geo
 from deploy.bench.geo_profile import DEFAULT_PROFILE
@@ -46,7 +47,10 @@ def test_geo_quick_run_keeps_the_layering_and_survives_an_origin_killed(tmp_path
 
     path, _ = write_geo(result, tmp_path)
     assert json.loads(path.read_text())["rows"] == result["rows"]
-    assert render_geo(result) is not None
+    console = Console(record=True, width=200)
+    console.print(render_geo(result))
+    shown = console.export_text()
+    assert "San Francisco" in shown and "us-west-1" in shown
     # The run's namespaces (named after this process) are gone with it.
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"prism{os.getpid() % 100_000}-" not in left

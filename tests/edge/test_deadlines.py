@@ -88,18 +88,21 @@ async def test_a_stage_shorter_than_the_armed_timer_arms_its_own() -> None:
 async def test_concurrent_requests_keep_their_own_timers() -> None:
     timer = StageTimer(0.05)
 
+    slow_timed_out = asyncio.Event()
+
     async def slow() -> str:
         try:
             async with timer.within(0.05):
                 await asyncio.sleep(5)
         except TimeoutError:
+            slow_timed_out.set()
             return "timed out"
         return "done"
 
     async def fast() -> str:
         async with timer.within(0.05):
             await asyncio.sleep(0)
-        await asyncio.sleep(0.1)  # between stages: the other request's timeout is not ours
+        await slow_timed_out.wait()  # between stages: the other request's timeout is not ours
         async with timer.within(1.0):
             await asyncio.sleep(0)
         return "done"
@@ -110,12 +113,15 @@ async def test_concurrent_requests_keep_their_own_timers() -> None:
 async def test_a_cancel_from_outside_stays_a_cancel() -> None:
     timer = StageTimer(5.0)
 
+    entered = asyncio.Event()
+
     async def request() -> None:
         async with timer.within(5.0):
+            entered.set()
             await asyncio.sleep(5)
 
     task = asyncio.ensure_future(request())
-    await asyncio.sleep(0.01)
+    await entered.wait()  # inside the stage, its timer armed
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
