@@ -53,7 +53,7 @@ from .flight import Call, ClientStream, Storage
 from .gateway import Gateway
 from .operation import Operation
 from .policies import ProjectPolicies
-from .ratelimits import SettlingStream, TokenCharge
+from .ratelimits import TokenCharge
 from .responses import Reply
 from .semantic import Pending, Question, SemanticCache
 
@@ -193,40 +193,39 @@ class ApiRoute(Generic[R]):
         budget = policy.budget if policy is not None else None
         if budget is not None and decision.read and fp in gw.flights:
             budget = None  # joins the call in flight, which its starter pays for
-        bounds: tuple[int, int] | None = None
-        tokens: TokenCharge | None = None
         rate_limits = policy.rate_limits if policy is not None else None
-        if rate_limits is not None and available and rate_limits.limits_tokens(caller.key_id):
+        limits_tokens = (
+            rate_limits is not None and available and rate_limits.limits_tokens(caller.key_id)
+        )
+        bounds = (0, 0)
+        if budget is not None or limits_tokens:
+            bounds = (self.api.prompt_tokens(parsed), self.api.completion_tokens(parsed))
+        tokens: TokenCharge | None = None
+        if limits_tokens:
             # Tokens are limited on misses only: admitted on the request's bound now,
-            # settled to its usage once answered (all given back when it joins a call).
-            api = self.api
-            bounds = (api.prompt_tokens(parsed), api.completion_tokens(parsed))
+            # settled to its usage when the call ends (all given back when it joins one).
             tokens = await self.limiter.admit_tokens(
                 caller.project, caller.key_id, *bounds, out, lookup.rate is not None
             )
         try:
             try:
-                if budget is not None and bounds is None:
-                    api = self.api
-                    bounds = (api.prompt_tokens(parsed), api.completion_tokens(parsed))
                 charge = await self.billing.open(
-                    caller.project, caller.key_id, parsed.model, layer, budget, bounds or (0, 0)
+                    caller.project, caller.key_id, parsed.model, layer, budget, bounds
                 )
             except (RateLimitError, PermissionDeniedError) as refusal:
                 self._audit_refusal(caller, parsed.model, refusal, "budget.refuse")
                 raise
+            # The call's end settles the tokens with the budget (``Charge``): a client
+            # that leaves early does not give back what the call goes on to use.
+            charge.rate_tokens = tokens
             request.charge = charge  # for the access log and the trace
-            reply = await self._call(
-                parsed, fp, decision, cacheable, out, timer, receive, request_id, charge,
-                pending, tokens,
-            )  # fmt: skip
+            return await self._call(
+                parsed, fp, decision, cacheable, out, timer, receive, request_id, charge, pending
+            )
         except BaseException:
-            if tokens is not None:
-                tokens.settle(None)  # no answer: every admitted token goes back
+            if tokens is not None:  # no call, or it failed: a no-op once the call settled
+                tokens.settle(None)
             raise
-        if tokens is not None and reply.status != 200:
-            tokens.settle(None)
-        return reply
 
     async def _semantic(
         self,
@@ -286,7 +285,6 @@ class ApiRoute(Generic[R]):
         request_id: str,
         charge: Charge,
         semantic: Pending | None = None,
-        tokens: TokenCharge | None = None,
     ) -> Reply:
         gw = self.gw
         storage = Storage(fp, decision.ttl, semantic) if cacheable and decision.write else None
@@ -300,24 +298,18 @@ class ApiRoute(Generic[R]):
         async with gw.flights.subscribe(key, call) as subscription:
             if subscription.call is not call:
                 charge.joined()
-                if tokens is not None:
-                    tokens.settle(None)  # joined a call in flight: it pays nothing
-            stream: ClientStream | SettlingStream | None = None
+            stream: ClientStream | None = None
             if parsed.stream:
                 if not await subscription.started(client_gone):
                     return Reply(CLIENT_GONE, headers)
                 # Closing it is the leave.
                 stream = subscription.follow(self.api.include_usage(parsed))
-                if tokens is not None:  # settled when the stream ends or is closed
-                    stream = SettlingStream(stream, tokens)
                 body, kind = b"", SSE
             else:
                 answer = await subscription.answer(client_gone)
                 if answer is None:
                     return Reply(CLIENT_GONE, headers)
                 body, kind = answer.body, JSON
-                if tokens is not None:
-                    tokens.settle(answer.completion)
             timer.mark("upstream")
             headers[h.PROVIDER] = subscription.provider
         headers[h.SERVER_TIMING] = h.server_timing(timer.stages)

@@ -17,7 +17,7 @@ memory, ``origin/usage.py``); with one, exactly one script before the call and o
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prism import Budget, Envelope
 
@@ -26,6 +26,9 @@ from .pricing import Price, Tokens, cost_micros, tokens_of
 from .providers.base import UpstreamCompletion
 from .providers.config import ProviderConfig
 from .usage import UsageRecorder
+
+if TYPE_CHECKING:
+    from .ratelimits import TokenCharge
 
 __all__ = ["Billing", "Charge"]
 
@@ -109,6 +112,7 @@ class Charge:
         "layer",
         "model",
         "project",
+        "rate_tokens",
         "reservation",
         "served",
         "tokens",
@@ -135,6 +139,8 @@ class Charge:
         self.tokens: Tokens | None = None
         self.cost: int | None = None
         self.served: tuple[str, str] | None = None
+        # The tokens a token rate limit admitted for the call, settled when it ends.
+        self.rate_tokens: TokenCharge | None = None
 
     def __call__(self, result: UpstreamCompletion | None, provider: str, upstream: str) -> None:
         """The call ended: ``result`` None when it failed or was abandoned."""
@@ -142,6 +148,8 @@ class Charge:
             return
         self._done = True
         billing = self._billing
+        if self.rate_tokens is not None:
+            self.rate_tokens.settle(None if result is None else result.completion)
         if result is None:
             self._settle(0)
             return
@@ -159,6 +167,8 @@ class Charge:
         """This request joined a call already running: it pays nothing."""
         if not self._done:
             self._done = True
+            if self.rate_tokens is not None:
+                self.rate_tokens.settle(None)
             self._billing.usage.record(self.project, self.key_id, self.model, "coalesced")
             self._settle(0)
 

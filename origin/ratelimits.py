@@ -22,9 +22,9 @@ Where the checks run:
   entry.
 - tokens: on a miss only (a hit costs no provider tokens), in a second script before the
   provider is called: the request is admitted on its token bound (prompt bound plus
-  completion bound, ``origin.tokens``) and settled to the answer's reported usage after
-  it (the difference goes back). A request the token limit refuses gives its request
-  slot back too.
+  completion bound, ``origin.tokens``) and settled to the answer's reported usage when
+  the call ends, with the budget (``origin.billing.Charge``; the difference goes back).
+  A request the token limit refuses gives its request slot back too.
 
 Limits are read from the compact hash ``prism:limits:{project}`` (``prism.rate_limits``);
 the lookup script looks at it only when the policy record mentions ``rate_limits``, so
@@ -46,7 +46,6 @@ import orjson
 from prism import LIMITS_KEY_PREFIX, RateLimitError
 
 from .audit import AuditWriter, audit_record
-from .flight import ClientStream
 from .metrics import Metrics
 from .pricing import tokens_of
 from .redis_client import NoScriptError, PreparedCommand, RedisClient, RedisClientError
@@ -58,7 +57,6 @@ __all__ = [
     "LoadedScript",
     "RateLimiter",
     "RefusalLog",
-    "SettlingStream",
     "TokenCharge",
     "duration",
     "rate_limit_error",
@@ -379,29 +377,6 @@ def _used_tokens(completion: dict[str, Any], prompt_bound: int) -> int:
             return tokens.prompt + tokens.completion
     # Every token is at least one byte of the answer: an upper bound, never an undercount.
     return prompt_bound + len(orjson.dumps(completion.get("choices")))
-
-
-class SettlingStream:
-    """A streaming miss's body that settles its token charge when it ends or is closed."""
-
-    __slots__ = ("_charge", "_stream")
-
-    def __init__(self, stream: ClientStream, charge: TokenCharge) -> None:
-        self._stream, self._charge = stream, charge
-
-    def __aiter__(self) -> SettlingStream:
-        return self
-
-    async def __anext__(self) -> bytes:
-        try:
-            return await self._stream.__anext__()
-        except StopAsyncIteration:
-            self._charge.settle(self._stream.completion)
-            raise
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
-        self._charge.settle(self._stream.completion)
 
 
 class RateLimiter:
