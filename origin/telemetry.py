@@ -53,6 +53,7 @@ from prism import headers as h
 from prism.trace_context import EDGE_SPAN, EDGE_TIMING, TRACEPARENT, parse_edge_span
 
 from .asgi import Request
+from .pricing import tokens_of
 from .providers.base import UpstreamCompletion
 from .responses import Reply
 from .settings import Settings
@@ -176,13 +177,11 @@ class Telemetry:
         charge = request.charge
         served = charge.served if charge is not None else None
         tokens = charge.tokens if charge is not None else None
-        usage = request.usage
+        if tokens is None:  # a hit: its stored answer's usage, read as the bill reads it
+            tokens = tokens_of(request.usage)
         input_tokens = output_tokens = None
         if tokens is not None:
             input_tokens, output_tokens = tokens.prompt, tokens.completion
-        elif isinstance(usage, dict):
-            input_tokens = _int(usage.get("prompt_tokens", usage.get("input_tokens")))
-            output_tokens = _int(usage.get("completion_tokens", usage.get("output_tokens")))
 
         attributes: dict[str, Any] = {
             "http.response.status_code": reply.status,

@@ -141,10 +141,9 @@ class UsageRecorder(Collector):
         layer: str,
         tokens: Tokens | None = None,
         cost: int | None = None,
-        saved: int | None = None,
     ) -> None:
-        """One answered request. ``cost``: what it cost (None with ``tokens``: unpriced);
-        ``saved``: what a hit would have cost had it been a call."""
+        """One answered request (a hit: ``hit``). ``cost``: what it cost (None with
+        ``tokens``: unpriced)."""
         counts = self._row(project, key_id, model, time.time())
         if counts is None:
             return
@@ -156,8 +155,6 @@ class UsageRecorder(Collector):
                 counts[_UNPRICED] += 1
         if cost:
             counts[_COST] += cost
-        if saved:
-            counts[_SAVED] += saved
 
     # -- the writer -------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..redis_client import RedisClientError
+from ..usage import LAYERS as USAGE_LAYERS
 from ..usage import usage_key
 from .figures import LAYERS, STATES, Totals, rates_between, totals_of
 
@@ -134,10 +135,7 @@ def _project_day(flat: Iterable[bytes | str]) -> ProjectDay:
     items = [item.decode() if isinstance(item, bytes) else str(item) for item in flat]
     sums = {items[i]: int(items[i + 1]) for i in range(0, len(items) - 1, 2)}
     return ProjectDay(
-        requests={
-            layer: sums.get(f"requests.{layer}", 0)
-            for layer in ("redis", "miss", "bypass", "coalesced")
-        },
+        requests={layer: sums.get(f"requests.{layer}", 0) for layer in USAGE_LAYERS},
         cost_usd=sums.get("cost_micros", 0) / 1_000_000,
         saved_usd=sums.get("saved_micros", 0) / 1_000_000,
         tokens_in=sums.get("tokens_in", 0),

@@ -32,7 +32,7 @@ from ..redis_client import RedisClient, RedisClientError
 from ..settings import Settings
 from .embedder import Embedder, EmbedderUnavailable
 from .guard import agree
-from .index import RedisStreamIndex, SemanticIndex
+from .index import RedisStreamIndex, SemanticIndex, _retrieve
 from .partition import Question, normalized
 
 if TYPE_CHECKING:
@@ -210,11 +210,6 @@ class SemanticCache:
 
     def close(self) -> None:
         self.embedder.close()
-
-
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()
 
 
 def build_semantic_cache(
