@@ -9,7 +9,6 @@ its own path in ``edge.handler``, so nothing here adds work to a chat request.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -102,19 +101,14 @@ class ApiRoutes:
             parsed, fp = known
         decision = classify(parsed, request.headers.get("cache-control"))
         timings.append(("parse", _ms(started, platform.now())))
-        try:
-            async with asyncio.timeout(handler.settings.kv_timeout):
-                policy = await handler.policies.get(project, platform.now(), platform.kv_get)
-        except Exception as error:  # KV failing: the last known policy; the origin checks too
-            _failed(handler, "policy", error, request_id, platform, timings)
-            policy = handler.policies.last(project)
+        policy = await handler.project_policy(project, platform, timings, request_id)
         if policy is not None:
             policy.check_model(parsed.model)
         headers = {h.CACHE_KEY: fp[: h.CACHE_KEY_PREFIX_LEN]}
         if decision.read:
             started = platform.now()
             try:
-                async with asyncio.timeout(handler.settings.kv_timeout):
+                async with handler._stages.within(handler.settings.kv_timeout):
                     cached = await platform.kv_get(entry_key(fp))
             except Exception as error:  # slow or failing KV is a miss, never a failed request
                 cached = None

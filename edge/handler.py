@@ -11,7 +11,6 @@ stays at the PoP.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import secrets
 
@@ -22,6 +21,7 @@ from prism import (
     KeyIdentity,
     MethodNotAllowedError,
     NotFoundError,
+    Policy,
     PrismError,
     RecentBodies,
     RecentEntries,
@@ -171,14 +171,7 @@ class EdgeHandler:
         decision = classify(chat, request.headers.get("cache-control"))
         # CPU only, and the Workers clock stands still while code runs: I/O stages only.
         timings.append(("parse", _ms(started, platform.now())))
-        policy = self.policies.last(project)
-        if not self.policies.fresh(project, platform.now()):
-            try:
-                async with self._stages.within(self.settings.kv_timeout):
-                    policy = await self.policies.get(project, platform.now(), platform.kv_get)
-            except Exception as error:  # KV failing: the last known policy; the origin checks
-                _failed("policy", error, request_id, platform, timings)
-                policy = self.policies.last(project)
+        policy = await self.project_policy(project, platform, timings, request_id)
         if policy is not None:
             policy.check_model(chat.model)  # before any entry: a denied model is never served
         headers = {h.CACHE_KEY: fp[: h.CACHE_KEY_PREFIX_LEN]}
@@ -239,13 +232,13 @@ class EdgeHandler:
         started = platform.now()
         timeout = self.settings.kv_timeout
         try:
-            async with asyncio.timeout(timeout):
+            async with self._stages.within(timeout):
                 policy = await self.policies.get(identity.project, platform.now(), platform.kv_get)
         except Exception as error:  # the origin answers with the policy it reads itself
             _failed("policy", error, request_id, platform, timings)
             return None
         try:
-            async with asyncio.timeout(timeout):
+            async with self._stages.within(timeout):
                 body = await self.models.body(platform.now(), platform.kv_get, policy)
         except Exception as error:  # KV failing: the origin answers
             _failed("models", error, request_id, platform, timings)
@@ -280,6 +273,21 @@ class EdgeHandler:
         if len(body) > limit:
             raise RequestTooLargeError(f"Request body exceeds the limit of {limit} bytes.")
         return body
+
+    async def project_policy(
+        self, project: str, platform: Platform, timings: list[tuple[str, float]], request_id: str
+    ) -> Policy | None:
+        """The project's policy as this isolate knows it: read from KV when stale, the last
+        one known while KV fails (the origin checks again anyway)."""
+        policy = self.policies.last(project)
+        if not self.policies.fresh(project, platform.now()):
+            try:
+                async with self._stages.within(self.settings.kv_timeout):
+                    policy = await self.policies.get(project, platform.now(), platform.kv_get)
+            except Exception as error:
+                _failed("policy", error, request_id, platform, timings)
+                policy = self.policies.last(project)
+        return policy
 
     async def _forward(
         self,
