@@ -47,18 +47,9 @@ class Billing:
         self.budgets = budgets
         self.usage = usage
         self._spawn = spawn
-        self._hit_prices: dict[str, Price | None] = {}
         # id(envelope) -> (envelope, what a hit on it saves): hot entries are the same
         # Envelope object on every hit (``RecentEntries``), so each is costed once.
         self._saved: dict[int, tuple[Envelope, int]] = {}
-
-    def hit_price(self, model: str) -> Price | None:
-        if model in self._hit_prices:
-            return self._hit_prices[model]
-        if len(self._hit_prices) >= 4096:
-            self._hit_prices.clear()
-        price = self._hit_prices[model] = self._config.model_prices(model)[0]
-        return price
 
     def hit(self, project: str, key_id: str, model: str, envelope: Envelope, now: float) -> None:
         """A Redis hit: nothing spent; saved what its entry cost (0 when unknown)."""
@@ -68,7 +59,7 @@ class Billing:
         else:
             saved = 0
             tokens = tokens_of(envelope.usage)
-            price = self.hit_price(model) if tokens is not None else None
+            price = self.budgets.model_prices(model)[0] if tokens is not None else None
             if price is not None and tokens is not None:
                 saved = cost_micros(price, tokens)
             if len(self._saved) >= 1024:

@@ -150,21 +150,24 @@ class Budgets:
         self._redis = redis
         self._config = config
         self._hold_ms = int(hold_seconds * 1000)
-        self._prices: dict[str, Price | None] = {}  # public model -> the price reserved on
+        # public model -> (its first target's price, the highest it may be charged)
+        self._prices: dict[str, tuple[Price | None, Price | None]] = {}
         self._ids = itertools.count()
 
-    def bound_price(self, model: str) -> Price | None:
-        if model in self._prices:
-            return self._prices[model]
-        if len(self._prices) >= 4096:
-            self._prices.clear()
-        price = self._prices[model] = self._config.model_prices(model)[1]
-        return price
+    def model_prices(self, model: str) -> tuple[Price | None, Price | None]:
+        """``ProviderConfig.model_prices`` (what a hit on ``model`` saves; the highest price
+        any of its targets may charge), once per model."""
+        prices = self._prices.get(model)
+        if prices is None:
+            if len(self._prices) >= 4096:
+                self._prices.clear()
+            prices = self._prices[model] = self._config.model_prices(model)
+        return prices
 
     def bound(self, model: str, prompt_tokens: int, completion_tokens: int) -> int | None:
         """The most a request of ``model`` with these token bounds can cost, in micro-USD;
         None: the model has no price."""
-        price = self.bound_price(model)
+        price = self.model_prices(model)[1]
         if price is None:
             return None
         return math.ceil(prompt_tokens * price.max_input + completion_tokens * price.output)
