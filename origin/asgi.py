@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from .telemetry import Telemetry
 
 __all__ = [
+    "CancelOnce",
     "Handler",
     "Request",
     "Route",
@@ -266,7 +267,7 @@ async def send_reply(reply: Reply, receive: Receive, send: Send) -> None:
     # the two, cost a good share of a streamed miss.)
     me = asyncio.current_task()
     assert me is not None
-    gone = _ClientGone(me)
+    gone = CancelOnce(me)
     watching = asyncio.ensure_future(disconnected(receive))
     watching.add_done_callback(gone)
     chunks = reply.stream
@@ -289,19 +290,21 @@ async def send_reply(reply: Reply, receive: Receive, send: Send) -> None:
         watching.cancel()
 
 
-class _ClientGone:
-    """The watcher's callback: cancels the streaming task, once, while it still streams."""
+class CancelOnce:
+    """A done-callback that cancels ``task`` once, and only while ``armed``: the client
+    watcher's (a client gone ends the stream it was sent) and the flight's (its answer
+    wakes a waiter out of ``receive``). ``fired`` tells the task's own cancel from others."""
 
     __slots__ = ("armed", "fired", "task")
 
-    def __init__(self, task: asyncio.Task[None]) -> None:
+    def __init__(self, task: asyncio.Task[Any], armed: bool = True) -> None:
         self.task = task
-        self.armed = True
+        self.armed = armed
         self.fired = False
 
-    def __call__(self, watcher: asyncio.Future[None]) -> None:
-        if not watcher.cancelled():
-            watcher.exception()  # retrieved: a failed receive() means gone too
+    def __call__(self, done: object) -> None:
+        if isinstance(done, asyncio.Future) and done.done() and not done.cancelled():
+            done.exception()  # retrieved: a failed receive() means gone too
         if self.armed:
             self.armed = False
             self.fired = True

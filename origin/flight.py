@@ -37,6 +37,7 @@ import orjson
 from prism import PrismError, SSEDecoder, StreamAssembler, UpstreamError, error_json, replay
 from prism.sse import DONE
 
+from .asgi import CancelOnce
 from .operation import Operation
 from .providers.base import UpstreamCompletion, UpstreamStream
 from .router import Routed, Router
@@ -402,7 +403,7 @@ class Subscription:
         # by cancelling it out of ``client_gone``, as a hedge that wins does.
         me = asyncio.current_task()
         assert me is not None
-        wake = _Wake(me)
+        wake = CancelOnce(me, armed=False)
         try:
             while not ready():
                 waiter = me.get_loop().create_future()
@@ -424,24 +425,6 @@ class Subscription:
             return True
         finally:
             wake.armed = False
-
-
-class _Wake:
-    """A waiter's callback: cancels the waiting task out of ``client_gone``, once, and
-    only while it is still waiting there (``armed``)."""
-
-    __slots__ = ("armed", "fired", "task")
-
-    def __init__(self, task: asyncio.Task[Any]) -> None:
-        self.task = task
-        self.armed = False
-        self.fired = False
-
-    def __call__(self, _: object) -> None:
-        if self.armed:
-            self.armed = False
-            self.fired = True
-            self.task.cancel()
 
 
 class ClientStream:
