@@ -99,7 +99,7 @@ class Gateway:
         )
         # None when PRISM_SEMANTIC_MODEL=off; the model itself loads on first use.
         self.semantic: SemanticCache | None = build_semantic_cache(
-            settings, self.redis, self.metrics
+            settings, self.redis, self.metrics, self.spawn
         )
         self.telemetry: Telemetry | None = None
         if settings.otel_endpoint:

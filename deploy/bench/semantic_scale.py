@@ -27,6 +27,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +114,12 @@ async def _measure(url: str, count: int, lookups: int) -> dict[str, Any]:
         assert mirror is not None
 
         embedder = Embedder(None)
-        cache = SemanticCache(index, embedder, pipe, CollectorRegistry(), timeout=10.0)
+        background: set[asyncio.Future[None]] = set()  # held, as the gateway holds its own
+
+        def spawn(work: Coroutine[Any, Any, None]) -> None:
+            background.add(asyncio.ensure_future(work))
+
+        cache = SemanticCache(index, embedder, pipe, CollectorRegistry(), spawn, timeout=10.0)
         await embedder.embed("warm up the model")
         ready: list[float] = []
         embed = embedder.embed

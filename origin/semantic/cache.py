@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -69,9 +69,11 @@ class SemanticCache:
         embedder: Embedder,
         redis: RedisClient,
         registry: CollectorRegistry,
+        spawn: Callable[[Coroutine[Any, Any, None]], object],
         timeout: float = 0.25,
     ) -> None:
         self.index = index
+        self._spawn = spawn  # the gateway's: work after the response, awaited at shutdown
         self.embedder = embedder
         self._redis = redis
         self._timeout = timeout
@@ -87,7 +89,6 @@ class SemanticCache:
         self.indexed = Counter(
             "prism_semantic_indexed", "Questions added to the semantic index.", registry=registry
         )
-        self._tasks: set[asyncio.Task[None]] = set()
         self._reading: set[asyncio.Future[int]] = set()  # catch-ups outliving their lookup
 
     @property
@@ -203,17 +204,15 @@ class SemanticCache:
             return
         self.indexed.inc()
 
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     def close(self) -> None:
         self.embedder.close()
 
 
 def build_semantic_cache(
-    settings: Settings, redis: RedisClient, metrics: Metrics
+    settings: Settings,
+    redis: RedisClient,
+    metrics: Metrics,
+    spawn: Callable[[Coroutine[Any, Any, None]], object],
 ) -> SemanticCache | None:
     """The semantic layer for these settings; None when ``PRISM_SEMANTIC_MODEL=off``.
     Nothing is loaded here: the model loads on the first opted-in request."""
@@ -222,5 +221,10 @@ def build_semantic_cache(
         return None
     embedder = Embedder(None if model == "auto" else Path(model), settings.semantic_threads)
     return SemanticCache(
-        RedisStreamIndex(redis), embedder, redis, metrics.registry, settings.semantic_timeout
+        RedisStreamIndex(redis),
+        embedder,
+        redis,
+        metrics.registry,
+        spawn,
+        settings.semantic_timeout,
     )
