@@ -23,18 +23,17 @@ A settle that comes after its reservation was freed still adds the real cost.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import math
 import secrets
 from datetime import UTC, datetime, timedelta
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from prism import Budget, PermissionDeniedError, PrismError, RateLimitError
 
 from .pricing import Price
 from .providers.config import ProviderConfig
-from .redis_client import NoScriptError, RedisClient, RedisClientError
+from .redis_client import LoadedScript, RedisClient, RedisClientError
 
 __all__ = [
     "RELEASE_SCRIPT",
@@ -122,22 +121,8 @@ def _usd(micros: int) -> str:
     return f"${max(micros, 0) / 1_000_000:,.6f}".rstrip("0").rstrip(".")
 
 
-class _Script:
-    """A Lua script run by EVALSHA, loaded again (by EVAL) after Redis lost it."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()
-
-    async def __call__(self, redis: RedisClient, keys: tuple[str, ...], *args: Any) -> Any:
-        try:
-            return await redis.execute("EVALSHA", self.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            return await redis.execute("EVAL", self.source, len(keys), *keys, *args)
-
-
-_RESERVE = _Script(RESERVE_SCRIPT)
-_RELEASE = _Script(RELEASE_SCRIPT)
+_RESERVE = LoadedScript(RESERVE_SCRIPT, 2)
+_RELEASE = LoadedScript(RELEASE_SCRIPT, 2)
 
 
 class Budgets:
@@ -195,9 +180,10 @@ class Budgets:
         expire_at = int((ends + timedelta(days=1)).timestamp())
         member = f"{_PROCESS}-{next(self._ids)}:{amount}"
         try:
-            admitted, left = await _RESERVE(
+            admitted, left = await _RESERVE.run(
                 self._redis,
-                (key, held),
+                key,
+                held,
                 budget.micro_usd,
                 amount,
                 member,
@@ -227,9 +213,10 @@ class Budgets:
         """Replace the reservation by the real ``cost`` (0: release it); False if Redis
         failed (the reservation is then freed by its deadline, the cost not recorded)."""
         try:
-            await _RELEASE(
+            await _RELEASE.run(
                 self._redis,
-                (reservation.key, reservation.held),
+                reservation.key,
+                reservation.held,
                 reservation.member,
                 reservation.amount,
                 max(cost, 0),

@@ -34,8 +34,14 @@ from typing import Any, NamedTuple
 from prism import POLICY_KEY_PREFIX, REVOKED_KEY, AuthenticationError, entry_key, policy_key
 
 from .metrics import Metrics
-from .ratelimits import RATE_CHECK_SCRIPT, REQUEST_LIMIT_LUA, LoadedScript
-from .redis_client import NoScriptError, PreparedCommand, RedisClient, RedisClientError
+from .ratelimits import RATE_CHECK_SCRIPT, REQUEST_LIMIT_LUA
+from .redis_client import (
+    LoadedScript,
+    NoScriptError,
+    PreparedCommand,
+    RedisClient,
+    RedisClientError,
+)
 from .request_leases import ProjectLeases, RequestLeases
 
 __all__ = ["LOOKUP_SCRIPT", "Lookup", "RedisCache"]

@@ -35,7 +35,6 @@ a project without limits pays nothing. While Redis is unavailable there are no l
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 from collections.abc import Callable, Coroutine
@@ -48,13 +47,12 @@ from prism import LIMITS_KEY_PREFIX, RateLimitError
 from .audit import AuditWriter, audit_record
 from .metrics import Metrics
 from .pricing import tokens_of
-from .redis_client import NoScriptError, PreparedCommand, RedisClient, RedisClientError
+from .redis_client import LoadedScript, RedisClient, RedisClientError
 
 __all__ = [
     "GCRA_LUA",
     "RATE_CHECK_SCRIPT",
     "REQUEST_LIMIT_LUA",
-    "LoadedScript",
     "RateLimiter",
     "RefusalLog",
     "TokenCharge",
@@ -273,24 +271,6 @@ def rate_limit_error(
     error = RateLimitError(message, code="rate_limit_exceeded", headers=headers)
     error.type = kind  # as OpenAI: "requests" or "tokens"
     return error
-
-
-class LoadedScript:
-    """A script run by EVALSHA, loaded on first use and again after Redis lost it."""
-
-    __slots__ = ("_command", "_source")
-
-    def __init__(self, source: str) -> None:
-        self._source = source
-        self._command: PreparedCommand | None = None
-
-    async def run(self, redis: RedisClient, *args: str | int) -> Any:
-        if self._command is not None:
-            with contextlib.suppress(NoScriptError):
-                return await redis.run(self._command, *args)
-        sha = await redis.execute("SCRIPT", "LOAD", self._source)
-        self._command = PreparedCommand("EVALSHA", sha, 0)
-        return await redis.run(self._command, *args)
 
 
 class RefusalLog:

@@ -28,6 +28,7 @@ from redis.backoff import NoBackoff
 
 __all__ = [
     "Arg",
+    "LoadedScript",
     "NoScriptError",
     "PreparedCommand",
     "RedisClient",
@@ -194,3 +195,23 @@ class RedisPyClient:
         if self._resets:
             await asyncio.gather(*self._resets)
         await self._redis.aclose(close_connection_pool=True)
+
+
+class LoadedScript:
+    """A Lua script of ``keys`` keys run by EVALSHA: loaded on first use, and again after
+    Redis lost it (restarted or flushed). ``run`` takes the keys, then the arguments."""
+
+    __slots__ = ("_command", "_keys", "_source")
+
+    def __init__(self, source: str, keys: int = 0) -> None:
+        self._source = source
+        self._keys = keys
+        self._command: PreparedCommand | None = None
+
+    async def run(self, redis: RedisClient, *args: Arg) -> Any:
+        if self._command is not None:
+            with contextlib.suppress(NoScriptError):
+                return await redis.run(self._command, *args)
+        sha = await redis.execute("SCRIPT", "LOAD", self._source)
+        self._command = PreparedCommand("EVALSHA", sha, self._keys)
+        return await redis.run(self._command, *args)

@@ -23,13 +23,11 @@ partition from its memory, reads the partition again from the start.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from ..redis_client import NoScriptError, RedisClient
+from ..redis_client import LoadedScript, RedisClient
 
 if TYPE_CHECKING:  # numpy is imported with the model, on the first opted-in request
     import numpy as np
@@ -112,7 +110,7 @@ class RedisStreamIndex:
         self._max_partitions = max_partitions
         self._mirrors: OrderedDict[str, Mirror] = OrderedDict()
         self._reading: dict[str, asyncio.Future[int]] = {}  # one catch-up per partition
-        self._sha: bytes | None = None
+        self._add = LoadedScript(_ADD_SCRIPT, 1)
 
     def mirror(self, partition: str) -> Mirror | None:
         return self._mirrors.get(partition)
@@ -211,15 +209,7 @@ class RedisStreamIndex:
 
         half = np.frombuffer(vector, dtype="<f4").astype("<f2").tobytes()
         args = (index_key(partition), fingerprint, expires, half, text, self._max_records)
-        await self._script(lambda sha: self._redis.execute("EVALSHA", sha, 1, *args))
-
-    async def _script(self, call: Callable[[bytes], Awaitable[Any]]) -> None:
-        if self._sha is not None:
-            with contextlib.suppress(NoScriptError):  # Redis restarted or was flushed
-                await call(self._sha)
-                return
-        self._sha = await self._redis.execute("SCRIPT", "LOAD", _ADD_SCRIPT)
-        await call(self._sha)
+        await self._add.run(self._redis, *args)
 
     async def remove(self, partition: str, fingerprint: str) -> None:
         mirror = self._mirrors.get(partition)
