@@ -36,6 +36,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from prism import headers as h
+
 __all__ = [
     "GLOBALPING_API",
     "GlobalpingClient",
@@ -48,7 +50,6 @@ __all__ = [
 
 GLOBALPING_API = "https://api.globalping.io"
 _MODELS = "/v1/models"
-_REGION = "x-prism-origin-region"
 _LAYER = "x-prism-edge-cache-layer"
 
 
@@ -183,7 +184,7 @@ def row_of(probe: ProbeRequest, result: Mapping[str, Any]) -> dict[str, Any]:
         "tcp_ms": timings.get("tcp"),
         "tls_ms": timings.get("tls"),
         "pop": ray.rpartition("-")[2] if "-" in ray else "",
-        "origin_region": _header(headers, _REGION) or None,
+        "origin_region": _header(headers, h.ORIGIN_REGION) or None,
         "layer": _header(headers, _LAYER) or None,
         "server_timing": _header(headers, "server-timing"),
         "failure": None if result.get("status") == "finished" else result.get("rawOutput"),

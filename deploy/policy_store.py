@@ -28,6 +28,7 @@ decides success; KV is republished from Redis, so publishing again repairs it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import cast
@@ -187,15 +188,8 @@ def _parsed_or_none(raw: str | None) -> Policy | None:
 
 
 def _next(draft: Policy, before: Policy | None) -> Policy:
-    return Policy(
-        allow=draft.allow,
-        deny=draft.deny,
-        budget=draft.budget,
-        rate_limits=draft.rate_limits,
-        revision=(before.revision if before else 0) + 1,
-        updated_at=_now(),
-        updated_by=draft.updated_by,
-        cache=draft.cache,
+    return dataclasses.replace(
+        draft, revision=(before.revision if before else 0) + 1, updated_at=_now()
     )
 
 

@@ -52,15 +52,13 @@ from .revocation import RevocationSet
 from .routes import ROUTES, canonical_path
 from .settings import EdgeSettings
 
-__all__ = ["ORIGIN_REGION", "EdgeHandler"]
+__all__ = ["EdgeHandler"]
 
 JSON = "application/json"
 SSE = "text/event-stream"
 _MIN_KV_TTL = 60
 # Request headers the origin may need; everything else (cookies, the API key) stays here.
 _FORWARDED = ("content-type", "cache-control", "accept", "openai-organization")
-# Which origin answered, when the edge has several (PRISM_ORIGINS).
-ORIGIN_REGION = "x-prism-origin-region"
 # Failing over after a timeout stays under the ~100 s Cloudflare allows a response to
 # start; a failover gets at least this much time, else the last failure is the answer.
 _ORIGIN_BUDGET = 95.0
@@ -367,7 +365,7 @@ class EdgeHandler:
         out.pop(h.ENTRY_EXPIRES, None)  # for this edge only (read from the reply itself)
         out.setdefault(h.CACHE_LAYER, "bypass")
         if origin.region:
-            out[ORIGIN_REGION] = origin.region
+            out[h.ORIGIN_REGION] = origin.region
         # A semantic hit names the entry that answered (another question's), as the origin said.
         if fp and out[h.CACHE_LAYER] != "semantic":
             out[h.CACHE_KEY] = fp[: h.CACHE_KEY_PREFIX_LEN]

@@ -10,6 +10,7 @@ __all__ = [
     "CACHE_LAYER",
     "ENTRY_EXPIRES",
     "FORWARD",
+    "ORIGIN_REGION",
     "PROVIDER",
     "REQUEST_ID",
     "SEMANTIC_SCORE",
@@ -25,6 +26,7 @@ PROVIDER = "x-prism-provider"  # which provider answered a miss
 FORWARD = "x-prism-forward"  # the edge's signed identity + fingerprint
 ENTRY_EXPIRES = "x-prism-entry-expires"  # on a Redis hit: when the entry expires (unix s)
 SEMANTIC_SCORE = "x-prism-semantic-score"  # on a semantic hit: the cosine similarity
+ORIGIN_REGION = "x-prism-origin-region"  # from the edge: which origin answered
 
 CACHE_KEY_PREFIX_LEN = 16
 

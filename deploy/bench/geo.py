@@ -32,7 +32,6 @@ from .geo_stack import Edge, GeoStack
 __all__ = ["GeoConfig", "Row", "run_geo"]
 
 CHAT = "/v1/chat/completions"
-_REGION = "x-prism-origin-region"
 _ENTRIES = "prism:v*"  # the entries' keys in Redis
 KV_SLACK_MS, REDIS_SLACK_MS = 5.0, 10.0
 
@@ -135,7 +134,7 @@ def _measure(stack: GeoStack, client: _Client, edge: Edge, requests: int) -> Row
             body = _body()
             before = {region: len(r.keys(_ENTRIES)) for region, r in readers.items()}
             response, ms = client.ask(edge.url, body, cf)
-            region = response.headers.get(_REGION, "?")
+            region = response.headers.get(h.ORIGIN_REGION, "?")
             row.answered_by.add(region)
             layer = response.headers.get(h.CACHE_LAYER, "-")
             if response.status_code != 200 or layer != "miss":
@@ -192,7 +191,7 @@ def _failover(stack: GeoStack, client: _Client, edge: Edge, requests: int) -> di
             failures += 1
         failed_attempts += response.headers.get(h.SERVER_TIMING, "").count("origin-error")
         if number >= requests // 2:
-            answered_after.add(response.headers.get(_REGION, "?"))
+            answered_after.add(response.headers.get(h.ORIGIN_REGION, "?"))
     return {
         "edge": f"{near.name}, {len(edge.regions)} regions",
         "killed": nearest,
