@@ -3,13 +3,15 @@ round-trip times between them, as data.
 
 The times are typical public round trips between those places (rounded): a customer
 close to its Cloudflare PoP, the PoP far from or near an origin, the origin next to its
-Redis. Every link is a delay proxy adding half the round trip each way.
+Redis. Every link is a delay proxy adding half the round trip each way. One region: the
+origin in ap-south-1 (Mumbai), next to the Redis primary; two: a second origin in
+us-west-1 reading a replica next to it, its writes (entries, usage) going to the primary.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 __all__ = ["DEFAULT_PROFILE", "Customer", "GeoProfile"]
@@ -33,7 +35,6 @@ class GeoProfile:
     origin_replica_ms: float  # round trip, the second origin to its replica
     replication_ms: float  # round trip, the replica to its primary
     provider_latency_ms: float  # the provider's fixed time to answer (its own option)
-    notes: tuple[str, ...] = field(default=())
 
     def scaled(self, factor: float) -> GeoProfile:
         """Every distance times ``factor`` (a quick run: the same shape, shorter)."""
@@ -81,9 +82,4 @@ DEFAULT_PROFILE = GeoProfile(
     origin_replica_ms=1,
     replication_ms=220,
     provider_latency_ms=300,
-    notes=(
-        "one region: the origin in ap-south-1 (Mumbai), next to the Redis primary",
-        "two regions: a second origin in us-west-1 reading a replica next to it; "
-        "writes (entries, usage) go to the primary 220 ms away",
-    ),
 )

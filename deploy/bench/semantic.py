@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from deploy.bench.loadgen import percentile
 from origin.semantic.embedder import MAX_BATCH
 from origin.semantic.guard import agree
 from origin.semantic.partition import normalized
@@ -158,6 +159,6 @@ def run(threshold: float, model_dir: Path | None = None, samples: int = 300) -> 
         missed=missed,
         load_seconds=round(load_seconds, 3),
         embed_ms_p50=round(statistics.median(timings), 2),
-        embed_ms_p99=round(timings[min(len(timings) - 1, int(len(timings) * 0.99))], 2),
+        embed_ms_p99=round(percentile(timings, 99), 2),
         rss_mb=round(rss_loaded, 1),
     )

@@ -33,6 +33,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from deploy.bench.loadgen import percentile
+from deploy.bench.machine import rss_mb
 from deploy.local.redis import RedisServer
 from origin.redis_pipe import RedisPipe
 from origin.semantic.cache import SemanticCache
@@ -46,16 +48,9 @@ PARTITION = "0" * 64
 CENTRES = 300
 
 
-def _rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def _percentiles(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
-    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    p99 = percentile(ordered, 99)
     return {"p50_ms": round(statistics.median(ordered), 3), "p99_ms": round(p99, 3)}
 
 
@@ -105,11 +100,11 @@ async def _measure(url: str, count: int, lookups: int) -> dict[str, Any]:
 
         # A new origin process: its first lookup reads the whole partition.
         index = RedisStreamIndex(pipe)
-        rss_before = _rss_mb()
+        rss_before = rss_mb(os.getpid())
         started = time.perf_counter()
         held = await index.refresh(PARTITION)
         cold_s = time.perf_counter() - started
-        rss_after = _rss_mb()
+        rss_after = rss_mb(os.getpid())
         mirror = index.mirror(PARTITION)
         assert mirror is not None
 
