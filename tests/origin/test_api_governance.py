@@ -40,11 +40,6 @@ TRANSLATED = "gpt-4o-mini"  # to the OpenAI-compatible stand-in, translated
 
 
 @pytest.fixture
-def admin(redis_url: str) -> redis.Redis:
-    return redis.Redis.from_url(redis_url)
-
-
-@pytest.fixture
 def origin(
     origin_factory: OriginFactory, provider: ProviderServer, tmp_path: Path
 ) -> RunningOrigin:

@@ -34,11 +34,6 @@ PRICE = default_prices().price("p", MODEL)
 
 
 @pytest.fixture
-def admin(redis_url: str) -> redis.Redis:
-    return redis.Redis.from_url(redis_url)
-
-
-@pytest.fixture
 def providers_file(provider: ProviderServer, tmp_path: Path) -> Path:
     config = tmp_path / "providers.toml"
     config.write_text(

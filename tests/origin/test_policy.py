@@ -23,11 +23,6 @@ MODELS = ("demo", "gpt-4o", "gpt-4o-mini", "o1-mini")
 
 
 @pytest.fixture
-def admin(redis_url: str) -> redis.Redis:
-    return redis.Redis.from_url(redis_url)
-
-
-@pytest.fixture
 def origin(
     origin_factory: OriginFactory, provider: ProviderServer, tmp_path: Path
 ) -> RunningOrigin:

@@ -5,7 +5,6 @@ the entry of the question it paraphrases; nothing else ever is."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -25,13 +24,6 @@ LAYER, KEY, SCORE = "x-prism-edge-cache-layer", "x-prism-cache-key", "x-prism-se
 QUESTION = "What's the capital of France?"
 PARAPHRASE = "what is the capital of france"
 OTHER = "What is the capital of Germany?"
-
-
-@pytest.fixture
-def admin(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
 
 
 def opt_in(admin: redis.Redis, project: str = "acme", **cache: Any) -> None:

@@ -4,7 +4,6 @@ origin, a real Redis and the real model."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -18,13 +17,6 @@ from tests.origin.test_semantic import CHAT, LAYER, QUESTION, ask, calls, first,
 pytest.importorskip("numpy", reason="the semantic extra is not installed")
 
 UNRELATED = "How do I bake sourdough bread at home?"
-
-
-@pytest.fixture
-def admin(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
 
 
 def test_at_threshold_0_nothing_crosses_a_partition(
