@@ -7,17 +7,15 @@ import asyncio
 import json
 import secrets
 import time
-from collections.abc import Coroutine, Mapping
-from typing import Any
 
 import httpx
 
 from edge.handler import EdgeHandler
-from edge.origins import NOWHERE, Location
+from edge.origins import NOWHERE
 from edge.platform import EdgeRequest
 from edge.settings import EdgeSettings
 from prism import REVOKED_KEY
-from tests.fixtures.edge import EdgeStack
+from tests.fixtures.edge import EdgeStack, StubPlatform
 from tests.fixtures.origin import FORWARD_SECRET, KEY_SECRET
 from tests.polling import wait_for
 
@@ -96,39 +94,6 @@ class _BrokenOrigin:
         return ""
 
 
-class _Platform:
-    """Just enough of a runtime for the handler: no KV, an origin adapter with a bug."""
-
-    def __init__(self) -> None:
-        self.logged: list[str] = []
-
-    async def read_body(self, limit: int, length: int | None) -> bytes:
-        return json.dumps(body()).encode()
-
-    async def kv_get(self, key: str) -> str | None:
-        return None
-
-    async def kv_put(self, key: str, value: str, ttl: int) -> None:
-        return None
-
-    async def fetch_origin(
-        self, method: str, url: str, headers: Mapping[str, str], body: bytes | None
-    ) -> _BrokenOrigin:
-        return _BrokenOrigin()
-
-    def wait_until(self, work: Coroutine[Any, Any, Any]) -> None:
-        work.close()
-
-    def location(self) -> Location:
-        return NOWHERE
-
-    def now(self) -> float:
-        return 1_800_000_000.0
-
-    def log_error(self, message: str) -> None:
-        self.logged.append(message)
-
-
 def test_an_unexpected_error_is_an_openai_500_and_is_logged(api_key: str) -> None:
     settings = EdgeSettings.from_env(
         {
@@ -137,7 +102,7 @@ def test_an_unexpected_error_is_an_openai_500_and_is_logged(api_key: str) -> Non
             "ORIGIN_URL": "http://origin.invalid",
         }.get
     )
-    platform = _Platform()
+    platform = StubPlatform(_BrokenOrigin, NOWHERE)  # an origin adapter with a bug
     request = EdgeRequest(
         "POST", CHAT, "", {"authorization": f"Bearer {api_key}", "x-request-id": "bug-1"}
     )

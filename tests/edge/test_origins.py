@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import Coroutine, Mapping
-from typing import Any
 
 import pytest
 
@@ -20,6 +17,7 @@ from edge.origins import (
 )
 from edge.platform import EdgeRequest
 from edge.settings import EdgeSettings
+from tests.fixtures.edge import StubPlatform
 from tests.fixtures.origin import FORWARD_SECRET, KEY_SECRET
 
 TWO = "us-west-1=https://a.example/,ap-south-1=https://b.example"
@@ -165,49 +163,12 @@ class _Reply:
         return ""
 
 
-class _EveryOriginDown:
-    """The runtime, with every origin behind a proxy answering a bare 503."""
-
-    def __init__(self) -> None:
-        self.asked: list[tuple[str, bytes | None]] = []
-        self.clock = 1_800_000_000.0
-
-    async def read_body(self, limit: int, length: int | None) -> bytes:
-        return json.dumps(
-            {"model": "demo", "messages": [{"role": "user", "content": "x"}]}
-        ).encode()
-
-    async def kv_get(self, key: str) -> str | None:
-        return None
-
-    async def kv_put(self, key: str, value: str, ttl: int) -> None:
-        return None
-
-    async def fetch_origin(
-        self, method: str, url: str, headers: Mapping[str, str], body: bytes | None
-    ) -> _Reply:
-        self.asked.append((url, body))
-        return _Reply(503)
-
-    def wait_until(self, work: Coroutine[Any, Any, Any]) -> None:
-        work.close()
-
-    def now(self) -> float:
-        return self.clock
-
-    def location(self) -> Location:
-        return INDIA
-
-    def log_error(self, message: str) -> None:
-        pass
-
-
 def test_with_every_origin_down_each_is_asked_once_and_the_last_reply_passed_on(
     api_key: str,
 ) -> None:
     env = {"PRISM_KEY_SECRET": KEY_SECRET, "PRISM_FORWARD_SECRET": FORWARD_SECRET}
     handler = EdgeHandler(EdgeSettings.from_env({**env, "PRISM_ORIGINS": TWO}.get))
-    platform = _EveryOriginDown()
+    platform = StubPlatform(lambda: _Reply(503), INDIA)  # a proxy answering a bare 503
     request = EdgeRequest(
         "POST", "/v1/chat/completions", "", {"authorization": f"Bearer {api_key}"}
     )
@@ -215,11 +176,11 @@ def test_with_every_origin_down_each_is_asked_once_and_the_last_reply_passed_on(
     assert response.status == 503
     assert response.headers["x-prism-origin-region"] == "us-west-1"
     assert 'origin-error;desc="ap-south-1"' in response.headers["server-timing"]
-    urls = [url for url, _ in platform.asked]
+    urls = [url for url, _, _ in platform.sent]
     assert urls == [
         "https://b.example/v1/chat/completions",
         "https://a.example/v1/chat/completions",
     ]
-    bodies = {sent for _, sent in platform.asked}
+    bodies = {sent for _, _, sent in platform.sent}
     assert len(bodies) == 1 and None not in bodies  # the same bytes, sent again
     assert handler.origins.avoided(platform.clock) == ("ap-south-1", "us-west-1")

@@ -1,13 +1,10 @@
 """The edge's span is opt-in (PRISM_TRACE): off, a forward carries the client's
 traceparent as it came and nothing else of tracing; on, the edge's own span. The handler
-runs in-process here with the runtime's side (KV, fetch) recorded."""
+runs in-process here with the runtime's side stood in (tests/fixtures/edge.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import Coroutine, Mapping
-from typing import Any
 
 import pytest
 
@@ -16,6 +13,7 @@ from edge.origins import Location
 from edge.platform import EdgeRequest
 from edge.settings import EdgeSettings
 from prism.trace_context import EDGE_SPAN, TRACEPARENT, parse_traceparent
+from tests.fixtures.edge import StubPlatform
 from tests.fixtures.origin import FORWARD_SECRET, KEY_SECRET
 
 CLIENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -34,42 +32,6 @@ class _Reply:
         return "{}"
 
 
-class _Recorded:
-    """The runtime: KV empty, every origin answering; the forwarded headers kept."""
-
-    def __init__(self) -> None:
-        self.forwarded: list[dict[str, str]] = []
-
-    async def read_body(self, limit: int, length: int | None) -> bytes:
-        return json.dumps(
-            {"model": "demo", "messages": [{"role": "user", "content": "x"}]}
-        ).encode()
-
-    async def kv_get(self, key: str) -> str | None:
-        return None
-
-    async def kv_put(self, key: str, value: str, ttl: int) -> None:
-        return None
-
-    async def fetch_origin(
-        self, method: str, url: str, headers: Mapping[str, str], body: bytes | None
-    ) -> _Reply:
-        self.forwarded.append(dict(headers))
-        return _Reply()
-
-    def wait_until(self, work: Coroutine[Any, Any, Any]) -> None:
-        work.close()
-
-    def now(self) -> float:
-        return 1_800_000_000.0
-
-    def location(self) -> Location:
-        return Location("EU", "DE", "FRA")
-
-    def log_error(self, message: str) -> None:
-        pass
-
-
 def forwarded(api_key: str, trace: str | None, client: str | None) -> dict[str, str]:
     env = {
         "PRISM_KEY_SECRET": KEY_SECRET,
@@ -79,12 +41,12 @@ def forwarded(api_key: str, trace: str | None, client: str | None) -> dict[str, 
     if trace is not None:
         env["PRISM_TRACE"] = trace
     handler = EdgeHandler(EdgeSettings.from_env(env.get))
-    platform = _Recorded()
+    platform = StubPlatform(_Reply, Location("EU", "DE", "FRA"))
     headers = {"authorization": f"Bearer {api_key}"}
     if client is not None:
         headers[TRACEPARENT] = client
     asyncio.run(handler.handle(EdgeRequest("POST", "/v1/chat/completions", "", headers), platform))
-    [sent] = platform.forwarded
+    [(_, sent, _)] = platform.sent
     return sent
 
 
