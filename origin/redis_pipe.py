@@ -49,6 +49,12 @@ from .redis_client import (
 
 __all__ = ["RedisPipe"]
 
+# hiredis moves the unread rest of its buffer to the front each time it hands out a reply
+# (once 1 KiB has been read): fed a whole read of N replies it copies the read about N/2
+# times over (32 cached answers of 5 KB: 4 µs a reply instead of under 1). Fed in slices
+# this size, no copy is larger than a slice.
+_FEED_BYTES = 16_384
+
 
 class _FlowControl:
     """The transport's write pause, as an event a writer can wait on (as uvicorn's)."""
@@ -126,11 +132,23 @@ class _Protocol(asyncio.Protocol):
         self._flush()
 
     def data_received(self, data: bytes) -> None:
-        self._reader.feed(data)
+        size = len(data)
+        if size <= _FEED_BYTES:
+            self._reader.feed(data)
+            self._deliver()
+            return
+        for start in range(0, size, _FEED_BYTES):
+            self._reader.feed(data, start, min(_FEED_BYTES, size - start))
+            if not self._deliver():
+                return
+
+    def _deliver(self) -> bool:
+        """Hand every complete reply to its waiter, in order; False when the stream is
+        out of step (the connection is then failed)."""
         while (reply := self._reader.gets()) is not False:
             if not self.waiting:  # a reply nobody asked for: the stream is out of step
                 self._fail(RedisConnectionError("Redis sent a reply that no command asked for"))
-                return
+                return False
             waiter = self.waiting.popleft()[0]
             if waiter.done():  # its caller gave up; the reply is dropped, in order
                 continue
@@ -138,6 +156,7 @@ class _Protocol(asyncio.Protocol):
                 waiter.set_exception(reply_error(str(reply)))
             else:
                 waiter.set_result(reply)
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(RedisConnectionError(f"Redis connection lost: {exc or 'closed'}"))

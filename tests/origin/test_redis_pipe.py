@@ -404,3 +404,33 @@ async def test_a_full_socket_pauses_the_pipe_and_nothing_is_lost_or_reordered(
         os.kill(pid, signal.SIGCONT)
         await pipe.close()
         server.stop()
+
+
+async def test_one_large_read_of_many_replies_reaches_every_caller_in_order() -> None:
+    """A read larger than the slice hiredis is fed at a time: replies that straddle slice
+    edges, one larger than several slices, an error and a nil in the middle."""
+    protocol, _ = _connected()
+    loop = asyncio.get_running_loop()
+    rng = random.Random(7)
+    values = [os.urandom(rng.choice((1, 700, 5_000, 17_000))) for _ in range(150)]
+    values[60] = os.urandom(100_000)
+    try:
+        waiters = [protocol.send(pack(("GET", str(i))), loop) for i in range(len(values) + 2)]
+        read = b"".join(b"$%d\r\n%s\r\n" % (len(v), v) for v in values) + b"-ERR no\r\n$-1\r\n"
+        assert len(read) > 10 * 16_384
+        protocol.data_received(read)
+        got = await asyncio.gather(*waiters, return_exceptions=True)
+        assert got[: len(values)] == values
+        assert isinstance(got[-2], RedisReplyError) and got[-1] is None
+        assert not protocol.waiting and not protocol.lost
+    finally:
+        protocol.connection_lost(None)
+
+
+async def test_a_large_read_with_a_reply_nobody_asked_for_fails_the_connection() -> None:
+    protocol, transport = _connected()
+    loop = asyncio.get_running_loop()
+    asked = protocol.send(pack(("GET", "a")), loop)
+    protocol.data_received(b"$40000\r\n" + b"a" * 40_000 + b"\r\n" + b"$1\r\nb\r\n" * 20_000)
+    assert await asked == b"a" * 40_000
+    assert protocol.lost and transport.closing
