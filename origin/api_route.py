@@ -54,7 +54,7 @@ from .gateway import Gateway
 from .operation import Operation
 from .policies import ProjectPolicies
 from .ratelimits import TokenCharge
-from .responses import Reply
+from .responses import RawHeaders, Reply
 from .semantic import Pending, Question, SemanticCache
 
 __all__ = ["CLIENT_GONE", "JSON", "SSE", "Api", "ApiRoute"]
@@ -158,21 +158,17 @@ class ApiRoute(Generic[R]):
             raise
         out = {h.REQUEST_ID: request_id, h.CACHE_KEY: fp[: h.CACHE_KEY_PREFIX_LEN]}
         # The request rate limit's verdict came in the same round trip.
+        rated: RawHeaders | None = None
         if lookup.rate is not None:  # no call on the hot path when no limit applies
-            self.limiter.check_requests(caller.project, caller.key_id, lookup.rate, out)
+            rated = self.limiter.check_requests(caller.project, caller.key_id, lookup.rate)
         if lookup.entry is not None:
             now = time.time()  # once: a clock read is not free on every machine
             envelope = self._entries.decode(lookup.entry, now)
             if envelope is not None:
-                out[h.CACHE_LAYER] = "redis"
                 request.usage = envelope.usage
-                self.billing.hit(caller.project, caller.key_id, parsed.model, envelope, now)
                 if caller.fingerprint is not None:  # the edge: it writes KV with the time left
                     out[h.ENTRY_EXPIRES] = str(envelope.expires_at())
-                out[h.SERVER_TIMING] = h.server_timing(timer.stages)
-                if parsed.stream:
-                    return Reply(200, {**SSE, **out}, self.api.stream_hit(envelope, parsed))
-                return Reply(200, {**JSON, **out}, envelope.body)
+                return self._hit(caller, parsed, envelope, "redis", now, out, timer, rated)
         # Not served from Redis (inline, not a call: every miss pays for a frame): the
         # semantic layer when the policy opts in, then the token limit and the budget, then
         # the provider call (joined when one is running).
@@ -184,7 +180,7 @@ class ApiRoute(Generic[R]):
         rules = policy.cache if policy is not None else None
         if rules is not None and rules.semantic and cacheable and gw.semantic is not None:
             found = await self._semantic(
-                gw.semantic, rules.threshold, caller, parsed, decision, out, timer
+                gw.semantic, rules.threshold, caller, parsed, decision, out, timer, rated
             )
             if isinstance(found, Reply):
                 return found
@@ -220,7 +216,17 @@ class ApiRoute(Generic[R]):
             charge.rate_tokens = tokens
             request.charge = charge  # for the access log and the trace
             return await self._call(
-                parsed, fp, decision, cacheable, out, timer, receive, request_id, charge, pending
+                parsed,
+                fp,
+                decision,
+                cacheable,
+                out,
+                rated,
+                timer,
+                receive,
+                request_id,
+                charge,
+                pending,
             )
         except BaseException:
             if tokens is not None:  # no call, or it failed: a no-op once the call settled
@@ -236,6 +242,7 @@ class ApiRoute(Generic[R]):
         decision: CacheDecision,
         out: dict[str, str],
         timer: _Timer,
+        rated: RawHeaders | None,
     ) -> Reply | Pending | None:
         """A paraphrase's answer from the semantic layer (a hit: nothing spent, like a
         Redis hit), or the question for the miss to index once its answer is stored
@@ -250,15 +257,29 @@ class ApiRoute(Generic[R]):
         timer.mark("semantic")
         if match is None:
             return pending
-        envelope = match.envelope
-        self.billing.hit(caller.project, caller.key_id, parsed.model, envelope, time.time())
-        out[h.CACHE_LAYER] = "semantic"
         out[h.CACHE_KEY] = match.fingerprint[: h.CACHE_KEY_PREFIX_LEN]
         out[h.SEMANTIC_SCORE] = f"{match.score:.4f}"
+        return self._hit(caller, parsed, match.envelope, "semantic", time.time(), out, timer, rated)
+
+    def _hit(
+        self,
+        caller: Caller,
+        parsed: R,
+        envelope: Envelope,
+        layer: str,
+        now: float,
+        out: dict[str, str],
+        timer: _Timer,
+        rated: RawHeaders | None,
+    ) -> Reply:
+        """A stored answer (from Redis or the semantic layer): nothing spent, its savings
+        counted, replayed as its stream when the client streams."""
+        self.billing.hit(caller.project, caller.key_id, parsed.model, envelope, now)
+        out[h.CACHE_LAYER] = layer
         out[h.SERVER_TIMING] = h.server_timing(timer.stages)
         if parsed.stream:
-            return Reply(200, {**SSE, **out}, self.api.stream_hit(envelope, parsed))
-        return Reply(200, {**JSON, **out}, envelope.body)
+            return Reply(200, {**SSE, **out}, self.api.stream_hit(envelope, parsed), None, rated)
+        return Reply(200, {**JSON, **out}, envelope.body, None, rated)
 
     def _audit_refusal(
         self, caller: Caller, model: str, refusal: PrismError, action: str = "policy.refuse"
@@ -280,6 +301,7 @@ class ApiRoute(Generic[R]):
         decision: CacheDecision,
         cacheable: bool,
         headers: dict[str, str],
+        rated: RawHeaders | None,
         timer: _Timer,
         receive: Receive,
         request_id: str,
@@ -313,4 +335,4 @@ class ApiRoute(Generic[R]):
             timer.mark("upstream")
             headers[h.PROVIDER] = subscription.provider
         headers[h.SERVER_TIMING] = h.server_timing(timer.stages)
-        return Reply(200, {**kind, **headers}, body, stream)
+        return Reply(200, {**kind, **headers}, body, stream, rated)

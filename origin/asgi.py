@@ -31,7 +31,7 @@ from prism import (
 from prism import headers as h
 
 from .metrics import Metrics
-from .responses import Reply, error_reply
+from .responses import RawHeaders, Reply, error_reply
 
 if TYPE_CHECKING:
     from .access_log import AccessLog
@@ -236,8 +236,12 @@ async def read_body(receive: Receive, limit: int, declared: str | None) -> bytes
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def _raw_headers(headers: dict[str, str], length: int | None) -> list[tuple[bytes, bytes]]:
-    raw = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
+def _raw_headers(reply: Reply, length: int | None) -> RawHeaders:
+    raw = [
+        (name.encode("latin-1"), value.encode("latin-1")) for name, value in reply.headers.items()
+    ]
+    if reply.raw_headers is not None:
+        raw += reply.raw_headers
     if length is not None:
         raw.append((b"content-length", str(length).encode()))
     return raw
@@ -249,7 +253,7 @@ async def send_reply(reply: Reply, receive: Receive, send: Send) -> None:
             {
                 "type": "http.response.start",
                 "status": reply.status,
-                "headers": _raw_headers(reply.headers, len(reply.body)),
+                "headers": _raw_headers(reply, len(reply.body)),
             }
         )
         await send({"type": "http.response.body", "body": reply.body})
@@ -258,7 +262,7 @@ async def send_reply(reply: Reply, receive: Receive, send: Send) -> None:
         {
             "type": "http.response.start",
             "status": reply.status,
-            "headers": _raw_headers(reply.headers, None),
+            "headers": _raw_headers(reply, None),
         }
     )
     # Stream in this task while one watcher waits for the client to go away: then this

@@ -48,6 +48,7 @@ from .audit import AuditWriter, audit_record
 from .metrics import Metrics
 from .pricing import tokens_of
 from .redis_client import LoadedScript, RedisClient, RedisClientError
+from .responses import RawHeaders
 
 __all__ = [
     "GCRA_LUA",
@@ -214,6 +215,9 @@ return 1
 )
 
 _SCOPES = {1: "project", 2: "key"}
+_LIMIT_REQUESTS = b"x-ratelimit-limit-requests"
+_REMAINING_REQUESTS = b"x-ratelimit-remaining-requests"
+_RESET_REQUESTS = b"x-ratelimit-reset-requests"
 
 
 def duration(ms: int) -> str:
@@ -377,23 +381,22 @@ class RateLimiter:
         self._admit = LoadedScript(_ADMIT_TOKENS)
         self._settle = LoadedScript(_SETTLE_TOKENS)
         self.refusals = RefusalLog(audit, spawn)
-        self._reset_ms, self._reset_text = 0, "0s"  # the last reset header written
+        # The last limit and reset headers written, for the next request with the same.
+        self._limit, self._limit_header = 0, (_LIMIT_REQUESTS, b"0")
+        self._reset_ms, self._reset_header = 0, (_RESET_REQUESTS, b"0s")
 
-    def check_requests(
-        self, project: str, key_id: str, rate: list[int] | None, headers: dict[str, str]
-    ) -> None:
-        """Apply the lookup's request-limit verdict (None: no limit applies): raise its 429,
-        or add the x-ratelimit-*-requests headers to ``headers``."""
-        if rate is None:
-            return
+    def check_requests(self, project: str, key_id: str, rate: list[int]) -> RawHeaders:
+        """Apply the lookup's request-limit verdict: raise its 429, or return the
+        x-ratelimit-*-requests headers, in wire form."""
         if not rate[0]:
             raise self.refused(project, key_id, "requests", rate)
-        # Set one by one: on every request of a limited project, a dict and an update cost.
-        headers["x-ratelimit-limit-requests"] = str(rate[1])
-        headers["x-ratelimit-remaining-requests"] = str(rate[2])
-        if rate[3] != self._reset_ms:  # the same while a lease lasts: written once
-            self._reset_ms, self._reset_text = rate[3], duration(rate[3])
-        headers["x-ratelimit-reset-requests"] = self._reset_text
+        # The limit and the reset time stay the same while a lease lasts: encoded once.
+        if rate[1] != self._limit:
+            self._limit, self._limit_header = rate[1], (_LIMIT_REQUESTS, b"%d" % rate[1])
+        if rate[3] != self._reset_ms:
+            reset = duration(rate[3]).encode()
+            self._reset_ms, self._reset_header = rate[3], (_RESET_REQUESTS, reset)
+        return [self._limit_header, (_REMAINING_REQUESTS, b"%d" % rate[2]), self._reset_header]
 
     def refused(
         self, project: str, key_id: str, kind: str, rate: list[int], cost: int = 1

@@ -10,9 +10,13 @@ import orjson
 from prism import PrismError, error_json
 from prism import headers as h
 
-__all__ = ["Reply", "error_reply", "json_reply"]
+__all__ = ["RawHeaders", "Reply", "error_reply", "json_reply"]
 
 _JSON = "application/json"
+
+
+# Headers already in wire form, sent after a reply's ``headers``.
+RawHeaders = list[tuple[bytes, bytes]]
 
 
 @dataclass(slots=True)
@@ -21,6 +25,9 @@ class Reply:
     headers: dict[str, str]
     body: bytes = b""
     stream: AsyncIterator[bytes] | None = None  # sent chunk by chunk when set
+    # The x-ratelimit-*-requests headers of an admitted request (``origin.ratelimits``):
+    # encoded once per limit rather than per request, and read by nothing but the client.
+    raw_headers: RawHeaders | None = None
 
 
 def error_reply(
