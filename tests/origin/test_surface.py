@@ -11,9 +11,14 @@ import weakref
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from uvicorn.protocols.http import httptools_impl
 
-from origin.server import YOUNG_GENERATION, freeze_heap
-from tests.fixtures.origin import OriginFactory, RunningOrigin
+from deploy.local.asgi_thread import ThreadedServer
+from origin import Settings
+from origin.server import YOUNG_GENERATION, NameCheckMemo, freeze_heap, server_options
+from tests.fixtures.origin import FORWARD_SECRET, KEY_SECRET, OriginFactory, RunningOrigin
 
 CHAT = {"model": "demo", "messages": [{"role": "user", "content": "surface"}]}
 
@@ -220,3 +225,34 @@ def test_freeze_heap_exempts_what_lives_and_frees_what_does_not() -> None:
         gc.unfreeze()
         gc.set_threshold(*thresholds)
     assert any(found is kept for found in gc.get_objects())
+
+
+@given(st.lists(st.binary(max_size=12) | st.sampled_from([b"x-prism-cache", b"bad name"])))
+def test_the_header_name_memo_answers_as_uvicorns_check(names: list[bytes]) -> None:
+    pattern = httptools_impl.HEADER_RE
+    pattern = pattern.pattern if isinstance(pattern, NameCheckMemo) else pattern
+    memo = NameCheckMemo(pattern)
+    for name in names + names:  # each asked twice: the second from the memo when it passed
+        assert (memo.search(name) is None) == (pattern.search(name) is None)
+
+
+async def _bad_header_app(scope: dict[str, object], receive: object, send: object) -> None:
+    assert scope["type"] == "http"
+    name = b"bad name" if scope["path"] == "/bad" else b"x-good"
+    await send({"type": "http.response.start", "status": 200, "headers": [(name, b"1")]})  # type: ignore[operator]
+    await send({"type": "http.response.body", "body": b"ok"})  # type: ignore[operator]
+
+
+def test_served_with_the_origins_options_a_bad_header_name_is_still_refused() -> None:
+    """The memo is in front of uvicorn's check once the origin's options are used; a
+    valid name passes, an invalid one fails the response every time (uvicorn then
+    closes the connection without an answer, its own way of refusing)."""
+    env = {"PRISM_KEY_SECRET": KEY_SECRET, "PRISM_FORWARD_SECRET": FORWARD_SECRET}
+    options = server_options(Settings.from_env(env))
+    assert isinstance(httptools_impl.HEADER_RE, NameCheckMemo)
+    with ThreadedServer(_bad_header_app, lifespan="off", **options) as server:
+        for _ in range(2):
+            good = httpx.get(server.url + "/good")
+            assert good.status_code == 200 and good.headers["x-good"] == "1"
+            with pytest.raises(httpx.RemoteProtocolError):
+                httpx.get(server.url + "/bad")
