@@ -9,7 +9,11 @@ the difference of the counts (start-up cancels out)::
     valgrind --tool=callgrind python -m deploy.bench.hit_driver redis://127.0.0.1:6379/0 1000
     valgrind --tool=callgrind python -m deploy.bench.hit_driver redis://127.0.0.1:6379/0 3000
 
-It plants its own entry (project ``bench``) and checks every answer is a Redis hit.
+It plants its own entry (project ``bench``) and checks every answer is a Redis hit. With
+``--http`` the hits go through the HTTP server too (uvicorn with the origin's protocol
+and options, on a loopback socket, ``concurrency`` keep-alive connections from a minimal
+client in the same process): what uvicorn spends on a response's head, for instance,
+counts as well.
 """
 
 from __future__ import annotations
@@ -17,15 +21,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import socket
 import time
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 import redis
+import uvicorn
 import uvloop
 
 from deploy.policy_store import PolicyStore
 from origin import Settings, create_app
+from origin.server import freeze_heap, server_options
 from prism import (
     RateLimits,
     encode_envelope,
@@ -37,6 +44,7 @@ from prism import (
 from prism import headers as h
 from prism.routes import CHAT_PATH
 
+from .http1 import Connection, build_request
 from .workload import MODEL, chat_body, chat_scope, serving
 
 __all__ = ["drive_hits", "main"]
@@ -53,7 +61,11 @@ _ANSWER = (
 
 
 def drive_hits(
-    redis_url: str, count: int, concurrency: int = 32, rate_limits: bool = False
+    redis_url: str,
+    count: int,
+    concurrency: int = 32,
+    rate_limits: bool = False,
+    http: bool = False,
 ) -> float:
     """Send ``count`` hits after a warm-up; the wall time per hit in seconds (the
     instruction count is what to trust). With ``rate_limits`` the project has request
@@ -102,17 +114,66 @@ def drive_hits(
 
     async def run() -> float:
         async with serving(app):
-            for _ in range(_WARM):
-                await one()
-            begun = time.perf_counter()
-            done = 0
-            while done < count:
-                batch = min(concurrency, count - done)
-                await asyncio.gather(*(one() for _ in range(batch)))
-                done += batch
-            return (time.perf_counter() - begun) / max(count, 1)
+            return await _timed(count, concurrency, [one] * concurrency)
 
-    return uvloop.run(run())
+    if not http:
+        return uvloop.run(run())
+    request = build_request(
+        "POST", "127.0.0.1", 0, CHAT_PATH, {"authorization": f"Bearer {key}"}, body
+    )
+    return uvloop.run(_over_http(app, settings, count, concurrency, request))
+
+
+async def _timed(
+    count: int, concurrency: int, clients: list[Callable[[], Awaitable[None]]]
+) -> float:
+    """Warm up, then ``count`` hits ``concurrency`` at a time (client ``i`` sends the
+    ``i``th of each batch); the wall time per hit."""
+    for _ in range(_WARM):
+        await clients[0]()
+    begun = time.perf_counter()
+    done = 0
+    while done < count:
+        batch = min(concurrency, count - done)
+        await asyncio.gather(*(clients[i]() for i in range(batch)))
+        done += batch
+    return (time.perf_counter() - begun) / max(count, 1)
+
+
+async def _over_http(
+    app: Any, settings: Settings, count: int, concurrency: int, request: bytes
+) -> float:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        app, log_level="warning", log_config=None, lifespan="on", access_log=False,
+        loop="none", **server_options(settings),
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    serving_task = asyncio.ensure_future(server.serve(sockets=[sock]))
+    while not server.started:
+        if serving_task.done():
+            serving_task.result()  # start-up failed: raise why
+        await asyncio.sleep(0.01)
+    freeze_heap()  # as ``prism origin serve`` does once started
+    connections = [await Connection.open("127.0.0.1", port) for _ in range(concurrency)]
+
+    def client(connection: Connection) -> Callable[[], Awaitable[None]]:
+        async def one() -> None:
+            reply = await connection.send(request)
+            if reply.status != 200 or reply.headers.get(h.CACHE_LAYER) != "redis":
+                raise RuntimeError(f"not a Redis hit: {reply.status} {reply.headers}")
+
+        return one
+
+    try:
+        return await _timed(count, concurrency, [client(c) for c in connections])
+    finally:
+        for connection in connections:
+            await connection.close()
+        server.should_exit = True
+        await serving_task
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -123,8 +184,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--rate-limits", action="store_true", help="Check project and key request limits."
     )
+    parser.add_argument(
+        "--http", action="store_true", help="Through uvicorn on a loopback socket as well."
+    )
     args = parser.parse_args(argv)
-    per_hit = drive_hits(args.redis_url, args.count, args.concurrency, args.rate_limits)
+    per_hit = drive_hits(args.redis_url, args.count, args.concurrency, args.rate_limits, args.http)
     print(f"{args.count} Redis hits, {args.concurrency} at a time: {per_hit * 1e6:.1f} µs each")
 
 
