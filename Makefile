@@ -39,22 +39,30 @@ typecheck: setup
 pytest: setup test-tools
 	$(BIN)/pytest -n 2 $(PYTEST_ARGS)
 
+# $(call apt-install,TOOLS,WITHOUT): installs those of TOOLS (each a command and its apt
+# package) that are missing, when we may (root or sudo -n), running apt-get update only if
+# the install fails; never fails the target, and warns for each still missing with WITHOUT
+# (what happens instead).
+define apt-install
+missing=; for tool in $(1); do \
+  command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
+if [ -n "$$missing" ]; then \
+  if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
+  else SUDO=none; fi; \
+  if [ "$$SUDO" != none ] && command -v apt-get >/dev/null 2>&1; then \
+    $$SUDO apt-get install -y -qq $$missing >/dev/null 2>&1 || \
+    { $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $$missing >/dev/null; } || true; \
+  fi; \
+  for tool in $$missing; do command -v $$tool >/dev/null 2>&1 || echo "warning: $$tool is" \
+    "not installed and could not be (apt-get install $$tool); $(2)" >&2; done; \
+fi
+endef
+
 # tmux and chromium drive two tests as a person would (`prism top` in a real terminal, the
 # dashboard in a headless browser): installed with apt when missing and we may (root or
 # sudo -n); otherwise those tests are skipped and say why.
 test-tools:
-	@missing=; for tool in tmux chromium; do \
-	  command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
-	  else SUDO=none; fi; \
-	  if [ "$$SUDO" != none ] && command -v apt-get >/dev/null 2>&1; then \
-	    $$SUDO apt-get install -y -qq $$missing >/dev/null 2>&1 || \
-	    { $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $$missing >/dev/null; } || true; \
-	  fi; \
-	  for tool in $$missing; do command -v $$tool >/dev/null 2>&1 || echo "warning: $$tool is" \
-	    "not installed and could not be (apt-get install $$tool); its tests will skip" >&2; done; \
-	fi
+	@$(call apt-install,tmux chromium,its tests will skip)
 
 test: lint typecheck pytest
 
@@ -62,15 +70,7 @@ test: lint typecheck pytest
 # otherwise prism bench falls back to a slower Python one and says so. BENCH_ARGS=--quick etc.
 BENCH_ARGS ?=
 bench: setup
-	@command -v wrk >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
-	  else SUDO=none; fi; \
-	  if [ "$$SUDO" != none ] && command -v apt-get >/dev/null 2>&1; then \
-	    $$SUDO apt-get install -y -qq wrk >/dev/null 2>&1 || \
-	    { $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq wrk >/dev/null; } || true; \
-	  fi; }
-	@command -v wrk >/dev/null 2>&1 || echo "warning: wrk is not installed and could not be" \
-	  "(apt-get install wrk); using the slower Python load generator" >&2
+	@$(call apt-install,wrk,using the slower Python load generator)
 	$(BIN)/prism bench $(BENCH_ARGS)
 
 clean:

@@ -45,7 +45,7 @@ from prism.trace_context import TRACEPARENT, edge_trace_headers
 from .apis import APIS, ApiRoutes, error_format
 from .deadlines import StageTimer
 from .models import ModelList, models_response
-from .origins import ORIGIN_DOWN, Origin, Origins
+from .origins import ORIGIN_DOWN, Origins
 from .platform import EdgeRequest, EdgeResponse, Platform
 from .policies import PolicyCache
 from .revocation import RevocationSet
@@ -73,9 +73,7 @@ class EdgeHandler:
         self.settings = settings
         self.revoked = RevocationSet(settings.revocation_ttl)
         self.policies = PolicyCache(settings.policy_ttl)
-        self.origins = Origins(
-            settings.origins or (Origin("", settings.origin_url),), settings.origin_avoid
-        )
+        self.origins = Origins(settings.origins, settings.origin_avoid)
         self._bodies: RecentBodies[ChatRequest] = RecentBodies(size=256)
         self._entries = RecentEntries(size=64)
         self.apis = ApiRoutes()  # the other cached routes (embeddings, messages)

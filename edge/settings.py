@@ -16,9 +16,8 @@ __all__ = ["EdgeSettings"]
 class EdgeSettings:
     key_ring: KeyRing = field(repr=False)
     forward_secret: bytes = field(repr=False)
-    origin_url: str  # the first of ``origins``
-    # PRISM_ORIGINS (else ORIGIN_URL as the only one): see edge/origins.py.
-    origins: tuple[Origin, ...] = ()
+    # PRISM_ORIGINS (else ORIGIN_URL as the only one), never empty: see edge/origins.py.
+    origins: tuple[Origin, ...]
     origin_avoid: float = DEFAULT_AVOID_SECONDS  # a failed origin is tried last this long
     kv_timeout: float = 0.5  # a slow KV read falls through to the origin
     body_timeout: float = 10.0  # a request body that takes longer is a 408
@@ -78,7 +77,6 @@ class EdgeSettings:
         return cls(
             key_ring=parse_key_secrets(secret),
             forward_secret=forward.encode(),
-            origin_url=origins[0].url,
             origins=origins,
             **optional,  # type: ignore[arg-type]
         )

@@ -24,18 +24,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import os
-import socket
-import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator, MutableMapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import uvloop
 
+from deploy.local.ports import free_port
+from deploy.local.processes import ChildProcess
 from origin import Settings, create_app
 from prism import headers as h
 from prism import parse_key_secrets
@@ -134,28 +134,20 @@ def drive_misses(
 @contextmanager
 def provider_process() -> Iterator[str]:
     """The local provider in a child process on a free port, until the block ends."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
     args = ["--port", str(port), "--reply-words", str(_REPLY_WORDS)]
-    child = subprocess.Popen(
+    # Its output goes where the driver's does: no log file to find or clean up after.
+    provider = ChildProcess(
+        "the local provider",
         [sys.executable, "-m", "deploy.local.provider", *args],
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        Path("/dev/stderr"),
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if child.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the local provider did not start") from None
-                time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
+        provider.wait_http(url + "/v1/models")
+        yield url
     finally:
-        child.terminate()
-        child.wait(timeout=10)
+        provider.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -140,8 +140,8 @@ def test_edge_settings_read_the_origin_bindings() -> None:
         "PRISM_ORIGIN_AVOID_SECONDS": "5",
     }
     settings = EdgeSettings.from_env(env.get)
-    assert settings.origin_url == "https://a.example"
     assert regions(settings.origins) == ["us-west-1", "ap-south-1"]
+    assert settings.origins[0].url == "https://a.example"
     assert settings.origins[0].places == ("EU",)
     assert settings.origin_avoid == 5.0
     del env["PRISM_ORIGINS"]
