@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .background import cancel_and_wait
 from .pricing import Tokens
 from .redis_client import RedisClient, RedisClientError
 
@@ -203,10 +204,7 @@ class UsageRecorder(Collector):
     async def close(self) -> None:
         """Stop the timer and write what is left (at shutdown)."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         with contextlib.suppress(Exception):
             await self.flush()
 
