@@ -251,7 +251,9 @@ class ApiRoute(Generic[R]):
         if match is None:
             return pending
         envelope = match.envelope
-        self.billing.hit(caller.project, caller.key_id, parsed.model, envelope, time.time())
+        self.billing.hit(
+            caller.project, caller.key_id, parsed.model, envelope, time.time(), layer="semantic"
+        )
         out[h.CACHE_LAYER] = "semantic"
         out[h.CACHE_KEY] = match.fingerprint[: h.CACHE_KEY_PREFIX_LEN]
         out[h.SEMANTIC_SCORE] = f"{match.score:.4f}"

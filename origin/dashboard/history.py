@@ -82,7 +82,7 @@ class ProviderPoint:
 class ProjectDay:
     """A project's usage so far today (UTC), every origin's, as Redis holds it."""
 
-    requests: Mapping[str, int]  # redis, miss, bypass, coalesced
+    requests: Mapping[str, int]  # by usage layer (origin/usage.py LAYERS)
     cost_usd: float
     saved_usd: float
     tokens_in: int
