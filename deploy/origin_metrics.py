@@ -21,7 +21,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from origin.dashboard import Rates, Totals, rates_between, totals_of
-from origin.dashboard.figures import LAYERS
+from origin.dashboard.figures import HIT_LAYERS, LAYERS
 from origin.dashboard.history import ProviderPoint, provider_point
 
 __all__ = [
@@ -104,7 +104,7 @@ def parse_spend(latest: object) -> dict[str, ProjectSpend] | None:
         spend[str(name)] = ProjectSpend(
             cost_usd=float(day.get("cost_usd") or 0.0),
             saved_usd=float(day.get("saved_usd") or 0.0),
-            hits=int(requests.get("redis") or 0),
+            hits=sum(int(requests.get(layer) or 0) for layer in HIT_LAYERS),
             calls=int(requests.get("miss") or 0) + int(requests.get("bypass") or 0),
         )
     return spend

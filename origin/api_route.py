@@ -274,7 +274,7 @@ class ApiRoute(Generic[R]):
     ) -> Reply:
         """A stored answer (from Redis or the semantic layer): nothing spent, its savings
         counted, replayed as its stream when the client streams."""
-        self.billing.hit(caller.project, caller.key_id, parsed.model, envelope, now)
+        self.billing.hit(caller.project, caller.key_id, parsed.model, envelope, now, layer)
         out[h.CACHE_LAYER] = layer
         out[h.SERVER_TIMING] = h.server_timing(timer.stages)
         if parsed.stream:

@@ -51,8 +51,17 @@ class Billing:
         # Envelope object on every hit (``RecentEntries``), so each is costed once.
         self._saved: dict[int, tuple[Envelope, int]] = {}
 
-    def hit(self, project: str, key_id: str, model: str, envelope: Envelope, now: float) -> None:
-        """A Redis hit: nothing spent; saved what its entry cost (0 when unknown)."""
+    def hit(
+        self,
+        project: str,
+        key_id: str,
+        model: str,
+        envelope: Envelope,
+        now: float,
+        layer: str = "redis",
+    ) -> None:
+        """A hit (``layer``: redis or semantic): nothing spent; saved what its entry cost
+        (0 when unknown)."""
         known = self._saved.get(id(envelope))
         if known is not None and known[0] is envelope:
             saved = known[1]
@@ -65,7 +74,7 @@ class Billing:
             if len(self._saved) >= 1024:
                 self._saved.clear()
             self._saved[id(envelope)] = (envelope, saved)
-        self.usage.hit(project, key_id, model, saved, now)
+        self.usage.hit(project, key_id, model, saved, now, layer)
 
     async def open(
         self,

@@ -15,6 +15,7 @@ from prism import encode_envelope, entry_key
 from prism.routes import MODELS_KEY
 
 from .audit import AuditWriter
+from .background import cancel_and_wait
 from .billing import Billing
 from .budgets import Budgets
 from .cache import RedisCache
@@ -177,10 +178,7 @@ class Gateway:
             await asyncio.sleep(MODELS_REFRESH)
 
     async def close(self) -> None:
-        if self._models_task is not None:
-            self._models_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._models_task
+        await cancel_and_wait(self._models_task)
         if self._background:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(5):

@@ -22,6 +22,7 @@ import orjson
 
 from prism import MIN_TTL
 
+from .background import cancel_and_wait
 from .metrics import Metrics
 from .settings import KVSettings
 
@@ -85,9 +86,7 @@ class KVWriter:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(drain_timeout):
                 await self._queue.join()
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await cancel_and_wait(self._task)
         self._task = None
 
     async def _next_batch(self) -> list[_Entry]:

@@ -179,29 +179,22 @@ class Telemetry:
         tokens = charge.tokens if charge is not None else None
         if tokens is None:  # a hit: its stored answer's usage, read as the bill reads it
             tokens = tokens_of(request.usage)
-        input_tokens = output_tokens = None
-        if tokens is not None:
-            input_tokens, output_tokens = tokens.prompt, tokens.completion
+        token_counts = (
+            {} if tokens is None else {"input": tokens.prompt, "output": tokens.completion}
+        )
 
-        attributes: dict[str, Any] = {
-            "http.response.status_code": reply.status,
-            "prism.cache.layer": layer,
-        }
+        # What both the span and the metrics say about the request's outcome.
+        outcome: dict[str, str] = {"prism.cache.layer": layer, **self._served(served)}
+        if request.error:
+            outcome["error.type"] = request.error
+        attributes: dict[str, Any] = {"http.response.status_code": reply.status, **outcome}
         if request.project:
             attributes["prism.project"] = request.project
         if model:
             attributes["gen_ai.operation.name"] = "chat"
             attributes["gen_ai.request.model"] = model
-        if served is not None:
-            attributes["gen_ai.provider.name"] = self._kinds.get(served[0], served[0])
-            attributes["prism.provider"] = served[0]
-            attributes["gen_ai.response.model"] = served[1]
-        if input_tokens is not None:
-            attributes["gen_ai.usage.input_tokens"] = input_tokens
-        if output_tokens is not None:
-            attributes["gen_ai.usage.output_tokens"] = output_tokens
-        if request.error:
-            attributes["error.type"] = request.error
+        for token_type, count in token_counts.items():
+            attributes[f"gen_ai.usage.{token_type}_tokens"] = count
         span.set_attributes(attributes)
         if reply.status >= 500:
             span.set_status(Status(StatusCode.ERROR, request.error or None))
@@ -218,31 +211,31 @@ class Telemetry:
             self._edge_span(request, opened, end_ns)
         span.end(end_ns)
 
-        metric = self._metric_attributes(model, layer, served, request.error)
+        metric = {"gen_ai.operation.name": "chat", **outcome}
+        if model:
+            metric["gen_ai.request.model"] = self._model_label(model)
         self._request_duration.record(ended - opened.perf, metric)
         if reply.status == 200:
             self._first_token.record(first_byte - opened.perf, metric)
-        if input_tokens is not None:
-            self._token_usage.record(input_tokens, {**metric, "gen_ai.token.type": "input"})
-        if output_tokens is not None:
-            self._token_usage.record(output_tokens, {**metric, "gen_ai.token.type": "output"})
+        for token_type, count in token_counts.items():
+            self._token_usage.record(count, {**metric, "gen_ai.token.type": token_type})
 
-    def _metric_attributes(
-        self, model: str, layer: str, served: tuple[str, str] | None, error: str
-    ) -> dict[str, str]:
-        attributes = {"gen_ai.operation.name": "chat", "prism.cache.layer": layer}
-        if model:
-            # A request may name any model: metrics are labelled with the first few only.
-            if model not in self._models and len(self._models) < _MODELS:
-                self._models.add(model)
-            attributes["gen_ai.request.model"] = model if model in self._models else "other"
-        if served is not None:
-            attributes["gen_ai.provider.name"] = self._kinds.get(served[0], served[0])
-            attributes["prism.provider"] = served[0]
-            attributes["gen_ai.response.model"] = served[1]
-        if error:
-            attributes["error.type"] = error
-        return attributes
+    def _served(self, served: tuple[str, str] | None) -> dict[str, str]:
+        """What answered (provider name, upstream model) as attributes; none for a hit."""
+        if served is None:
+            return {}
+        provider, model = served
+        return {
+            "gen_ai.provider.name": self._kinds.get(provider, provider),
+            "prism.provider": provider,
+            "gen_ai.response.model": model,
+        }
+
+    def _model_label(self, model: str) -> str:
+        """A request may name any model: metrics are labelled with the first few only."""
+        if model not in self._models and len(self._models) < _MODELS:
+            self._models.add(model)
+        return model if model in self._models else "other"
 
     def _edge_span(self, request: Request, opened: _Open, end_ns: int) -> None:
         """The edge's span, with the id its traceparent gave the origin, and its stages."""
@@ -293,20 +286,16 @@ class Telemetry:
     ) -> T:
         """``call`` (the router's attempt) inside its ``CLIENT`` span."""
         operation = "chat" if op is None else _OPERATIONS.get(op.name, "chat")
-        kind = target.spec.kind
-        attributes: dict[str, Any] = {
+        metric: dict[str, Any] = {
             "gen_ai.operation.name": operation,
-            "gen_ai.provider.name": kind,
+            "gen_ai.provider.name": target.spec.kind,
             "gen_ai.request.model": target.model,
             "prism.provider": target.name,
+        }
+        attributes = {
+            **metric,
             "prism.stream": stream,
             "server.address": self._hosts.get(target.name, ""),
-        }
-        metric = {
-            "gen_ai.operation.name": operation,
-            "gen_ai.provider.name": kind,
-            "gen_ai.request.model": target.model,
-            "prism.provider": target.name,
         }
         started = time.perf_counter()
         with self._tracer.start_as_current_span(

@@ -9,16 +9,19 @@ write that did land is never counted twice (while Redis is unavailable, counts w
 Redis::
 
     prism:usage:<project>:<YYYY-MM-DD>   hash, fields "<counter>|<key id>|<model>":
-        requests.redis | requests.miss | requests.bypass | requests.coalesced
+        requests.redis | requests.semantic | requests.miss | requests.bypass
+        | requests.coalesced
         tokens_in, tokens_out   as the provider reported them (prompt, completion)
         cost_micros             what the provider charged, integer micro-USD
         saved_micros            what cache hits would have cost (their entry's usage)
         unpriced                answered calls whose cost is unknown (model has no price)
 
-Layers: ``kv`` hits are answered at the edge and never reach the origin, so they are
-not counted here; ``coalesced`` requests rode on another request's provider call (that
-request's key pays for it, see ``origin/billing.py``). ``/metrics`` exports this
-process's totals by project and model (``prism_usage_*``).
+Layers: ``redis`` and ``semantic`` are hits (an exact one, and a paraphrase answered from
+the semantic cache; days written before ``semantic`` was counted apart have no such field
+and counted those hits as ``redis``); ``kv`` hits are answered at the edge and never reach
+the origin, so they are not counted here; ``coalesced`` requests rode on another request's
+provider call (that request's key pays for it, see ``origin/billing.py``). ``/metrics``
+exports this process's totals by project and model (``prism_usage_*``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from datetime import UTC, datetime
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .background import cancel_and_wait
 from .pricing import Tokens
 from .redis_client import RedisClient, RedisClientError
 
@@ -40,7 +44,7 @@ __all__ = ["FIELDS", "LAYERS", "USAGE_SCRIPT", "UsageRecorder", "usage_key"]
 
 log = logging.getLogger("prism.origin")
 
-LAYERS = ("redis", "miss", "bypass", "coalesced")
+LAYERS = ("redis", "semantic", "miss", "bypass", "coalesced")
 # One slot per counter, in this order, in the in-memory rows and the hash fields.
 FIELDS = (
     *(f"requests.{layer}" for layer in LAYERS),
@@ -50,7 +54,7 @@ FIELDS = (
     "saved_micros",
     "unpriced",
 )
-_LAYER = {layer: index for index, layer in enumerate(LAYERS)}  # "redis" first: see hit()
+_LAYER = {layer: index for index, layer in enumerate(LAYERS)}
 _IN, _OUT, _COST, _SAVED, _UNPRICED = range(len(LAYERS), len(FIELDS))
 RETENTION_SECONDS = 400 * 86_400  # a year of days, and a month to spare
 _MAX_ROWS = 100_000  # pending rows while Redis is away: beyond it, new rows are dropped
@@ -120,16 +124,18 @@ class UsageRecorder(Collector):
             counts = rows[(project, key_id, model)] = [0] * len(FIELDS)
         return counts
 
-    def hit(self, project: str, key_id: str, model: str, saved: int, now: float) -> None:
-        """One Redis hit at ``now``: ``record`` for the hot path (no clock read, no loop,
-        one dict lookup when the day has not turned)."""
+    def hit(
+        self, project: str, key_id: str, model: str, saved: int, now: float, layer: str = "redis"
+    ) -> None:
+        """One hit at ``now`` (``layer``: redis or semantic): ``record`` for the hot path
+        (no clock read, no loop, two dict lookups when the day has not turned)."""
         rows = self._today if self._day_starts <= now < self._day_ends else self._day(now)
         counts = rows.get((project, key_id, model))
         if counts is None:
             counts = self._row(project, key_id, model, now)
             if counts is None:
                 return
-        counts[0] += 1
+        counts[_LAYER[layer]] += 1
         if saved:
             counts[_SAVED] += saved
 
@@ -203,10 +209,7 @@ class UsageRecorder(Collector):
     async def close(self) -> None:
         """Stop the timer and write what is left (at shutdown)."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         with contextlib.suppress(Exception):
             await self.flush()
 

@@ -33,6 +33,7 @@ def _cells(row: UsageRow) -> list[str]:
         row.key_id,
         row.model,
         f"{r.get('redis', 0):,}",
+        f"{r.get('semantic', 0):,}",
         f"{r.get('miss', 0) + r.get('bypass', 0):,}",
         f"{r.get('coalesced', 0):,}",
         f"{row.tokens_in:,}",
@@ -47,7 +48,8 @@ def _print(report: UsageReport) -> None:
     table = Table(title=f"Usage of {report.project}, {report.since} to {report.until} (UTC)")
     for name in ("Day", "Key", "Model"):
         table.add_column(name)
-    for name in ("Hits", "Calls", "Coalesced", "Tokens in", "Tokens out", "Cost", "Saved"):
+    numbers = ("Hits", "Semantic", "Calls", "Coalesced", "Tokens in", "Tokens out", "Cost", "Saved")
+    for name in numbers:
         table.add_column(name, justify="right")
     for row in report.rows:
         table.add_row(*_cells(row))
@@ -59,7 +61,8 @@ def _print(report: UsageReport) -> None:
         console.print("No usage recorded in this range.")
     console.print(
         "Hits: answered from the origin's Redis (hits at the edge's Workers KV are not "
-        "seen by the origin). Calls: provider calls (misses and cache bypasses)."
+        "seen by the origin). Semantic: paraphrases answered from the semantic cache. "
+        "Calls: provider calls (misses and cache bypasses)."
     )
     status = report.budget
     if status is not None:

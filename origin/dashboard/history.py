@@ -20,7 +20,6 @@ because it is read from Redis.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from ..background import cancel_and_wait
 from ..redis_client import RedisClientError
 from ..usage import LAYERS as USAGE_LAYERS
 from ..usage import usage_key
@@ -82,7 +82,7 @@ class ProviderPoint:
 class ProjectDay:
     """A project's usage so far today (UTC), every origin's, as Redis holds it."""
 
-    requests: Mapping[str, int]  # redis, miss, bypass, coalesced
+    requests: Mapping[str, int]  # by usage layer (origin/usage.py LAYERS)
     cost_usd: float
     saved_usd: float
     tokens_in: int
@@ -227,10 +227,7 @@ class History:
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     # -- what the page reads ------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import redis
 from typer.testing import CliRunner, Result
 
 from deploy.cli import app
+from origin.usage import usage_key
 from prism import Budget, Policy, policy_key
 from tests.fixtures.origin import RunningOrigin
 from tests.polling import wait_for
@@ -56,7 +57,7 @@ def test_usage_prints_what_the_origin_recorded(
     report = json.loads(result.stdout)
     [row] = report["rows"]
     assert (row["day"], row["key_id"], row["model"]) == (day, _key_id(api_key), MODEL)
-    assert row["requests"] == {"redis": 1, "miss": 2, "bypass": 0, "coalesced": 0}
+    assert row["requests"] == {"redis": 1, "semantic": 0, "miss": 2, "bypass": 0, "coalesced": 0}
     assert row["tokens_in"] > first.json()["usage"]["prompt_tokens"]
     assert row["cost_usd"] > 0 and 0 < row["saved_usd"] < row["cost_usd"]
     assert report["totals"]["requests"]["miss"] == 2
@@ -73,6 +74,25 @@ def test_usage_prints_what_the_origin_recorded(
 
     empty = usage(redis_url, "--project", "other")
     assert empty.exit_code == 0 and "No usage recorded" in empty.stdout
+
+
+def test_a_day_written_before_semantic_hits_were_counted_apart_reads_none(
+    admin: redis.Redis, redis_url: str
+) -> None:
+    day = datetime.now(UTC).strftime("%Y-%m-%d")
+    # As origins wrote it before the semantic layer: its hits were counted under redis.
+    admin.hset(usage_key("acme", day), mapping={"requests.redis|k1|m": 3, "requests.miss|k1|m": 1})
+
+    result = usage(redis_url, "--project", "acme", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    [row] = report["rows"]
+    assert row["requests"] == {"redis": 3, "semantic": 0, "miss": 1, "bypass": 0, "coalesced": 0}
+    assert report["totals"]["requests"]["semantic"] == 0
+
+    text = usage(redis_url, "--project", "acme")
+    assert text.exit_code == 0, text.output
+    assert "Semantic" in text.stdout
 
 
 def _key_id(key: str) -> str:

@@ -97,12 +97,13 @@ def test_spend_is_today_with_the_admin_key_and_this_process_without() -> None:
     assert without.rates is None and without.as_dict()["requests"]["kv"] is None
     latest = {
         "projects": {
-            "acme": {"requests": {"redis": 9, "miss": 2, "bypass": 1, "coalesced": 0},
+            "acme": {"requests": {"redis": 9, "semantic": 4, "miss": 2, "bypass": 1,
+                                  "coalesced": 0},
                      "cost_usd": 0.25, "saved_usd": 0.5},
         }
     }  # fmt: skip
     today = parse_spend(latest)
-    assert today is not None and today["acme"].hits == 9 and today["acme"].calls == 3
+    assert today is not None and today["acme"].hits == 13 and today["acme"].calls == 3
     frame = frame_of("http://x", totals, parse_metrics(metrics_text(3, 1, 0), 7.0), health, today)
     assert frame.spend_scope == "today"
     as_json = frame.as_dict()

@@ -373,4 +373,10 @@ def test_usage_counts_each_apis_requests_tokens_cost_and_hit_savings(
     assert rows[EMBED_MODEL]["requests"]["redis"] == 2
     assert rows[EMBED_MODEL]["saved_usd"] == pytest.approx(2 * cost / 1e6)
     assert rows[CLAUDE]["tokens_out"] == usage["output_tokens"]
-    assert rows[CLAUDE]["requests"] == {"redis": 1, "miss": 1, "bypass": 0, "coalesced": 0}
+    assert rows[CLAUDE]["requests"] == {
+        "redis": 1,
+        "semantic": 0,
+        "miss": 1,
+        "bypass": 0,
+        "coalesced": 0,
+    }

@@ -151,7 +151,7 @@ def test_the_history_shows_rates_by_layer_providers_and_spend(
     assert latest["providers"]["openai"]["state"] == "healthy"
     assert found["providers"]["openai"]["state"][-1] == 0
     acme = latest["projects"]["acme"]
-    assert acme["requests"] == {"redis": 3, "miss": 1, "bypass": 0, "coalesced": 0}
+    assert acme["requests"] == {"redis": 3, "semantic": 0, "miss": 1, "bypass": 0, "coalesced": 0}
     assert acme["cost_usd"] > 0 and acme["saved_usd"] > 0
     assert max(v or 0 for v in found["projects"]["acme"]["spend_usd"]) == acme["cost_usd"]
     assert latest["kv"]["queued"] == 0

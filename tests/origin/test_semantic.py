@@ -10,7 +10,9 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from typer.testing import CliRunner
 
+from deploy.cli import app
 from deploy.local.provider import ProviderServer
 from origin.semantic.index import INDEX_KEY_PREFIX
 from prism import Policy, entry_key, policy_key
@@ -356,3 +358,25 @@ def test_a_semantic_hit_spends_nothing_from_a_budget(
     origin.wait_stored()
     assert admin.hgetall(budget) == spent  # nothing reserved, nothing spent
     assert calls(provider) == 1
+
+
+def test_usage_counts_a_semantic_hit_apart_from_a_redis_hit(
+    client: httpx.Client, origin: RunningOrigin, admin: redis.Redis, redis_url: str
+) -> None:
+    opt_in(admin)
+    first(client, origin, ask(QUESTION))
+    assert client.post(CHAT, json=ask(PARAPHRASE)).headers[LAYER] == "semantic"
+    assert client.post(CHAT, json=ask(QUESTION)).headers[LAYER] == "redis"
+
+    def shown() -> dict[str, Any] | None:
+        """``prism usage --json``'s one row once all three requests are flushed."""
+        result = CliRunner().invoke(
+            app, ["usage", "--project", "acme", "--json", "--redis-url", redis_url]
+        )
+        assert result.exit_code == 0, result.output
+        rows: list[dict[str, Any]] = json.loads(result.stdout)["rows"]
+        return rows[0] if rows and sum(rows[0]["requests"].values()) == 3 else None
+
+    row = wait_for(shown, 10, interval=0.1)
+    assert row["model"] == "demo"
+    assert row["requests"] == {"redis": 1, "semantic": 1, "miss": 1, "bypass": 0, "coalesced": 0}

@@ -25,6 +25,7 @@ def test_a_flush_writes_each_day_once_and_counts_nothing_twice(redis_url: str) -
         recorder.hit("acme", "k1", "m", 40, MONDAY + 10)
         recorder.hit("acme", "k1", "m", 40, MONDAY + DAY)  # the next UTC day
         recorder.hit("beta", "k9", "m", 0, MONDAY)
+        recorder.hit("beta", "k9", "m", 0, MONDAY, layer="semantic")
         recorder.record("acme", "k1", "m", "miss", Tokens(100, 0, 0, 20), cost=27)
         recorder.record("acme", "k2", "x", "bypass", Tokens(5, 0, 0, 5), cost=None)
         recorder.record("acme", "k2", "x", "coalesced")
@@ -41,7 +42,10 @@ def test_a_flush_writes_each_day_once_and_counts_nothing_twice(redis_url: str) -
         "requests.redis|k1|m": "1",
         "saved_micros|k1|m": "40",
     }
-    assert admin.hgetall("prism:usage:beta:2024-10-04") == {"requests.redis|k9|m": "1"}
+    assert admin.hgetall("prism:usage:beta:2024-10-04") == {
+        "requests.redis|k9|m": "1",
+        "requests.semantic|k9|m": "1",
+    }
     [today] = [k for k in admin.keys("prism:usage:acme:*") if not k.endswith(("04", "05"))]
     assert admin.hgetall(today) == {
         "requests.miss|k1|m": "1", "tokens_in|k1|m": "100", "tokens_out|k1|m": "20",
