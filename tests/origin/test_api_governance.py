@@ -28,6 +28,7 @@ from origin.audit import AUDIT_STREAM
 from origin.pricing import Price, cost_micros, default_prices, tokens_of
 from prism import Budget, Policy, RateLimits, policy_key
 from tests.fixtures.origin import OriginFactory, RunningOrigin, budget_totals
+from tests.fixtures.provider import claude_and_local
 from tests.polling import wait_for
 
 EMBEDDINGS = "/v1/embeddings"
@@ -42,26 +43,8 @@ TRANSLATED = "gpt-4o-mini"  # to the OpenAI-compatible stand-in, translated
 def origin(
     origin_factory: OriginFactory, provider: ProviderServer, tmp_path: Path
 ) -> RunningOrigin:
-    config = tmp_path / "providers.toml"
-    config.write_text(
-        f"""
-[providers.claude]
-kind = "anthropic"
-base_url = "{provider.url}"
-api_key = "provider-test-key"
-
-[providers.local]
-base_url = "{provider.url}/v1"
-api_key = "provider-test-key"
-
-[providers.local.prices]
-"{EMBED_MODEL}" = {{ input = 100, output = 0 }}
-
-[models]
-"claude-*" = ["claude"]
-"*" = ["local"]
-"""
-    )
+    prices = f'[providers.local.prices]\n"{EMBED_MODEL}" = {{ input = 100, output = 0 }}\n'
+    config = claude_and_local(provider, tmp_path, prices)
     return origin_factory(PRISM_PROVIDERS_FILE=str(config))
 
 
