@@ -3,6 +3,7 @@
 pytest_plugins = [
     "tests.fixtures.provider",
     "tests.fixtures.workers",
+    "tests.fixtures.cli",
     "tests.fixtures.aws",
     "tests.fixtures.origin",
     "tests.fixtures.edge",

@@ -14,6 +14,7 @@ from deploy.cli import app
 from deploy.key_store import KVRevocationPublisher
 from deploy.local.ports import free_port
 from prism import REVOKED_KEY, KeyRing
+from tests.fixtures.cli import cli_env
 from tests.fixtures.origin import KEY_SECRET, OriginFactory
 from tests.fixtures.workers import KVApi
 
@@ -23,15 +24,8 @@ BODY = {"model": "demo", "messages": [{"role": "user", "content": "managed keys"
 
 @pytest.fixture
 def env(redis_url: str, kv_api_reset: KVApi) -> dict[str, str]:
-    return {
-        "PRISM_KEY_SECRET": KEY_SECRET,
-        "REDIS_URL": redis_url,
-        "PRISM_KV_API_URL": kv_api_reset.url,
-        "PRISM_KV_ACCOUNT_ID": kv_api_reset.account_id,
-        "PRISM_KV_NAMESPACE_ID": kv_api_reset.namespace_id,
-        "CLOUDFLARE_API_TOKEN": kv_api_reset.api_token,
-        "COLUMNS": "200",  # rich would otherwise squeeze the table to 80 columns
-    }
+    # COLUMNS: rich would otherwise squeeze the table to 80 columns.
+    return cli_env(redis_url, kv_api_reset, PRISM_KEY_SECRET=KEY_SECRET, COLUMNS="200")
 
 
 def keys(env: dict[str, str], *args: str) -> Result:

@@ -6,29 +6,14 @@ import json
 
 import pytest
 import redis
-from typer.testing import CliRunner, Result
+from typer.testing import CliRunner
 
 from deploy.cli import app
 from prism import Budget, Policy, policy_key
+from tests.fixtures.cli import policy
 from tests.fixtures.workers import KVApi
 
 runner = CliRunner()
-
-
-@pytest.fixture
-def env(redis_url: str, kv_api_reset: KVApi) -> dict[str, str]:
-    kv_api_reset.bulk_delete([policy_key("acme")])
-    return {
-        "REDIS_URL": redis_url,
-        "PRISM_KV_API_URL": kv_api_reset.url,
-        "PRISM_KV_ACCOUNT_ID": kv_api_reset.account_id,
-        "PRISM_KV_NAMESPACE_ID": kv_api_reset.namespace_id,
-        "CLOUDFLARE_API_TOKEN": kv_api_reset.api_token,
-    }
-
-
-def policy(env: dict[str, str], *args: str) -> Result:
-    return runner.invoke(app, ["policy", *args], env=env)
 
 
 def in_redis(redis_url: str, project: str = "acme") -> bytes | None:
@@ -41,10 +26,10 @@ def in_redis(redis_url: str, project: str = "acme") -> bytes | None:
 
 
 def test_set_show_clear_reach_redis_and_kv(
-    env: dict[str, str], redis_url: str, kv_api_reset: KVApi
+    policy_env: dict[str, str], redis_url: str, kv_api_reset: KVApi
 ) -> None:
     result = policy(
-        env, "set", "--project", "acme", "--allow", "gpt-4o*", "--allow", "demo",
+        policy_env, "set", "--project", "acme", "--allow", "gpt-4o*", "--allow", "demo",
         "--deny", "o1*", "--by", "ops",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -62,11 +47,11 @@ def test_set_show_clear_reach_redis_and_kv(
     assert stored == first.encode()  # canonical
     assert kv_api_reset.get_text(policy_key("acme")) == stored.decode()  # the edge's copy
 
-    shown = policy(env, "show", "--project", "acme", "--json")
+    shown = policy(policy_env, "show", "--project", "acme", "--json")
     assert shown.exit_code == 0, shown.output
     assert json.loads(shown.stdout)["policy"] == first.to_dict()
 
-    second = policy(env, "set", "-p", "acme", "--deny", "gpt-4o-mini", "--json")
+    second = policy(policy_env, "set", "-p", "acme", "--deny", "gpt-4o-mini", "--json")
     assert second.exit_code == 0, second.output
     change = json.loads(second.stdout)
     assert change["before"] == first.to_dict()
@@ -74,11 +59,11 @@ def test_set_show_clear_reach_redis_and_kv(
     assert change["after"]["revision"] == 2
     assert change["edge"] == {"published": True, "skipped": False, "error": None}
 
-    cleared = policy(env, "clear", "--project", "acme")
+    cleared = policy(policy_env, "clear", "--project", "acme")
     assert cleared.exit_code == 0, cleared.output
     assert in_redis(redis_url) is None
     assert Policy.parse(kv_api_reset.get_text(policy_key("acme")) or "") == Policy()
-    text = policy(env, "show", "--project", "acme")
+    text = policy(policy_env, "show", "--project", "acme")
     assert "none (every model is allowed)" in text.stdout
 
 
@@ -110,11 +95,11 @@ def test_set_show_clear_reach_redis_and_kv(
     ],
 )  # fmt: skip
 def test_bad_input_is_one_clear_line_and_changes_nothing(
-    env: dict[str, str], redis_url: str, kv_api_reset: KVApi, args: list[str], message: str
+    policy_env: dict[str, str], redis_url: str, kv_api_reset: KVApi, args: list[str], message: str
 ) -> None:
-    assert policy(env, "set", "--project", "acme", "--deny", "keep*").exit_code == 0
+    assert policy(policy_env, "set", "--project", "acme", "--deny", "keep*").exit_code == 0
     before_redis, before_kv = in_redis(redis_url), kv_api_reset.get_text(policy_key("acme"))
-    result = policy(env, *args)
+    result = policy(policy_env, *args)
     assert result.exit_code == 2
     assert message in result.stderr
     assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
@@ -123,10 +108,10 @@ def test_bad_input_is_one_clear_line_and_changes_nothing(
 
 
 def test_a_budget_is_set_shown_published_and_audited(
-    env: dict[str, str], redis_url: str, kv_api_reset: KVApi
+    policy_env: dict[str, str], redis_url: str, kv_api_reset: KVApi
 ) -> None:
     result = policy(
-        env, "set", "-p", "acme", "--deny", "o1*", "--budget", "$1,250.5", "--period", "day",
+        policy_env, "set", "-p", "acme", "--deny", "o1*", "--budget", "$1,250.5", "--period", "day",
         "--by", "ops",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -134,9 +119,9 @@ def test_a_budget_is_set_shown_published_and_audited(
     stored = Policy.parse(in_redis(redis_url) or b"")
     assert stored.budget == Budget(1250.5, "day") and stored.deny == ("o1*",)
     assert kv_api_reset.get_text(policy_key("acme")) == stored.encode().decode()
-    shown = json.loads(policy(env, "show", "-p", "acme", "--json").stdout)
+    shown = json.loads(policy(policy_env, "show", "-p", "acme", "--json").stdout)
     assert shown["policy"]["budget"] == {"period": "day", "usd": 1250.5}
-    monthly = policy(env, "set", "-p", "acme", "--budget", "10", "--json")  # replaces all
+    monthly = policy(policy_env, "set", "-p", "acme", "--budget", "10", "--json")  # replaces all
     after = json.loads(monthly.stdout)["after"]
     assert after["budget"] == {"period": "month", "usd": 10.0} and after["deny"] == []
 
@@ -148,7 +133,7 @@ def test_a_budget_is_set_shown_published_and_audited(
     sets = [r for r in records if r["action"] == "policy.set"]
     assert json.loads(sets[0]["after"])["budget"] == {"period": "day", "usd": 1250.5}
     assert json.loads(sets[1]["before"])["budget"] == {"period": "day", "usd": 1250.5}
-    audit = runner.invoke(app, ["audit", "--project", "acme"], env=env)
+    audit = runner.invoke(app, ["audit", "--project", "acme"], env=policy_env)
     assert "budget $10.0/month" in audit.stdout
 
 
@@ -165,29 +150,29 @@ def test_without_kv_settings_redis_is_saved_and_the_command_says_the_edge_was_no
 
 
 def test_sync_republishes_the_redis_record(
-    env: dict[str, str], redis_url: str, kv_api_reset: KVApi
+    policy_env: dict[str, str], redis_url: str, kv_api_reset: KVApi
 ) -> None:
-    assert policy(env, "set", "--project", "acme", "--deny", "o1*").exit_code == 0
+    assert policy(policy_env, "set", "--project", "acme", "--deny", "o1*").exit_code == 0
     kv_api_reset.bulk_delete([policy_key("acme")])  # as if the KV write had failed
-    assert policy(env, "sync", "--project", "acme").exit_code == 0
+    assert policy(policy_env, "sync", "--project", "acme").exit_code == 0
     assert kv_api_reset.get_text(policy_key("acme")) == (in_redis(redis_url) or b"").decode()
 
 
-def test_an_unreachable_redis_is_one_line(env: dict[str, str]) -> None:
+def test_an_unreachable_redis_is_one_line(policy_env: dict[str, str]) -> None:
     from deploy.local.ports import free_port
 
-    env = {**env, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    env = {**policy_env, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
     result = policy(env, "show", "--project", "acme")
     assert result.exit_code == 1
     assert "cannot reach Redis" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_rate_limits_are_set_shown_replaced_and_removed(
-    env: dict[str, str], redis_url: str, kv_api_reset: KVApi
+    policy_env: dict[str, str], redis_url: str, kv_api_reset: KVApi
 ) -> None:
     admin = redis.Redis.from_url(redis_url, decode_responses=True)
     result = policy(
-        env, "set", "--project", "acme", "--deny", "o1*", "--rpm", "600", "--tpm", "200000",
+        policy_env, "set", "--project", "acme", "--deny", "o1*", "--rpm", "600", "--tpm", "200000",
         "--key-rpm", "60", "--key-limit", "bigkey01:rpm=120,tpm=50000", "--by", "ops",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -213,24 +198,24 @@ def test_rate_limits_are_set_shown_replaced_and_removed(
     }
     assert kv_api_reset.get_text(policy_key("acme")) == stored.encode().decode()
 
-    shown = policy(env, "show", "--project", "acme", "--json")
+    shown = policy(policy_env, "show", "--project", "acme", "--json")
     assert json.loads(shown.stdout)["policy"]["rate_limits"]["key"] == {"rpm": 60}
 
     # The origin's state of a limit (fields "s.*") survives a change of the limits.
     admin.hset("prism:limits:acme", "s.rpm", "1764800000000000")
-    assert policy(env, "set", "--project", "acme", "--key-tpm", "1000").exit_code == 0
+    assert policy(policy_env, "set", "--project", "acme", "--key-tpm", "1000").exit_code == 0
     assert admin.hgetall("prism:limits:acme") == {"key.tpm": "1000", "s.rpm": "1764800000000000"}
     last = admin.xrevrange("prism:audit", count=1)[0][1]
     assert last["action"] == "policy.set"
     assert json.loads(last["before"])["rate_limits"] == stored.rate_limits.to_dict()
     assert json.loads(last["after"])["rate_limits"] == {"key": {"tpm": 1000}}
-    assert "rate limits" in policy(env, "show", "--project", "acme").stdout
+    assert "rate limits" in policy(policy_env, "show", "--project", "acme").stdout
 
     # `set` replaces the whole policy: without rate limit options, none; the hash goes.
-    replaced = policy(env, "set", "--project", "acme", "--allow", "gpt-*", "--json")
+    replaced = policy(policy_env, "set", "--project", "acme", "--allow", "gpt-*", "--json")
     assert replaced.exit_code == 0, replaced.output
     assert "rate_limits" not in json.loads(replaced.stdout)["after"]
     assert admin.exists("prism:limits:acme") == 0
-    assert policy(env, "set", "--project", "acme", "--rpm", "5").exit_code == 0
-    assert policy(env, "clear", "--project", "acme").exit_code == 0
+    assert policy(policy_env, "set", "--project", "acme", "--rpm", "5").exit_code == 0
+    assert policy(policy_env, "clear", "--project", "acme").exit_code == 0
     assert admin.exists("prism:limits:acme") == 0

@@ -5,29 +5,10 @@ from __future__ import annotations
 
 import pytest
 import redis
-from typer.testing import CliRunner, Result
 
-from deploy.cli import app
 from prism import DEFAULT_SEMANTIC_THRESHOLD, CacheRules, Policy, policy_key
+from tests.fixtures.cli import policy
 from tests.fixtures.workers import KVApi
-
-runner = CliRunner()
-
-
-@pytest.fixture
-def env(redis_url: str, kv_api_reset: KVApi) -> dict[str, str]:
-    kv_api_reset.bulk_delete([policy_key("acme")])
-    return {
-        "REDIS_URL": redis_url,
-        "PRISM_KV_API_URL": kv_api_reset.url,
-        "PRISM_KV_ACCOUNT_ID": kv_api_reset.account_id,
-        "PRISM_KV_NAMESPACE_ID": kv_api_reset.namespace_id,
-        "CLOUDFLARE_API_TOKEN": kv_api_reset.api_token,
-    }
-
-
-def policy(env: dict[str, str], *args: str) -> Result:
-    return runner.invoke(app, ["policy", *args], env=env)
 
 
 def stored(redis_url: str) -> Policy | None:
@@ -40,9 +21,9 @@ def stored(redis_url: str) -> Policy | None:
 
 
 def test_semantic_turns_on_with_the_default_threshold_and_reaches_kv(
-    env: dict[str, str], redis_url: str, kv_api_reset: KVApi
+    policy_env: dict[str, str], redis_url: str, kv_api_reset: KVApi
 ) -> None:
-    result = policy(env, "set", "--project", "acme", "--semantic")
+    result = policy(policy_env, "set", "--project", "acme", "--semantic")
     assert result.exit_code == 0, result.output
     assert f"semantic cache on (threshold {DEFAULT_SEMANTIC_THRESHOLD})" in result.stdout
     after = stored(redis_url)
@@ -53,10 +34,10 @@ def test_semantic_turns_on_with_the_default_threshold_and_reaches_kv(
 
 
 def test_set_replaces_the_whole_policy_cache_options_included(
-    env: dict[str, str], redis_url: str
+    policy_env: dict[str, str], redis_url: str
 ) -> None:
     result = policy(
-        env, "set", "--project", "acme", "--allow", "gpt-4o*", "--budget", "25",
+        policy_env, "set", "--project", "acme", "--allow", "gpt-4o*", "--budget", "25",
         "--semantic", "--semantic-threshold", "0.96", "--no-kv",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -64,12 +45,15 @@ def test_set_replaces_the_whole_policy_cache_options_included(
     after = stored(redis_url)
     assert after is not None
     assert after.allow == ("gpt-4o*",) and after.cache == CacheRules(True, 0.96)
-    assert policy(env, "set", "--project", "acme", "--allow", "gpt-4o*", "--no-kv").exit_code == 0
+    assert (
+        policy(policy_env, "set", "--project", "acme", "--allow", "gpt-4o*", "--no-kv").exit_code
+        == 0
+    )
     after = stored(redis_url)
     assert after is not None and after.cache is None and after.revision == 2  # off again
     assert (
         policy(
-            env, "set", "--project", "acme", "--deny", "o1*", "--no-semantic", "--no-kv"
+            policy_env, "set", "--project", "acme", "--deny", "o1*", "--no-semantic", "--no-kv"
         ).exit_code
         == 0
     )
@@ -89,11 +73,11 @@ def test_set_replaces_the_whole_policy_cache_options_included(
     ],
 )  # fmt: skip
 def test_bad_semantic_options_are_refused_and_change_nothing(
-    env: dict[str, str], redis_url: str, args: list[str], message: str
+    policy_env: dict[str, str], redis_url: str, args: list[str], message: str
 ) -> None:
-    assert policy(env, "set", "--project", "acme", "--semantic", "--no-kv").exit_code == 0
+    assert policy(policy_env, "set", "--project", "acme", "--semantic", "--no-kv").exit_code == 0
     before = stored(redis_url)
-    result = policy(env, "set", "--project", "acme", *args, "--no-kv")
+    result = policy(policy_env, "set", "--project", "acme", *args, "--no-kv")
     assert result.exit_code == 2
     assert message in result.output
     assert stored(redis_url) == before

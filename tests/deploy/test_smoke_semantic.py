@@ -21,14 +21,7 @@ runner = CliRunner()
 
 
 def policy(edge: EdgeStack, *args: str) -> None:
-    env = {
-        "REDIS_URL": edge.redis_url,
-        "PRISM_KV_API_URL": edge.kv.url,
-        "PRISM_KV_ACCOUNT_ID": edge.kv.account_id,
-        "PRISM_KV_NAMESPACE_ID": edge.kv.namespace_id,
-        "CLOUDFLARE_API_TOKEN": edge.kv.api_token,
-    }
-    done = runner.invoke(app, ["policy", *args, "--project", PROJECT], env=env)
+    done = runner.invoke(app, ["policy", *args, "--project", PROJECT], env=edge.cli_env())
     assert done.exit_code == 0, done.output
 
 

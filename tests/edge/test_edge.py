@@ -276,14 +276,7 @@ def test_prism_keys_revoke_makes_the_edge_refuse_the_key(edge: EdgeStack) -> Non
     from deploy.cli import app
     from tests.fixtures.origin import KEY_SECRET
 
-    env = {
-        "REDIS_URL": edge.redis_url,
-        "PRISM_KEY_SECRET": KEY_SECRET,
-        "PRISM_KV_API_URL": edge.kv.url,
-        "PRISM_KV_ACCOUNT_ID": edge.kv.account_id,
-        "PRISM_KV_NAMESPACE_ID": edge.kv.namespace_id,
-        "CLOUDFLARE_API_TOKEN": edge.kv.api_token,
-    }
+    env = edge.cli_env(PRISM_KEY_SECRET=KEY_SECRET)
     runner = CliRunner()
     created = runner.invoke(app, ["keys", "create", "--project", "acme", "--json"], env=env)
     assert created.exit_code == 0, created.output

@@ -22,21 +22,11 @@ CHAT = "/v1/chat/completions"
 PROJECT = "edge-policy"  # its own project: the stack is shared with the other edge tests
 
 
-def cli_env(edge: EdgeStack) -> dict[str, str]:
-    return {
-        "REDIS_URL": edge.redis_url,
-        "PRISM_KV_API_URL": edge.kv.url,
-        "PRISM_KV_ACCOUNT_ID": edge.kv.account_id,
-        "PRISM_KV_NAMESPACE_ID": edge.kv.namespace_id,
-        "CLOUDFLARE_API_TOKEN": edge.kv.api_token,
-    }
-
-
 @pytest.fixture
 def project_key(edge: EdgeStack) -> Iterator[str]:
     runner = CliRunner()
     yield edge.key_ring.mint(PROJECT)
-    cleared = runner.invoke(app, ["policy", "clear", "--project", PROJECT], env=cli_env(edge))
+    cleared = runner.invoke(app, ["policy", "clear", "--project", PROJECT], env=edge.cli_env())
     assert cleared.exit_code == 0, cleared.output
 
 
@@ -79,7 +69,7 @@ def test_a_denied_model_costs_the_origin_nothing_once_the_policy_has_propagated(
     result = CliRunner().invoke(
         app,
         ["policy", "set", "--project", PROJECT, "--deny", "o1*", "--key-rpm", "1000"],
-        env=cli_env(edge),
+        env=edge.cli_env(),
     )
     assert result.exit_code == 0, result.output
     # The origin refuses at once (a direct call with the key, as a client may make).

@@ -23,13 +23,7 @@ PROJECT = "edge-semantic"  # its own project: the stack is shared with the other
 
 @pytest.fixture
 def project_key(edge: EdgeStack) -> Iterator[str]:
-    env = {
-        "REDIS_URL": edge.redis_url,
-        "PRISM_KV_API_URL": edge.kv.url,
-        "PRISM_KV_ACCOUNT_ID": edge.kv.account_id,
-        "PRISM_KV_NAMESPACE_ID": edge.kv.namespace_id,
-        "CLOUDFLARE_API_TOKEN": edge.kv.api_token,
-    }
+    env = edge.cli_env()
     runner = CliRunner()
     done = runner.invoke(app, ["policy", "set", "--project", PROJECT, "--semantic"], env=env)
     assert done.exit_code == 0, done.output

@@ -64,10 +64,7 @@ def traced(
     env = origin_env(
         edge_redis.url,
         provider_server.url,
-        PRISM_KV_API_URL=kv.url,
-        PRISM_KV_ACCOUNT_ID=kv.account_id,
-        PRISM_KV_NAMESPACE_ID=kv.namespace_id,
-        CLOUDFLARE_API_TOKEN=kv.api_token,
+        **kv.settings(),
         PRISM_KV_FLUSH_INTERVAL="0.05",
         PRISM_OTEL_ENDPOINT=otel_collector.url,
         PRISM_OTEL_EXPORT_INTERVAL="0.2",

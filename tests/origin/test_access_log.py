@@ -5,50 +5,12 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Iterator
-from typing import Any
 
 import httpx
-import orjson
-import pytest
 
 from deploy.local.provider import ProviderServer
 from origin.access_log import ACCESS_LOGGER
-from tests.fixtures.origin import OriginFactory, RunningOrigin
-from tests.polling import wait_for
-
-
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-    def records(self) -> list[dict[str, Any]]:
-        return [orjson.loads(line) for line in list(self.lines)]
-
-
-@pytest.fixture
-def access_lines() -> Iterator[_Lines]:
-    logger = logging.getLogger(ACCESS_LOGGER)
-    handler = _Lines()
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        yield handler
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-
-
-def _line(lines: _Lines, request_id: str) -> dict[str, Any]:
-    """The one line of ``request_id`` (written just after the response: polled)."""
-    found = wait_for(lambda: [r for r in lines.records() if r["request_id"] == request_id])
-    assert len(found) == 1
-    return found[0]
+from tests.fixtures.origin import AccessLines, OriginFactory, RunningOrigin
 
 
 def _post(origin: RunningOrigin, key: str, body: object, request_id: str) -> httpx.Response:
@@ -61,7 +23,7 @@ def _post(origin: RunningOrigin, key: str, body: object, request_id: str) -> htt
 
 
 def test_a_miss_a_hit_and_a_stream_each_log_one_line_with_what_happened(
-    origin_factory: OriginFactory, api_key: str, access_lines: _Lines
+    origin_factory: OriginFactory, api_key: str, access_lines: AccessLines
 ) -> None:
     origin = origin_factory(PRISM_ACCESS_LOG="on")
     prompt = f"a secret question {secrets.token_hex(8)}"
@@ -81,7 +43,7 @@ def test_a_miss_a_hit_and_a_stream_each_log_one_line_with_what_happened(
         assert response.status_code == 200
         assert b"[DONE]" in response.read()
 
-    miss = _line(access_lines, "log-miss")
+    miss = access_lines.line("log-miss")
     assert miss["status"] == 200 and miss["layer"] == "miss"
     assert miss["method"] == "POST" and miss["path"] == "/v1/chat/completions"
     assert miss["project"] == "acme" and miss["model"] == "gpt-4o-mini"
@@ -91,13 +53,13 @@ def test_a_miss_a_hit_and_a_stream_each_log_one_line_with_what_happened(
     assert 0 < miss["ttfb_ms"] <= miss["total_ms"]
     assert miss["stream"] is False and "error" not in miss
 
-    hit = _line(access_lines, "log-hit")
+    hit = access_lines.line("log-hit")
     assert hit["layer"] == "redis" and hit["status"] == 200
     assert (hit["tokens_in"], hit["tokens_out"]) == (miss["tokens_in"], miss["tokens_out"])
     assert hit["cost_usd"] == 0  # a hit spends nothing
     assert "provider" not in hit
 
-    stream = _line(access_lines, "log-stream")
+    stream = access_lines.line("log-stream")
     assert stream["layer"] == "miss" and stream["stream"] is True
     assert stream["tokens_out"] > 0  # settled when the stream ended, before the line
     assert stream["ttfb_ms"] <= stream["total_ms"]
@@ -107,7 +69,7 @@ def test_a_miss_a_hit_and_a_stream_each_log_one_line_with_what_happened(
 
 
 def test_errors_are_logged_with_their_code_and_no_key(
-    origin_factory: OriginFactory, provider: ProviderServer, api_key: str, access_lines: _Lines
+    origin_factory: OriginFactory, provider: ProviderServer, api_key: str, access_lines: AccessLines
 ) -> None:
     origin = origin_factory(PRISM_ACCESS_LOG="on")
     forged = api_key[:-4] + "AAAA"
@@ -117,13 +79,13 @@ def test_errors_are_logged_with_their_code_and_no_key(
     failing = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "fails"}]}
     assert _post(origin, api_key, failing, "log-503").status_code >= 500
 
-    unauthorized = _line(access_lines, "log-401")
+    unauthorized = access_lines.line("log-401")
     assert unauthorized["status"] == 401 and unauthorized["error"] == "invalid_api_key"
     assert "project" not in unauthorized  # nobody was identified
-    invalid = _line(access_lines, "log-400")
+    invalid = access_lines.line("log-400")
     assert invalid["status"] == 400 and invalid["project"] == "acme"
     assert invalid["error"] == "invalid_request"
-    upstream = _line(access_lines, "log-503")
+    upstream = access_lines.line("log-503")
     assert upstream["status"] == 503 and upstream["error"] == "upstream_unavailable"
     assert upstream["model"] == "gpt-4o-mini" and upstream["project"] == "acme"
     assert "tokens_out" not in upstream  # nothing was answered
@@ -132,13 +94,13 @@ def test_errors_are_logged_with_their_code_and_no_key(
 
 
 def test_the_prompt_only_when_asked_and_no_line_by_default(
-    origin_factory: OriginFactory, api_key: str, access_lines: _Lines
+    origin_factory: OriginFactory, api_key: str, access_lines: AccessLines
 ) -> None:
     asked = origin_factory(PRISM_ACCESS_LOG="on", PRISM_ACCESS_LOG_PROMPT="on")
     prompt = f"log me {secrets.token_hex(6)}"
     body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": prompt}]}
     assert _post(asked, api_key, body, "log-prompt").status_code == 200
-    assert _line(access_lines, "log-prompt")["prompt"] == {"messages": body["messages"]}
+    assert access_lines.line("log-prompt")["prompt"] == {"messages": body["messages"]}
 
     off = origin_factory()  # the default
     assert off.server.app.access_log is None
@@ -147,7 +109,7 @@ def test_the_prompt_only_when_asked_and_no_line_by_default(
 
 
 def test_a_silenced_logger_costs_no_line(
-    origin_factory: OriginFactory, api_key: str, access_lines: _Lines
+    origin_factory: OriginFactory, api_key: str, access_lines: AccessLines
 ) -> None:
     origin = origin_factory(PRISM_ACCESS_LOG="on")
     logging.getLogger(ACCESS_LOGGER).setLevel(logging.WARNING)  # the operator turned it down

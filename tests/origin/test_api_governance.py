@@ -25,10 +25,10 @@ from deploy.cli import app
 from deploy.local.provider import ProviderServer
 from deploy.policy_store import PolicyStore
 from origin.audit import AUDIT_STREAM
-from origin.budgets import budget_keys, period_of
 from origin.pricing import Price, cost_micros, default_prices, tokens_of
 from prism import Budget, Policy, RateLimits, policy_key
-from tests.fixtures.origin import OriginFactory, RunningOrigin
+from tests.fixtures.origin import OriginFactory, RunningOrigin, budget_totals
+from tests.fixtures.provider import claude_and_local
 from tests.polling import wait_for
 
 EMBEDDINGS = "/v1/embeddings"
@@ -43,38 +43,13 @@ TRANSLATED = "gpt-4o-mini"  # to the OpenAI-compatible stand-in, translated
 def origin(
     origin_factory: OriginFactory, provider: ProviderServer, tmp_path: Path
 ) -> RunningOrigin:
-    config = tmp_path / "providers.toml"
-    config.write_text(
-        f"""
-[providers.claude]
-kind = "anthropic"
-base_url = "{provider.url}"
-api_key = "provider-test-key"
-
-[providers.local]
-base_url = "{provider.url}/v1"
-api_key = "provider-test-key"
-
-[providers.local.prices]
-"{EMBED_MODEL}" = {{ input = 100, output = 0 }}
-
-[models]
-"claude-*" = ["claude"]
-"*" = ["local"]
-"""
-    )
+    prices = f'[providers.local.prices]\n"{EMBED_MODEL}" = {{ input = 100, output = 0 }}\n'
+    config = claude_and_local(provider, tmp_path, prices)
     return origin_factory(PRISM_PROVIDERS_FILE=str(config))
 
 
 def set_budget(admin: redis.Redis, usd: float) -> None:
     admin.set(policy_key("acme"), Policy(budget=Budget(usd, "day")).encode())
-
-
-def totals(admin: redis.Redis) -> dict[str, int]:
-    key, held = budget_keys("acme", period_of("day", datetime.now(UTC))[0])
-    found = {k.decode(): int(v) for k, v in admin.hgetall(key).items()}
-    return {"spent": found.get("spent", 0), "reserved": found.get("reserved", 0),
-            "held": int(admin.zcard(held))}  # fmt: skip
 
 
 SETTLED_NOTHING = {"spent": 0, "reserved": 0, "held": 0}
@@ -150,7 +125,7 @@ def test_an_embeddings_budget_refuses_what_does_not_fit_and_settles_to_the_real_
     origin.wait_stored()
     spent = cost_micros(EMBED_PRICE, tokens_of(admitted.json()["usage"]))  # type: ignore[arg-type]
     assert spent == used * 100 > 0
-    assert wait_for(lambda: totals(admin) == {"spent": spent, "reserved": 0, "held": 0})
+    assert wait_for(lambda: budget_totals(admin) == {"spent": spent, "reserved": 0, "held": 0})
 
 
 @pytest.mark.parametrize("model", [CLAUDE, TRANSLATED])
@@ -163,7 +138,7 @@ def test_a_messages_budget_settles_to_the_real_cost_and_refuses_in_anthropic_for
     origin.wait_stored()
     cost = message_cost(answered.json()["usage"], model)
     assert cost > 0
-    assert wait_for(lambda: totals(admin) == {"spent": cost, "reserved": 0, "held": 0})
+    assert wait_for(lambda: budget_totals(admin) == {"spent": cost, "reserved": 0, "held": 0})
 
     set_budget(admin, cost / 1_000_000 + 0.0001)  # what is spent, and 100 micro-USD more
     calls = sum(provider.control.stats()["paths"].values())
@@ -174,7 +149,7 @@ def test_a_messages_budget_settles_to_the_real_cost_and_refuses_in_anthropic_for
     assert error["type"] == "rate_limit_error" and "budget" in error["message"]
     assert int(refused.headers["retry-after"]) >= 1
     assert sum(provider.control.stats()["paths"].values()) == calls  # no provider call
-    assert totals(admin) == {"spent": cost, "reserved": 0, "held": 0}
+    assert budget_totals(admin) == {"spent": cost, "reserved": 0, "held": 0}
 
 
 def test_a_failed_call_releases_the_reservation_for_both_apis(
@@ -187,28 +162,28 @@ def test_a_failed_call_releases_the_reservation_for_both_apis(
         provider.control.set_fault("latency", ms=3000)
         leaving = threading.Thread(target=_times_out, args=(send,))
         leaving.start()
-        assert wait_for(lambda: (t := totals(admin))["reserved"] > 0 and t["held"] == 1)
+        assert wait_for(lambda: (t := budget_totals(admin))["reserved"] > 0 and t["held"] == 1)
         leaving.join()
-        assert wait_for(lambda: totals(admin) == SETTLED_NOTHING, 10)
+        assert wait_for(lambda: budget_totals(admin) == SETTLED_NOTHING, 10)
         provider.control.clear()
 
     provider.control.set_fault("status", status=400)
     assert embed(origin, api_key, "a prism").status_code == 400
     origin.wait_stored()
-    assert totals(admin) == SETTLED_NOTHING
+    assert budget_totals(admin) == SETTLED_NOTHING
     for model in (CLAUDE, TRANSLATED):
         provider.control.set_fault("status", status=400)
         failed = message(origin, api_key, model)
         assert failed.status_code == 400
         assert failed.json()["type"] == "error"  # Anthropic's format
         origin.wait_stored()
-        assert totals(admin) == SETTLED_NOTHING
+        assert budget_totals(admin) == SETTLED_NOTHING
 
     provider.control.set_fault("truncated_stream", after_chunks=2)
     cut = message(origin, api_key, CLAUDE, stream=True)
     assert "event: error" in cut.text
     origin.wait_stored()
-    assert wait_for(lambda: totals(admin) == SETTLED_NOTHING)
+    assert wait_for(lambda: budget_totals(admin) == SETTLED_NOTHING)
 
 
 def _times_out(send: Any) -> None:

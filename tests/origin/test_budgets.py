@@ -19,13 +19,13 @@ import redis
 
 from deploy.local.provider import ProviderServer
 from deploy.local.redis import RedisServer
-from origin.budgets import Budgets, budget_keys, period_of
+from origin.budgets import Budgets
 from origin.pricing import cost_micros, default_prices, tokens_of
 from origin.providers.config import load_provider_config
 from origin.redis_pipe import RedisPipe
 from origin.tokens import completion_token_bound, prompt_token_bound
 from prism import Budget, Policy, decode_envelope, parse_chat_request, policy_key
-from tests.fixtures.origin import OriginFactory, RunningOrigin
+from tests.fixtures.origin import OriginFactory, RunningOrigin, budget_totals
 from tests.polling import async_wait_for, wait_for
 
 CHAT = "/v1/chat/completions"
@@ -50,13 +50,6 @@ def origin(origin_factory: OriginFactory, providers_file: Path) -> RunningOrigin
 
 def set_budget(admin: redis.Redis, usd: float, period: str = "day") -> None:
     admin.set(policy_key("acme"), Policy(budget=Budget(usd, period)).encode())
-
-
-def totals(admin: redis.Redis, period: str = "day") -> dict[str, int]:
-    key, held = budget_keys("acme", period_of(period, datetime.now(UTC))[0])
-    found = {k.decode(): int(v) for k, v in admin.hgetall(key).items()}
-    return {"spent": found.get("spent", 0), "reserved": found.get("reserved", 0),
-            "held": int(admin.zcard(held))}  # fmt: skip
 
 
 def body(content: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -122,7 +115,7 @@ def test_200_concurrent_misses_admit_exactly_what_the_budget_holds(
     assert int(refused[0].headers["retry-after"]) >= 1
 
     origin.wait_stored()
-    state = wait_for(lambda: (t := totals(admin))["held"] == 0 and t)
+    state = wait_for(lambda: (t := budget_totals(admin))["held"] == 0 and t)
     spent = sum(cost_of(r.json()["usage"]) for r in admitted)
     assert state == {"spent": spent, "reserved": 0, "held": 0}  # settled to the real cost
     assert 0 < spent <= limit
@@ -136,7 +129,7 @@ def test_a_miss_settles_to_its_real_cost_streamed_or_not(
     assert answer.status_code == 200
     origin.wait_stored()
     first = cost_of(answer.json()["usage"])
-    assert totals(admin) == {"spent": first, "reserved": 0, "held": 0}
+    assert budget_totals(admin) == {"spent": first, "reserved": 0, "held": 0}
 
     # A stream that did not ask for usage: usage is asked upstream anyway (to cost it),
     # and the client still gets none.
@@ -154,7 +147,7 @@ def test_a_miss_settles_to_its_real_cost_streamed_or_not(
     entries = [decode_envelope(admin.get(k)) for k in admin.keys("prism:v1:*")]
     stored = [e.usage for e in entries if e is not None and e.usage is not None]
     assert len(stored) == 2  # both entries carry usage, the stream's too
-    assert totals(admin) == {"spent": sum(map(cost_of, stored)), "reserved": 0, "held": 0}
+    assert budget_totals(admin) == {"spent": sum(map(cost_of, stored)), "reserved": 0, "held": 0}
 
 
 def test_a_provider_error_or_a_client_leaving_releases_the_reservation(
@@ -165,7 +158,7 @@ def test_a_provider_error_or_a_client_leaving_releases_the_reservation(
     failed = post(origin, api_key, body())
     assert failed.status_code == 400
     origin.wait_stored()
-    assert totals(admin) == {"spent": 0, "reserved": 0, "held": 0}
+    assert budget_totals(admin) == {"spent": 0, "reserved": 0, "held": 0}
 
     provider.control.set_fault("truncated_stream", after_chunks=2)
     with httpx.stream(
@@ -177,7 +170,7 @@ def test_a_provider_error_or_a_client_leaving_releases_the_reservation(
     ) as cut:
         assert "error" in cut.read().decode()
     origin.wait_stored()
-    assert totals(admin) == {"spent": 0, "reserved": 0, "held": 0}
+    assert budget_totals(admin) == {"spent": 0, "reserved": 0, "held": 0}
 
     provider.control.set_fault("latency", ms=5000)
     with pytest.raises(httpx.ReadTimeout):
@@ -187,7 +180,7 @@ def test_a_provider_error_or_a_client_leaving_releases_the_reservation(
             headers={"authorization": f"Bearer {api_key}"},
             timeout=httpx.Timeout(30, read=0.5),
         )
-    assert wait_for(lambda: totals(admin) == {"spent": 0, "reserved": 0, "held": 0}, 10)
+    assert wait_for(lambda: budget_totals(admin) == {"spent": 0, "reserved": 0, "held": 0}, 10)
 
 
 def test_a_request_that_does_not_fit_is_refused_before_any_call_and_audited(
@@ -202,7 +195,7 @@ def test_a_request_that_does_not_fit_is_refused_before_any_call_and_audited(
         "This project's daily budget of $0.0001 does not cover this request: $0.0001 remains"
     )
     assert provider.control.stats()["chat_requests"] == 0
-    assert totals(admin) == {"spent": 0, "reserved": 0, "held": 0}
+    assert budget_totals(admin) == {"spent": 0, "reserved": 0, "held": 0}
     small = post(origin, api_key, body(max_tokens=10))  # fits: admitted
     assert small.status_code == 200
 
@@ -254,7 +247,7 @@ def test_a_hit_costs_nothing_and_records_what_it_saved(
         assert hit.headers["x-prism-edge-cache-layer"] == "redis"
     after = _commands(admin)
     assert after["cmdstat_evalsha"] - before["cmdstat_evalsha"] == 3  # the lookups only
-    assert totals(admin)["spent"] == cost  # unchanged by the hits
+    assert budget_totals(admin)["spent"] == cost  # unchanged by the hits
     labels = {"project": "acme", "model": MODEL}
     assert origin.metric("prism_usage_saved_usd_total", **labels) == pytest.approx(3 * cost / 1e6)
     assert origin.metric("prism_usage_cost_usd_total", **labels) == pytest.approx(cost / 1e6)
@@ -309,7 +302,7 @@ def test_identical_concurrent_misses_make_one_call_paid_once(
     assert provider.control.stats()["chat_requests"] == 1
     origin.wait_stored()
     cost = cost_of(answers[0].json()["usage"])
-    assert wait_for(lambda: totals(admin) == {"spent": cost, "reserved": 0, "held": 0})
+    assert wait_for(lambda: budget_totals(admin) == {"spent": cost, "reserved": 0, "held": 0})
 
 
 def test_a_crashed_process_reservation_is_freed_after_its_hold(
@@ -341,7 +334,7 @@ def test_a_crashed_process_reservation_is_freed_after_its_hold(
         assert await crashed.settle(held, 7)
 
     asyncio.run(run())
-    state = totals(admin)
+    state = budget_totals(admin)
     assert state["spent"] == 7 and state["held"] == 1 and state["reserved"] > 0
 
 

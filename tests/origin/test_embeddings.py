@@ -15,6 +15,7 @@ import pytest
 
 from deploy.local.provider import ProviderServer, ProviderSettings
 from tests.fixtures.origin import OriginFactory, RunningOrigin
+from tests.fixtures.provider import claude_and_local
 
 PATH = "/v1/embeddings"
 
@@ -186,22 +187,7 @@ def test_two_projects_never_share_an_entry(
 def test_a_route_to_an_anthropic_provider_is_refused_with_a_400(
     origin_factory: OriginFactory, api_key: str, provider: ProviderServer, tmp_path: Path
 ) -> None:
-    config = tmp_path / "providers.toml"
-    config.write_text(
-        f"""
-[providers.claude]
-kind = "anthropic"
-base_url = "{provider.url}"
-api_key = "provider-test-key"
-
-[providers.local]
-base_url = "{provider.url}/v1"
-
-[models]
-"claude-*" = ["claude"]
-"*" = ["local"]
-"""
-    )
+    config = claude_and_local(provider, tmp_path)
     origin = origin_factory(PRISM_PROVIDERS_FILE=str(config))
     client = sdk(origin, api_key)
     with pytest.raises(openai.BadRequestError) as refused:

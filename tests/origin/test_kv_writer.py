@@ -189,10 +189,7 @@ def test_kv_down_never_slows_clients_and_drops_are_counted(
     # Every bulk call hangs for 3 s, then fails: the writer is stuck retrying.
     kv.fail_next(503, count=50, endpoints=["bulk_put"], delay_ms=3000)
     origin = origin_factory(
-        PRISM_KV_API_URL=kv.url,
-        PRISM_KV_ACCOUNT_ID=kv.account_id,
-        PRISM_KV_NAMESPACE_ID=kv.namespace_id,
-        CLOUDFLARE_API_TOKEN=kv.api_token,
+        **kv.settings(),
         PRISM_KV_FLUSH_INTERVAL="0.01",
         PRISM_KV_MAX_ATTEMPTS="1",
         PRISM_KV_MAX_QUEUE="5",

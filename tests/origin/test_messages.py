@@ -15,6 +15,7 @@ import pytest
 
 from deploy.local.provider import ProviderServer
 from tests.fixtures.origin import OriginFactory, RunningOrigin
+from tests.fixtures.provider import claude_and_local
 
 PATH = "/v1/messages"
 OPENAI_MODEL = "gpt-4o-mini"  # routed to the OpenAI-compatible provider
@@ -26,32 +27,11 @@ WEATHER = {
 }
 
 
-def providers_file(tmp_path: Path, provider: ProviderServer) -> Path:
-    config = tmp_path / "providers.toml"
-    config.write_text(
-        f"""
-[providers.claude]
-kind = "anthropic"
-base_url = "{provider.url}"
-api_key = "provider-test-key"
-
-[providers.local]
-base_url = "{provider.url}/v1"
-api_key = "provider-test-key"
-
-[models]
-"claude-*" = ["claude"]
-"*" = ["local"]
-"""
-    )
-    return config
-
-
 @pytest.fixture
 def origin(
     origin_factory: OriginFactory, provider: ProviderServer, tmp_path: Path
 ) -> RunningOrigin:
-    return origin_factory(PRISM_PROVIDERS_FILE=str(providers_file(tmp_path, provider)))
+    return origin_factory(PRISM_PROVIDERS_FILE=str(claude_and_local(provider, tmp_path)))
 
 
 def sdk(origin: RunningOrigin, api_key: str) -> anthropic.Anthropic:

@@ -25,10 +25,17 @@ from deploy.local.provider import ProviderServer
 from deploy.local.redis import RedisServer
 from deploy.policy_store import PolicyStore
 from origin.audit import AUDIT_STREAM, AuditWriter
+from origin.pricing import cost_micros, default_prices, tokens_of
 from origin.ratelimits import RefusalLog, duration
 from origin.redis_pipe import RedisPipe
 from prism import Budget, KeyRing, Limit, RateLimits
-from tests.fixtures.origin import OriginFactory, RunningOrigin, origin_env
+from tests.fixtures.origin import (
+    AccessLines,
+    OriginFactory,
+    RunningOrigin,
+    budget_totals,
+    origin_env,
+)
 from tests.polling import async_wait_for, wait_for
 
 CHAT = "/v1/chat/completions"
@@ -420,14 +427,17 @@ async def test_refusals_after_the_first_become_one_record_with_their_count(
 
 
 @pytest.fixture
-def priced_origin(
-    origin_factory: OriginFactory, provider: ProviderServer, tmp_path: Path
-) -> RunningOrigin:
+def priced_providers(provider: ProviderServer, tmp_path: Path) -> Path:
     config = tmp_path / "providers.toml"
     config.write_text(
         f'[providers.p]\nbase_url = "{provider.url}/v1"\n[models]\n"{PRICED}" = ["p"]\n'
     )
-    return origin_factory(PRISM_PROVIDERS_FILE=str(config))
+    return config
+
+
+@pytest.fixture
+def priced_origin(origin_factory: OriginFactory, priced_providers: Path) -> RunningOrigin:
+    return origin_factory(PRISM_PROVIDERS_FILE=str(priced_providers))
 
 
 def test_tokens_go_back_when_the_budget_refuses_or_the_request_joins_a_call(
@@ -466,6 +476,114 @@ def test_tokens_go_back_when_the_budget_refuses_or_the_request_joins_a_call(
     # Out now: one call's usage (joiners gave their bounds back) and this request's bound,
     # less what refilled since (100 a second); four unsettled bounds would be over 4,000.
     assert 6000 - used - 2 * own_bound - 300 <= left <= 6000 - used - own_bound + 300
+
+
+def test_a_stream_left_by_its_starter_is_settled_once_to_its_usage_when_the_call_ends(
+    origin_factory: OriginFactory,
+    priced_providers: Path,
+    api_key: str,
+    store: PolicyStore,
+    provider: ProviderServer,
+    admin: redis.Redis,
+    access_lines: AccessLines,
+) -> None:
+    """The client that started a streamed call leaves mid-stream while a client that
+    joined it keeps reading: the tokens and the money the call goes on to use are settled
+    when it ends, once, to its real usage; nothing is given back at the starter's leaving.
+
+    Were the starter's charge settled when it left (its TokenCharge or its Charge told
+    "no answer"), its whole token bound would go back and the call's end would find the
+    charge settled already: the limit's state would end at the starter's admission time
+    (or be deleted, being in the past), not ``used`` tokens later, and the budget would
+    have spent 0, not the call's cost. Both assertions at the end fail then."""
+    origin = origin_factory(PRISM_PROVIDERS_FILE=str(priced_providers), PRISM_ACCESS_LOG="on")
+    tpm = 800  # one token every 75 ms: the call's usage is ~10 s of the bucket
+    store.set("acme", budget=Budget(5, "day"), rate_limits=RateLimits(project=Limit(tpm=tpm)))
+    # The stand-in counts a word as a token; the bound counts bytes (three a word here):
+    # a usage large against the bound, and still far in the bucket's future when the call
+    # ends, however late that is.
+    content = " ".join([secrets.token_hex(4), *["ab"] * 100])
+    payload = {
+        "model": PRICED,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 40,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    # The role and the first words, then silence: long enough for the joiner to join and
+    # the starter to leave (both awaited below, and checked to have happened in time).
+    provider.control.set_fault("stall_mid_stream", after_chunks=2, seconds=3)
+
+    def redis_now_us() -> int:
+        seconds, micros = admin.time()
+        return int(seconds) * 1_000_000 + int(micros)
+
+    async def run() -> tuple[int, int, httpx.Response, bytes]:
+        async with httpx.AsyncClient(
+            base_url=origin.url, headers={"authorization": f"Bearer {api_key}"}, timeout=30
+        ) as http:
+
+            async def join() -> tuple[httpx.Response, bytes]:
+                async with http.stream("POST", CHAT, json=payload) as joined:
+                    return joined, await joined.aread()
+
+            before = redis_now_us()
+            async with http.stream(
+                "POST", CHAT, json=payload, headers={"x-request-id": "starter"}
+            ) as starter:
+                admitted = redis_now_us()  # the starter's tokens were admitted in between
+                assert starter.status_code == 200
+                assert starter.headers["x-prism-edge-cache-layer"] == "miss"
+                received = starter.aiter_raw()  # kept: dropping it would close the stream
+                assert (await anext(received)).startswith(b"data: ")
+                joiner = asyncio.create_task(join())
+                await async_wait_for(
+                    lambda: origin.metric("prism_origin_coalesced_requests_total") == 1
+                )
+            # The starter hung up; its access log line is written once the origin has
+            # closed its stream (and so left the call).
+            await async_wait_for(lambda: access_lines.of("starter"))
+            stats = provider.control.stats()
+            # ...while the call was still stalled: the tokens it goes on to use are not
+            # known yet.
+            assert (stats["open_streams"], stats["streams_completed"]) == (1, 0)
+            joined, raw = await joiner
+            return before, admitted, joined, raw
+
+    before, admitted, joined, raw = asyncio.run(run())
+    origin.wait_stored()  # the settles run after the response, like the cache write
+
+    # The joiner got the whole answer, from the one call.
+    assert joined.status_code == 200
+    assert raw.endswith(b"data: [DONE]\n\n")
+    chunks = [json.loads(event) for event in raw.decode().split("data: ")[1:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "stop"
+    usage = chunks[-1]["usage"]
+    assert chunks[-1]["choices"] == [] and usage["prompt_tokens"] == 101
+    assert provider.control.stats()["chat_requests"] == 1
+    assert provider.control.stats()["streams_completed"] == 1
+    stored = post(origin, api_key, {**payload, "stream": False})  # what the call stored
+    assert stored.headers["x-prism-edge-cache-layer"] == "redis"
+    assert stored.json()["choices"][0]["message"]["content"] == text
+
+    # Tokens: the joiner's bound went back when it joined; the starter's was settled to
+    # the call's usage when the call ended. The limit's state (GCRA's theoretical arrival
+    # time) is then the starter's admission time plus ``used`` tokens' worth of the
+    # bucket, whatever has refilled since.
+    used = usage["total_tokens"]
+    state = admin.hget("prism:limits:acme", "s.tpm")
+    assert state is not None, "the tokens were all given back"
+    admitted_at = float(state) - used * 60_000_000 / tpm
+    assert before - 1000 <= admitted_at <= admitted + 1000  # within 1 ms; a token is 75
+
+    # Money: the call's real cost, spent once; nothing left reserved.
+    price = default_prices().price("p", PRICED)
+    tokens = tokens_of(usage)
+    assert price is not None and tokens is not None
+    cost = cost_micros(price, tokens)
+    assert cost > 0
+    assert budget_totals(admin) == {"spent": cost, "reserved": 0, "held": 0}
 
 
 def test_an_origin_reading_a_replica_holds_the_same_limit_on_the_primary(

@@ -17,36 +17,14 @@ from deploy.local.provider import ProviderServer
 from origin.semantic.index import INDEX_KEY_PREFIX
 from prism import Policy, entry_key, policy_key
 from tests.fixtures.origin import OriginFactory, RunningOrigin
+from tests.fixtures.semantic import CHAT, LAYER, QUESTION, ask, calls, first, opt_in
 from tests.polling import wait_for
 
 pytest.importorskip("numpy", reason="the semantic extra is not installed")
 
-CHAT = "/v1/chat/completions"
-LAYER, KEY, SCORE = "x-prism-edge-cache-layer", "x-prism-cache-key", "x-prism-semantic-score"
-QUESTION = "What's the capital of France?"
+KEY, SCORE = "x-prism-cache-key", "x-prism-semantic-score"
 PARAPHRASE = "what is the capital of france"
 OTHER = "What is the capital of Germany?"
-
-
-def opt_in(admin: redis.Redis, project: str = "acme", **cache: Any) -> None:
-    record = {"cache": {"semantic": True, **cache}}
-    admin.set(policy_key(project), Policy.parse(json.dumps(record)).encode())
-
-
-def ask(text: str, **extra: Any) -> dict[str, Any]:
-    return {"model": "demo", "messages": [{"role": "user", "content": text}], **extra}
-
-
-def first(client: httpx.Client, origin: RunningOrigin, payload: dict[str, Any]) -> httpx.Response:
-    """A miss whose answer is stored and indexed before this returns."""
-    response = client.post(CHAT, json=payload)
-    assert response.status_code == 200 and response.headers[LAYER] == "miss"
-    origin.wait_stored()
-    return response
-
-
-def calls(provider: ProviderServer) -> int:
-    return int(provider.control.stats()["chat_requests"])
 
 
 def test_a_paraphrase_is_answered_from_the_semantic_layer(

@@ -12,7 +12,7 @@ import redis
 
 from deploy.local.provider import ProviderServer
 from tests.fixtures.origin import RunningOrigin
-from tests.origin.test_semantic import CHAT, LAYER, QUESTION, ask, calls, first, opt_in
+from tests.fixtures.semantic import CHAT, LAYER, QUESTION, ask, calls, first, opt_in
 
 pytest.importorskip("numpy", reason="the semantic extra is not installed")
 
