@@ -1,5 +1,6 @@
 """Stopping the loops the origin's parts run in the background for their whole life (the
-usage flush, the KV writer, the dashboard's sampler, the model list's publisher).
+usage flush, the KV writer, the dashboard's sampler, the model list's publisher, the
+revoked-key refresher).
 
 Its own module because those parts sit below the gateway that builds them: they cannot
 import it (``Gateway.spawn``, for work after a response, stays with the gateway).

@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 
 from prism import POLICY_KEY_PREFIX, REVOKED_KEY, AuthenticationError, entry_key, policy_key
 
+from .background import cancel_and_wait
 from .metrics import Metrics
 from .ratelimits import RATE_CHECK_SCRIPT, REQUEST_LIMIT_LUA
 from .redis_client import (
@@ -299,10 +300,7 @@ class RedisCache:
 
     async def close(self) -> None:
         refresher, self._refresher = self._refresher, None
-        if refresher is not None:
-            refresher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await refresher
+        await cancel_and_wait(refresher)
 
 
 def _info(reply: bytes | str) -> dict[str, str]:
