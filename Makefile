@@ -59,10 +59,11 @@ fi
 endef
 
 # tmux and chromium drive two tests as a person would (`prism top` in a real terminal, the
-# dashboard in a headless browser): installed with apt when missing and we may (root or
-# sudo -n); otherwise those tests are skipped and say why.
+# dashboard in a headless browser); shellcheck checks the origin instance's boot script and
+# caddy runs its TLS front: installed with apt when missing and we may (root or sudo -n);
+# otherwise those tests are skipped and say why.
 test-tools:
-	@$(call apt-install,tmux chromium,its tests will skip)
+	@$(call apt-install,tmux chromium shellcheck caddy,its tests will skip)
 
 test: lint typecheck pytest
 
