@@ -162,61 +162,80 @@ class RedisCache:
         # A permit this process leased earlier spares the script its rate check.
         held: ProjectLeases | None = None
         leased: list[int] | None = None
+        want, asks = 0, False
         counted = "0"
         if count:
             held = self.leases.by_project.get(project) if project is not None else None
             if held is None:  # never limited here: the script says whether it is
-                counted = "r" if redis is self._reader else "1"
-            elif (leased := held.take(key_id)) is None:
-                counted = "r" if redis is self._reader else held.want(key_id)
+                want, asks = 1, True
+            else:
+                leased, want, asks = held.take(key_id)
+            if want:
+                counted = "r" if redis is self._reader else str(want)
         try:
-            if fingerprint is None and project is None:
-                reply: Any = (await redis.execute("SISMEMBER", REVOKED_KEY, key_id),)
-            else:
-                entry = "" if fingerprint is None else entry_key(fingerprint)
-                policy = "" if project is None else policy_key(project)
-                reply = None
-                if self._lookup_script is not None:
-                    with contextlib.suppress(NoScriptError):  # Redis restarted or was flushed
-                        reply = await redis.run(self._lookup_script, entry, policy, key_id, counted)
-                if reply is None:  # first use, or the script is gone: load it
-                    sha = await redis.execute("SCRIPT", "LOAD", LOOKUP_SCRIPT)
-                    self._lookup_script = PreparedCommand("EVALSHA", sha, 3, REVOKED_KEY)
-                    reply = await redis.run(self._lookup_script, entry, policy, key_id, counted)
-        except RedisClientError as error:
-            if redis is self._reader:  # the primary takes the lookups for a while
-                self._metrics.redis_errors.labels("lookup_replica").inc()
-                self._reader_down_until = time.monotonic() + self._retry_after
-            else:
-                self._failed("lookup", error)
-            return self._unavailable(key_id)
-        if reply[0] or (redis is self._reader and key_id in self._revoked):
-            self._revoked.add(key_id)
-            return Lookup(True, True)
-        if len(reply) < 3:
-            return Lookup(True, False)
-        if project is None:
-            return Lookup(True, False, reply[1], reply[2])
-        if len(reply) > 3:
-            rate = reply[3:] if reply[3] != 2 else await self._check_rate(project, key_id)
-        elif leased is not None and held is not None and reply[2] != held.policy:
+            try:
+                reply = await self._lookup_reply(redis, key_id, fingerprint, project, counted)
+            except RedisClientError as error:
+                if redis is self._reader:  # the primary takes the lookups for a while
+                    self._metrics.redis_errors.labels("lookup_replica").inc()
+                    self._reader_down_until = time.monotonic() + self._retry_after
+                else:
+                    self._failed("lookup", error)
+                return self._unavailable(key_id)
+            if reply[0] or (redis is self._reader and key_id in self._revoked):
+                self._revoked.add(key_id)
+                return Lookup(True, True)
+            if len(reply) < 3:
+                return Lookup(True, False)
+            if project is None:
+                return Lookup(True, False, reply[1], reply[2])
             # Leased under a policy that has changed since: the new one decides.
-            rate = await self._check_rate(project, key_id)
-        else:
-            return Lookup(True, False, reply[1], reply[2], leased)
-        if rate is None:  # no request limit applies (or the primary could not say)
-            self.leases.by_project.pop(project, None)
-            return Lookup(True, False, reply[1], reply[2])
-        self.leases.record(project, key_id, rate, reply[2])
-        return Lookup(True, False, reply[1] if rate[0] else None, reply[2], rate)
+            void = held is not None and reply[2] != held.policy
+            if len(reply) > 3:
+                rate = reply[3:] if reply[3] != 2 else await self._check_rate(project, key_id, want)
+            elif void:
+                rate, asks = await self._check_rate(project, key_id, 1), True
+            else:
+                return Lookup(True, False, reply[1], reply[2], leased)
+            if rate is None:  # no request limit applies (or the primary could not say)
+                self.leases.by_project.pop(project, None)
+                return Lookup(True, False, reply[1], reply[2])
+            if asks or void:
+                spent = leased is None or void  # else its permit came from the lease
+                self.leases.record(project, key_id, rate, reply[2], spent)
+                asks = False
+            if leased is not None and not void:  # admitted by its lease; that ask was ahead
+                return Lookup(True, False, reply[1], reply[2], leased)
+            return Lookup(True, False, reply[1] if rate[0] else None, reply[2], rate)
+        finally:
+            if asks and held is not None:  # no answer to the ask: another request may ask
+                held.unask(key_id)
 
-    async def _check_rate(self, project: str, key_id: str) -> list[int] | None:
-        """The request rate limit's verdict from the primary (None: no limit applies, or
-        the primary failed: no limits without Redis)."""
-        held = self.leases.by_project.get(project)
-        want = "1" if held is None else held.want(key_id)
+    async def _lookup_reply(
+        self,
+        redis: RedisClient,
+        key_id: str,
+        fingerprint: str | None,
+        project: str | None,
+        counted: str,
+    ) -> Any:
+        """The lookup script's reply (see ``LOOKUP_SCRIPT``), loading it when Redis lacks it."""
+        if fingerprint is None and project is None:
+            return (await redis.execute("SISMEMBER", REVOKED_KEY, key_id),)
+        entry = "" if fingerprint is None else entry_key(fingerprint)
+        policy = "" if project is None else policy_key(project)
+        if self._lookup_script is not None:
+            with contextlib.suppress(NoScriptError):  # Redis restarted or was flushed
+                return await redis.run(self._lookup_script, entry, policy, key_id, counted)
+        sha = await redis.execute("SCRIPT", "LOAD", LOOKUP_SCRIPT)  # first use, or it is gone
+        self._lookup_script = PreparedCommand("EVALSHA", sha, 3, REVOKED_KEY)
+        return await redis.run(self._lookup_script, entry, policy, key_id, counted)
+
+    async def _check_rate(self, project: str, key_id: str, want: int) -> list[int] | None:
+        """The request rate limit's verdict from the primary, taking up to ``want`` permits
+        (None: no limit applies, or the primary failed: no limits without Redis)."""
         try:
-            rate: list[int] = await self._rate_check.run(self.redis, key_id, project, want)
+            rate: list[int] = await self._rate_check.run(self.redis, key_id, project, str(want))
         except RedisClientError as error:
             self._failed("rate_limit", error)
             return None

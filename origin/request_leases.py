@@ -4,22 +4,32 @@ Every request of a project with request limits is checked in Redis, inside the l
 script (``origin.ratelimits.REQUEST_LIMIT_LUA``): an HMGET, a TIME and an HSET on each
 Redis hit. At thousands of hits a second that is most of what a hit costs Redis, and a
 slower script slows the auto-pipelined connection every request shares. So a process
-that keeps sending a key's requests takes permits in advance: a check may take up to
-twice the permits its key's last lease held when that lease was spent within its
-lifetime (1, 2, 4 ... never more than fit the bucket now, nor more than
-``LEASE_SHARE``th of the smallest limit), and the requests after it spend them here,
-their lookup carrying no rate check at all.
+that keeps sending a key's requests takes permits in advance, in leases, and the
+requests spend them here, their lookup carrying no rate check at all.
+
+- One request at a time asks for a key's next lease (``asking``): while it waits, the
+  key's other requests without a permit are checked one by one, each taking exactly
+  its own permit. (Were each to ask for a lease, 32 requests in flight would take 32
+  leases and keep one: the bucket would drain 30 times faster than requests came.)
+- The next lease is asked for before the current one runs out, when a quarter of it is
+  left, by a request that spends a permit anyway: a busy key is never without permits.
+- A lease asks for twice the last one's size while they are spent within their
+  lifetime (1, 2, 4 ...), else for what the last one spent, and for at least twice the
+  requests checked one by one since the last ask (many requests at once grow it in one
+  step); never more than fit the bucket now, nor more than ``LEASE_SHARE``th of the
+  smallest limit (the script caps it).
 
 Exactness: permits are taken from the bucket (GCRA, in Redis, atomically) when leased,
 so every process together never admits more than the limit allows, but a permit may be
 spent up to ``LEASE_SECONDS`` after it was taken: at a window's edge a process may admit
-up to one lease (a thousandth of the limit) that belongs to the window before. Permits
-a process does not spend are not given back; the bucket refills them within a
-thousandth of the period. Limits under ``2 x LEASE_SHARE`` a minute never lease: each
-of their requests is checked on its own, exactly as before. A policy change reaches a
-lease within ``LEASE_SECONDS``. The ``x-ratelimit-*-requests`` headers of a request
-served from a lease are the lease's: the remaining count as the bucket had it when
-leased, less what the process has spent since, and the reset time as it was then.
+up to two leases (two thousandths of the limit) that belong to the window before.
+Permits a process does not spend are not given back; the bucket refills them within
+two thousandths of the period. Limits under ``2 x LEASE_SHARE`` a minute never lease:
+each of their requests is checked on its own. A policy change reaches a lease at the
+key's next request (the lookup brings the policy record; a lease taken under another
+one is void). The ``x-ratelimit-*-requests`` headers of a request served from a lease
+are the lease's: the remaining count as the bucket had it when leased, less what the
+process has spent of it since, and the reset time as it was then.
 """
 
 from __future__ import annotations
@@ -32,16 +42,37 @@ __all__ = ["ProjectLeases", "RequestLeases"]
 
 _MAX_PROJECTS = 10_000
 
+# take()'s answer when the request spends a leased permit and asks for nothing.
+_NO_ASK = 0
+
 
 class _Lease:
     __slots__ = ("left", "limit", "remaining", "reset_ms", "scope", "size", "until")
 
-    def __init__(self, rate: list[int], now: float) -> None:
+    def __init__(self, rate: list[int], now: float, spent: bool) -> None:
         # rate: the script's admitted reply [1, limit, remaining, reset_ms, 0, scope, grant]
         self.size = rate[6]
-        self.left = self.size - 1  # the request that took the lease spends one
+        self.left = self.size - 1 if spent else self.size  # the asking request's own permit
         self.limit, self.remaining, self.reset_ms, self.scope = rate[1], rate[2], rate[3], rate[5]
         self.until = now + LEASE_SECONDS
+
+
+class _KeyLeases:
+    """One key's permits: the lease being spent, the next one, and whether a request
+    is asking for one now."""
+
+    __slots__ = ("alone", "asking", "current", "next")
+
+    def __init__(self) -> None:
+        self.current: _Lease | None = None
+        self.next: _Lease | None = None
+        self.asking = False
+        self.alone = 0  # requests checked one by one since the last ask
+
+    def ask(self, size: int) -> int:
+        self.asking = True
+        want, self.alone = max(size, 2 * self.alone), 0
+        return want
 
 
 class ProjectLeases:
@@ -52,26 +83,47 @@ class ProjectLeases:
 
     def __init__(self, policy: bytes | None) -> None:
         self.policy = policy
-        self.by_key: dict[str, _Lease] = {}
+        self.by_key: dict[str, _KeyLeases] = {}
 
-    def take(self, key_id: str) -> list[int] | None:
-        """Spend one of ``key_id``'s leased permits: the verdict a check would have given
-        (admitted, with the lease's figures), or None when there is none to spend. The
-        caller then confirms that the policy is still ``self.policy``."""
-        lease = self.by_key.get(key_id)
-        if lease is None or lease.left <= 0 or time.monotonic() >= lease.until:
-            return None
+    def take(self, key_id: str) -> tuple[list[int] | None, int, bool]:
+        """Spend one of ``key_id``'s leased permits: ``(verdict, want, asks)``.
+
+        ``verdict``: what a check would have said (admitted, with the lease's figures),
+        or None when there is no permit to spend: the request must be checked. ``want``:
+        the permits its lookup asks Redis for (0: no check). ``asks``: this request asks
+        for the key's next lease, and must hand the reply to ``RequestLeases.record``
+        (or, failing, call ``unask``); else a check takes only its own permit. The caller
+        then confirms that the policy is still ``self.policy``."""
+        keyed = self.by_key.get(key_id)
+        if keyed is None:
+            keyed = self.by_key[key_id] = _KeyLeases()
+        now = time.monotonic()
+        lease = keyed.current
+        if lease is None or lease.left <= 0 or now >= lease.until:
+            following = keyed.next
+            if following is None or following.left <= 0 or now >= following.until:
+                if keyed.asking:  # another request is asking: this one is checked alone
+                    keyed.alone += 1
+                    return None, 1, False
+                if lease is None:
+                    return None, keyed.ask(1), True
+                if now < lease.until:  # spent within its lifetime: busy enough for more
+                    return None, keyed.ask(lease.size * 2), True
+                return None, keyed.ask(max(1, lease.size - lease.left)), True  # what it spent
+            keyed.current, keyed.next, lease = following, None, following
         lease.left -= 1
-        return [1, lease.limit, lease.remaining + lease.left, lease.reset_ms, 0, lease.scope]
+        verdict = [1, lease.limit, lease.remaining + lease.left, lease.reset_ms, 0, lease.scope]
+        if lease.left > lease.size >> 2 or keyed.next is not None or keyed.asking:
+            return verdict, _NO_ASK, False
+        # A quarter left, spent within its lifetime: the next one, twice as large.
+        return verdict, keyed.ask(lease.size * 2), True
 
-    def want(self, key_id: str) -> str:
-        """How many permits the next check asks for, as the lookup script's argument."""
-        lease = self.by_key.get(key_id)
-        if lease is None or lease.size <= 0:
-            return "1"
-        if lease.left <= 0 and time.monotonic() < lease.until:
-            return str(lease.size * 2)  # spent within its lifetime: busy enough for more
-        return str(max(1, lease.size - lease.left))  # what was spent of the last one
+    def unask(self, key_id: str) -> None:
+        """The request asking for the next lease got no answer (Redis failed, or it was
+        cancelled): another may ask."""
+        keyed = self.by_key.get(key_id)
+        if keyed is not None:
+            keyed.asking = False
 
 
 class RequestLeases:
@@ -83,15 +135,27 @@ class RequestLeases:
     def __init__(self) -> None:
         self.by_project: dict[str, ProjectLeases] = {}
 
-    def record(self, project: str, key_id: str, rate: list[int], policy: bytes | None) -> None:
-        """Keep what a check granted (its reply) under the policy record it read; a
-        refusal leaves nothing to spend."""
+    def record(
+        self, project: str, key_id: str, rate: list[int], policy: bytes | None, spent: bool
+    ) -> None:
+        """Keep the lease a check granted (its reply, under the policy record it read);
+        ``spent``: the asking request takes one of its permits. A refusal leaves nothing
+        new to spend."""
         held = self.by_project.get(project)
         if held is None or held.policy != policy:
             if len(self.by_project) >= _MAX_PROJECTS:
                 self.by_project.clear()
             held = self.by_project[project] = ProjectLeases(policy)
-        if rate[0] and len(rate) > 6:
-            held.by_key[key_id] = _Lease(rate, time.monotonic())
+        keyed = held.by_key.get(key_id)
+        if keyed is None:
+            keyed = held.by_key[key_id] = _KeyLeases()
+        keyed.asking = False
+        if not rate[0] or len(rate) <= 6:
+            return
+        now = time.monotonic()
+        lease = _Lease(rate, now, spent)
+        current = keyed.current
+        if current is not None and current.left > 0 and now < current.until:
+            keyed.next = lease  # asked for ahead: spent once the current one is
         else:
-            held.by_key.pop(key_id, None)
+            keyed.current = lease
