@@ -41,9 +41,7 @@ from .ratelimits import LEASE_SECONDS
 __all__ = ["ProjectLeases", "RequestLeases"]
 
 _MAX_PROJECTS = 10_000
-
-# take()'s answer when the request spends a leased permit and asks for nothing.
-_NO_ASK = 0
+_MAX_KEYS = 100_000  # per project
 
 
 class _Lease:
@@ -70,6 +68,7 @@ class _KeyLeases:
         self.alone = 0  # requests checked one by one since the last ask
 
     def ask(self, size: int) -> int:
+        """This request asks for the next lease: how many permits."""
         self.asking = True
         want, self.alone = max(size, 2 * self.alone), 0
         return want
@@ -96,7 +95,7 @@ class ProjectLeases:
         then confirms that the policy is still ``self.policy``."""
         keyed = self.by_key.get(key_id)
         if keyed is None:
-            keyed = self.by_key[key_id] = _KeyLeases()
+            keyed = self.key(key_id)
         now = time.monotonic()
         lease = keyed.current
         if lease is None or lease.left <= 0 or now >= lease.until:
@@ -114,9 +113,18 @@ class ProjectLeases:
         lease.left -= 1
         verdict = [1, lease.limit, lease.remaining + lease.left, lease.reset_ms, 0, lease.scope]
         if lease.left > lease.size >> 2 or keyed.next is not None or keyed.asking:
-            return verdict, _NO_ASK, False
+            return verdict, 0, False
         # A quarter left, spent within its lifetime: the next one, twice as large.
         return verdict, keyed.ask(lease.size * 2), True
+
+    def key(self, key_id: str) -> _KeyLeases:
+        """``key_id``'s leases, made when it has none."""
+        keyed = self.by_key.get(key_id)
+        if keyed is None:
+            if len(self.by_key) >= _MAX_KEYS:
+                self.by_key.clear()
+            keyed = self.by_key[key_id] = _KeyLeases()
+        return keyed
 
     def unask(self, key_id: str) -> None:
         """The request asking for the next lease got no answer (Redis failed, or it was
@@ -146,9 +154,7 @@ class RequestLeases:
             if len(self.by_project) >= _MAX_PROJECTS:
                 self.by_project.clear()
             held = self.by_project[project] = ProjectLeases(policy)
-        keyed = held.by_key.get(key_id)
-        if keyed is None:
-            keyed = held.by_key[key_id] = _KeyLeases()
+        keyed = held.key(key_id)
         keyed.asking = False
         if not rate[0] or len(rate) <= 6:
             return
