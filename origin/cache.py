@@ -20,7 +20,8 @@ within ``revoked_refresh`` at worst, never later. A failing replica is skipped f
 ``retry_after`` (the lookup goes to the primary meanwhile). A project's request rate
 limits are checked on the primary, whose state they change: in the lookup itself when
 it runs there, else in a second command to the primary when the replica's lookup says
-the project has limits (``origin.ratelimits``).
+the project has limits and the request needs a check or asks for a lease
+(``origin.ratelimits``, ``origin.request_leases``).
 """
 
 from __future__ import annotations
@@ -66,15 +67,16 @@ REVOKED_WHILE_UNAVAILABLE = Lookup(available=False, revoked=True)
 # KEYS[1] = the revoked set, KEYS[2] = the entry, KEYS[3] = the project's policy, either
 # "" when not wanted; ARGV[1] = the key id; ARGV[2] = a number N >= 1 to check the
 # request against the project's request rate limits, taking up to N permits
-# (``origin.request_leases``), "r" (on a replica, which cannot write) only to say
-# whether it has any (reply {..., 2}), "0" neither. A missing value comes back as false
-# (nil), which keeps its place in the reply. Revoked: nothing else is read. The rate
-# limit check runs only when the policy record sets rate limits; a refused request
-# reads no entry. The limits' hash is named inside the script, from the project (a
-# single Redis, not a cluster).
+# (``origin.request_leases``), -N to take them for later (the request itself is admitted
+# by a permit leased earlier, so its entry is read whatever the verdict), "r" (on a
+# replica, which cannot write) only to say whether it has any (reply {..., 2}), "0"
+# neither. A missing value comes back as false (nil), which keeps its place in the
+# reply. Revoked: nothing else is read. The rate limit check runs only when the policy
+# record sets rate limits; a refused request reads no entry. The limits' hash is named
+# inside the script, from the project (a single Redis, not a cluster).
 LOOKUP_SCRIPT = f"""
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return {{1}} end
-local entry, policy, rate = false, false, nil
+local entry, policy, rate, ahead = false, false, nil, false
 if KEYS[3] ~= '' then
   policy = redis.call('GET', KEYS[3])
   if ARGV[2] ~= '0' and policy and string.find(policy, '"rate_limits":', 1, true) then
@@ -82,12 +84,13 @@ if KEYS[3] ~= '' then
       rate = {{2}}
     else
       local project, want = string.sub(KEYS[3], {len(POLICY_KEY_PREFIX) + 1}), tonumber(ARGV[2])
+      if want < 0 then ahead, want = true, -want end
 {REQUEST_LIMIT_LUA}
     end
   end
 end
 if rate then
-  if rate[1] ~= 0 and KEYS[2] ~= '' then entry = redis.call('GET', KEYS[2]) end
+  if (rate[1] ~= 0 or ahead) and KEYS[2] ~= '' then entry = redis.call('GET', KEYS[2]) end
   return {{0, entry, policy, unpack(rate)}}
 end
 if KEYS[2] ~= '' then entry = redis.call('GET', KEYS[2]) end
@@ -115,7 +118,7 @@ class RedisCache:
         self._metrics = metrics
         self._retry_after = retry_after
         self._down_until = 0.0
-        self._lookup_script: PreparedCommand | None = None  # EVALSHA sha 2 revoked-set
+        self._lookup_script: PreparedCommand | None = None  # EVALSHA sha 3 revoked-set
         self._rate_check = LoadedScript(RATE_CHECK_SCRIPT)  # on the primary, after a replica
         self.leases = RequestLeases()
         # The revoked key ids last read from Redis, for when Redis cannot be asked.
@@ -170,8 +173,8 @@ class RedisCache:
                 want, asks = 1, True
             else:
                 leased, want, asks = held.take(key_id)
-            if want:
-                counted = "r" if redis is self._reader else str(want)
+            if want:  # negative: for later, this request's permit came from its lease
+                counted = "r" if redis is self._reader else str(want if leased is None else -want)
         try:
             try:
                 reply = await self._lookup_reply(redis, key_id, fingerprint, project, counted)
@@ -202,8 +205,10 @@ class RedisCache:
                 return Lookup(True, False, reply[1], reply[2])
             if asks or void:
                 spent = leased is None or void  # else its permit came from the lease
-                self.leases.record(project, key_id, rate, reply[2], spent)
+                left = self.leases.record(project, key_id, rate, reply[2], spent, asks)
                 asks = False
+                if spent and left:  # its header counts the permits the process holds too
+                    rate[2] = min(rate[2] + left, rate[1])
             if leased is not None and not void:  # admitted by its lease; that ask was ahead
                 return Lookup(True, False, reply[1], reply[2], leased)
             return Lookup(True, False, reply[1] if rate[0] else None, reply[2], rate)

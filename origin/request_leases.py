@@ -12,11 +12,14 @@ requests spend them here, their lookup carrying no rate check at all.
   its own permit. (Were each to ask for a lease, 32 requests in flight would take 32
   leases and keep one: the bucket would drain 30 times faster than requests came.)
 - The next lease is asked for before the current one runs out, when a quarter of it is
-  left, by a request that spends a permit anyway: a busy key is never without permits.
-- A lease asks for twice the last one's size while they are spent within their
-  lifetime (1, 2, 4 ...), else for what the last one spent, and for at least twice the
-  requests checked one by one since the last ask (many requests at once grow it in one
-  step); never more than fit the bucket now, nor more than ``LEASE_SHARE``th of the
+  left, by a request that spends a permit anyway (once per lease): a busy key is never
+  without permits. Its size is what the current one's pace would spend within a lifetime
+  from now, less what the current one still holds (at most twice its size; none when
+  that is under 2: a slow key asks when it runs out).
+- A key without permits asks for twice the last lease's size when it was spent within
+  its lifetime (1, 2, 4 ...), else for what it spent; and every ask is for at least twice
+  the requests checked one by one since the last (many requests at once grow it in one
+  step). Never more than fit the bucket now, nor more than ``LEASE_SHARE``th of the
   smallest limit (the script caps it).
 
 Exactness: permits are taken from the bucket (GCRA, in Redis, atomically) when leased,
@@ -28,8 +31,8 @@ two thousandths of the period. Limits under ``2 x LEASE_SHARE`` a minute never l
 each of their requests is checked on its own. A policy change reaches a lease at the
 key's next request (the lookup brings the policy record; a lease taken under another
 one is void). The ``x-ratelimit-*-requests`` headers of a request served from a lease
-are the lease's: the remaining count as the bucket had it when leased, less what the
-process has spent of it since, and the reset time as it was then.
+are the lease's: what the bucket had left when the key's last lease was taken, plus the
+permits the process still holds for the key, and the reset time as it was then.
 """
 
 from __future__ import annotations
@@ -45,14 +48,18 @@ _MAX_KEYS = 100_000  # per project
 
 
 class _Lease:
-    __slots__ = ("left", "limit", "remaining", "reset_ms", "scope", "size", "until")
+    __slots__ = (
+        "ahead", "left", "limit", "remaining", "reset_ms", "scope", "size", "taken", "until",
+    )  # fmt: skip
 
     def __init__(self, rate: list[int], now: float, spent: bool) -> None:
         # rate: the script's admitted reply [1, limit, remaining, reset_ms, 0, scope, grant]
         self.size = rate[6]
         self.left = self.size - 1 if spent else self.size  # the asking request's own permit
-        self.limit, self.remaining, self.reset_ms, self.scope = rate[1], rate[2], rate[3], rate[5]
-        self.until = now + LEASE_SECONDS
+        self.limit, self.reset_ms, self.scope = rate[1], rate[3], rate[5]
+        self.remaining = min(rate[2], self.limit - self.left)  # the header: never above the limit
+        self.taken, self.until = now, now + LEASE_SECONDS
+        self.ahead = False  # the next lease has been asked for while spending this one
 
 
 class _KeyLeases:
@@ -112,10 +119,17 @@ class ProjectLeases:
             keyed.current, keyed.next, lease = following, None, following
         lease.left -= 1
         verdict = [1, lease.limit, lease.remaining + lease.left, lease.reset_ms, 0, lease.scope]
-        if lease.left > lease.size >> 2 or keyed.next is not None or keyed.asking:
+        if lease.left > lease.size >> 2 or lease.ahead or keyed.asking:
             return verdict, 0, False
-        # A quarter left, spent within its lifetime: the next one, twice as large.
-        return verdict, keyed.ask(lease.size * 2), True
+        # A quarter left: the next one, as large as this one's pace would spend within a
+        # lifetime from now, less what this one still holds.
+        lease.ahead = True
+        spent = lease.size - lease.left
+        pace = spent * LEASE_SECONDS / max(now - lease.taken, 1e-6)
+        size = min(lease.size * 2, int(pace) - lease.left)
+        if size < 2:  # too slow to need one ahead: asked for when it runs out
+            return verdict, 0, False
+        return verdict, keyed.ask(size), True
 
     def key(self, key_id: str) -> _KeyLeases:
         """``key_id``'s leases, made when it has none."""
@@ -144,24 +158,36 @@ class RequestLeases:
         self.by_project: dict[str, ProjectLeases] = {}
 
     def record(
-        self, project: str, key_id: str, rate: list[int], policy: bytes | None, spent: bool
-    ) -> None:
-        """Keep the lease a check granted (its reply, under the policy record it read);
-        ``spent``: the asking request takes one of its permits. A refusal leaves nothing
-        new to spend."""
+        self,
+        project: str,
+        key_id: str,
+        rate: list[int],
+        policy: bytes | None,
+        spent: bool,
+        asked: bool,
+    ) -> int:
+        """Keep the lease a check granted (its reply, under the policy record it read):
+        ``spent``, the request takes one of its permits; ``asked``, it is the key's ask
+        (``take``). A refusal leaves nothing new to spend. Returns the permits the key now
+        holds beyond the bucket's count in ``rate`` (for the request's header)."""
         held = self.by_project.get(project)
         if held is None or held.policy != policy:
             if len(self.by_project) >= _MAX_PROJECTS:
                 self.by_project.clear()
             held = self.by_project[project] = ProjectLeases(policy)
         keyed = held.key(key_id)
-        keyed.asking = False
+        if asked:
+            keyed.asking = False
         if not rate[0] or len(rate) <= 6:
-            return
+            return 0
         now = time.monotonic()
         lease = _Lease(rate, now, spent)
         current = keyed.current
-        if current is not None and current.left > 0 and now < current.until:
-            keyed.next = lease  # asked for ahead: spent once the current one is
-        else:
+        if current is None or current.left <= 0 or now >= current.until:
             keyed.current = lease
+            return lease.left
+        if keyed.next is None or keyed.next.left <= 0 or now >= keyed.next.until:
+            keyed.next = lease  # asked for ahead: spent once the current one is
+            # The current one's headers from here on: the bucket now, and both leases.
+            current.remaining = min(rate[2] + lease.left, current.limit - current.left)
+        return current.left + lease.left

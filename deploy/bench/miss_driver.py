@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import os
 import sys
 import time
 import uuid
@@ -142,6 +143,7 @@ def provider_process() -> Iterator[str]:
         "the local provider",
         [sys.executable, "-m", "deploy.local.provider", *args],
         Path("/dev/stderr"),
+        {**os.environ, "PYTHONUNBUFFERED": "1"},  # nothing it printed is lost when stopped
     )
     try:
         provider.wait_http(url + "/v1/models")
