@@ -187,8 +187,6 @@ class ApiRoute(Generic[R]):
             pending = found
         # The budget is the policy's, from the same lookup: none set, no Redis command here.
         budget = policy.budget if policy is not None else None
-        if budget is not None and decision.read and fp in gw.flights:
-            budget = None  # joins the call in flight, which its starter pays for
         rate_limits = policy.rate_limits if policy is not None else None
         limits_tokens = (
             rate_limits is not None and available and rate_limits.limits_tokens(caller.key_id)
@@ -196,21 +194,36 @@ class ApiRoute(Generic[R]):
         bounds = (0, 0)
         if budget is not None or limits_tokens:
             bounds = (self.api.prompt_tokens(parsed), self.api.completion_tokens(parsed))
+        # A request that joins the call in flight neither reserves budget nor takes tokens:
+        # the call's starter pays. If that call ends while this one is being admitted, it
+        # starts one of its own, and is admitted in full first (at most once more).
+        joins = (budget is not None or limits_tokens) and decision.read and fp in gw.flights
         tokens: TokenCharge | None = None
-        if limits_tokens:
-            # Tokens are limited on misses only: admitted on the request's bound now,
-            # settled to its usage when the call ends (all given back when it joins one).
-            tokens = await self.limiter.admit_tokens(
-                caller.project, caller.key_id, *bounds, out, lookup.rate is not None
-            )
         try:
-            try:
-                charge = await self.billing.open(
-                    caller.project, caller.key_id, parsed.model, layer, budget, bounds
-                )
-            except (RateLimitError, PermissionDeniedError) as refusal:
-                self._audit_refusal(caller, parsed.model, refusal, "budget.refuse")
-                raise
+            while True:
+                if limits_tokens and not joins:
+                    # Tokens are limited on misses only: admitted on the request's bound
+                    # now, settled to its usage when the call ends.
+                    tokens = await self.limiter.admit_tokens(
+                        caller.project, caller.key_id, *bounds, out, lookup.rate is not None
+                    )
+                try:
+                    charge = await self.billing.open(
+                        caller.project,
+                        caller.key_id,
+                        parsed.model,
+                        layer,
+                        None if joins else budget,
+                        bounds,
+                    )
+                except (RateLimitError, PermissionDeniedError) as refusal:
+                    self._audit_refusal(caller, parsed.model, refusal, "budget.refuse")
+                    raise
+                # Nothing awaits from here to the subscription: what is in flight now is
+                # what this request joins.
+                if not joins or fp in gw.flights:
+                    break
+                joins = False
             # The call's end settles the tokens with the budget (``Charge``): a client
             # that leaves early does not give back what the call goes on to use.
             charge.rate_tokens = tokens
