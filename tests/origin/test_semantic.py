@@ -298,25 +298,29 @@ def test_a_project_without_the_opt_in_pays_no_redis_command_for_it(
     assert after["cmdstat_evalsha"] - before["cmdstat_evalsha"] == 1  # the lookup alone
 
 
-def test_a_semantic_hit_spends_nothing_from_a_budget(
+def test_a_semantic_hit_spends_nothing_from_a_budget_and_counts_as_a_request(
     origin_factory: OriginFactory,
     api_key: str,
     admin: redis.Redis,
+    redis_url: str,
     provider: ProviderServer,
     tmp_path: Any,
 ) -> None:
     from datetime import UTC, datetime
 
+    from deploy.policy_store import PolicyStore
     from origin.budgets import budget_keys, period_of
-    from prism import Budget, CacheRules
+    from prism import Budget, CacheRules, RateLimits
 
     config = tmp_path / "providers.toml"
     config.write_text(
         f'[providers.p]\nbase_url = "{provider.url}/v1"\n[models]\n"gpt-4o-mini" = ["p"]\n'
     )
     origin = origin_factory(PRISM_PROVIDERS_FILE=str(config))
-    record = Policy(budget=Budget(5, "day"), cache=CacheRules(semantic=True))
-    admin.set(policy_key("acme"), record.encode())
+    store = PolicyStore.from_url(redis_url)
+    limits = RateLimits.from_dict({"project": {"rpm": 100}})
+    store.set("acme", budget=Budget(5, "day"), cache=CacheRules(semantic=True), rate_limits=limits)
+    store.close()
     budget, _ = budget_keys("acme", period_of("day", datetime.now(UTC))[0])
 
     def post(text: str) -> httpx.Response:
@@ -333,6 +337,9 @@ def test_a_semantic_hit_spends_nothing_from_a_budget(
     assert int(spent[b"spent"]) > 0
     answered = post(PARAPHRASE)
     assert answered.status_code == 200 and answered.headers[LAYER] == "semantic"
+    # Counted against the request limit like any request, with OpenAI's headers.
+    assert answered.headers["x-ratelimit-limit-requests"] == "100"
+    assert answered.headers["x-ratelimit-remaining-requests"] == "98"
     origin.wait_stored()
     assert admin.hgetall(budget) == spent  # nothing reserved, nothing spent
     assert calls(provider) == 1
