@@ -258,8 +258,7 @@ def test_coalesced_misses_take_one_calls_tokens(
     provider: ProviderServer,
 ) -> None:
     """32 identical misses at once make one provider call; the token limit ends up
-    charged that one call's usage (a joiner takes no tokens; one that starts a call
-    after its call ended gives its bound back, once)."""
+    charged that one call's usage: the joiners take no tokens."""
     tpm = 60_000
     limit(store, project={"tpm": tpm})
     planted = plant(admin, "s.tpm")
