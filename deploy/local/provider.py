@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hmac
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -248,7 +249,8 @@ class _Provider:
                     break
                 if i == stall_at:
                     assert fault is not None
-                    await asyncio.sleep(fault.seconds)
+                    with contextlib.suppress(TimeoutError):  # else released early
+                        await asyncio.wait_for(self.state.release.wait(), fault.seconds)
                     started = time.monotonic() - words / rate if rate else started
                 if rate and weight:
                     # Pace against a schedule, not per chunk, so sleeps do not drift.

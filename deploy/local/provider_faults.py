@@ -14,10 +14,13 @@ Modes: ``status`` (an error status), ``rate_limit`` (429 with ``Retry-After``),
 ``error_event`` (a 200 stream whose first event is the API's error event, as Anthropic
 reports an overload), ``malformed_json`` and ``latency``. A queued fault with
 ``probability`` hits that share of requests, drawn from a generator seeded with ``seed``.
+A stream's stall (``stall_after_headers``, ``stall_mid_stream``) lasts ``seconds`` or until
+``/_control/release``, whichever comes first.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import random
 import time
@@ -220,6 +223,13 @@ class ProviderState:
     recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=_RECENT_REQUESTS))
     # One record per chat request, for timelines: [unix time, outcome, streamed].
     log: deque[tuple[float, str, bool]] = field(default_factory=lambda: deque(maxlen=_LOG_REQUESTS))
+    # Set to end every stream stall in progress before its ``seconds`` (``/_control/release``):
+    # a test holds a stream still for as long as it needs, not for a guessed time.
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def release_stalls(self) -> None:
+        released, self.release = self.release, asyncio.Event()  # later stalls wait anew
+        released.set()
 
     def record(self, fault: Fault | None, stream: bool) -> None:
         """Account for one chat request that got past validation."""
@@ -310,6 +320,10 @@ def control_routes(state: ProviderState) -> list[Route]:
         state.reset()
         return json_response({"reset": True})
 
+    async def release(request: Request) -> Response:
+        state.release_stalls()
+        return json_response({"released": True})
+
     async def recent(request: Request) -> Response:
         return json_response(list(state.recent))
 
@@ -323,6 +337,7 @@ def control_routes(state: ProviderState) -> list[Route]:
         Route("/_control/faults", clear_faults, methods=["DELETE"]),
         Route("/_control/stats", stats, methods=["GET"]),
         Route("/_control/reset", reset, methods=["POST"]),
+        Route("/_control/release", release, methods=["POST"]),
         Route("/_control/requests", recent, methods=["GET"]),
         Route("/_control/log", log, methods=["GET"]),
     ]
@@ -354,6 +369,11 @@ class ProviderControl:
 
     def reset(self) -> None:
         self._call("POST", "/_control/reset")
+
+    def release(self) -> None:
+        """End every stream stall in progress now (``stall_mid_stream``,
+        ``stall_after_headers``): the streams go on."""
+        self._call("POST", "/_control/release")
 
     def requests(self) -> list[dict[str, Any]]:
         """The most recent chat requests received (method, path, headers, body)."""

@@ -387,6 +387,25 @@ def test_stall_mid_stream_sends_the_first_chunk_before_stalling(
     assert rest[-1] == "[DONE]"
 
 
+def test_a_stall_ends_when_released_and_the_stream_goes_on(
+    provider: ProviderServer, http: httpx.Client
+) -> None:
+    """``release`` ends the stalls in progress (the minute is never waited out); a stall
+    that starts afterwards waits again."""
+    provider.control.set_fault("stall_mid_stream", count=2, seconds=60)
+    body = {"model": "gpt-4o-mini", "messages": MESSAGES, "stream": True}
+    for done in range(2):
+        with http.stream("POST", "/v1/chat/completions", json=body) as response:
+            lines = response.iter_lines()
+            assert next(lines).startswith("data: ")
+            wait_for(lambda: provider.control.stats()["open_streams"] == 1)
+            assert provider.control.stats()["streams_completed"] == done
+            provider.control.release()
+            rest = [line[len("data: ") :] for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "[DONE]"
+    assert provider.control.stats()["streams_completed"] == 2
+
+
 def test_malformed_json_fault(provider: ProviderServer, http: httpx.Client) -> None:
     provider.control.set_fault("malformed_json", count=2)
     response = chat(http)

@@ -510,9 +510,9 @@ def test_a_stream_left_by_its_starter_is_settled_once_to_its_usage_when_the_call
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    # The role and the first words, then silence: long enough for the joiner to join and
-    # the starter to leave (both awaited below, and checked to have happened in time).
-    provider.control.set_fault("stall_mid_stream", after_chunks=2, seconds=3)
+    # The role and the first words, then silence until the joiner has joined and the
+    # starter has left (released below; the minute is only a backstop).
+    provider.control.set_fault("stall_mid_stream", after_chunks=2, seconds=60)
 
     def redis_now_us() -> int:
         seconds, micros = admin.time()
@@ -547,6 +547,7 @@ def test_a_stream_left_by_its_starter_is_settled_once_to_its_usage_when_the_call
             # ...while the call was still stalled: the tokens it goes on to use are not
             # known yet.
             assert (stats["open_streams"], stats["streams_completed"]) == (1, 0)
+            provider.control.release()
             joined, raw = await joiner
             return before, admitted, joined, raw
 
@@ -567,7 +568,7 @@ def test_a_stream_left_by_its_starter_is_settled_once_to_its_usage_when_the_call
     assert stored.headers["x-prism-edge-cache-layer"] == "redis"
     assert stored.json()["choices"][0]["message"]["content"] == text
 
-    # Tokens: the joiner's bound went back when it joined; the starter's was settled to
+    # Tokens: the joiner took none (it joined); the starter's were settled to
     # the call's usage when the call ended. The limit's state (GCRA's theoretical arrival
     # time) is then the starter's admission time plus ``used`` tokens' worth of the
     # bucket, whatever has refilled since.
