@@ -20,8 +20,9 @@ within ``revoked_refresh`` at worst, never later. A failing replica is skipped f
 ``retry_after`` (the lookup goes to the primary meanwhile). A project's request rate
 limits are checked on the primary, whose state they change: in the lookup itself when
 it runs there, else in a second command to the primary when the replica's lookup says
-the project has limits and the request needs a check or asks for a lease
-(``origin.ratelimits``, ``origin.request_leases``).
+the project has limits and the request has no leased permit; a lease asked for ahead
+of need goes to the primary in the background, the request it rides on having its
+permit already (``origin.ratelimits``, ``origin.request_leases``).
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ class RedisCache:
         self._revoked_refresh = revoked_refresh
         self.revoked_loaded_at: float | None = None  # monotonic time of the last reload
         self._refresher: asyncio.Task[None] | None = None
+        self._asking: set[asyncio.Task[None]] = set()  # leases asked of the primary ahead
 
     @property
     def available(self) -> bool:
@@ -173,8 +175,15 @@ class RedisCache:
                 want, asks = 1, True
             else:
                 leased, want, asks = held.take(key_id)
-            if want:  # negative: for later, this request's permit came from its lease
-                counted = "r" if redis is self._reader else str(want if leased is None else -want)
+            if want and redis is not self._reader:
+                counted = str(want if leased is None else -want)  # negative: for later
+            elif want and leased is None:
+                counted = "r"  # the replica says whether a check is due; the primary checks
+            elif want and held is not None and project is not None:
+                # A lease asked ahead of need: this request's permit came from its lease, so
+                # it does not wait for the primary's round trip; the ask goes on without it.
+                self._ask_ahead(project, key_id, want, held)
+                want, asks = 0, False
         try:
             try:
                 reply = await self._lookup_reply(redis, key_id, fingerprint, project, counted)
@@ -322,9 +331,30 @@ class RedisCache:
         if self._refresher is None:
             self._refresher = asyncio.create_task(self._reload_revoked_forever())
 
+    def _ask_ahead(self, project: str, key_id: str, want: int, held: ProjectLeases) -> None:
+        task = asyncio.ensure_future(self._ask_primary(project, key_id, want, held))
+        self._asking.add(task)
+        task.add_done_callback(self._asking.discard)
+
+    async def _ask_primary(self, project: str, key_id: str, want: int, held: ProjectLeases) -> None:
+        """The next lease from the primary, for a key whose lookups a replica answers."""
+        recorded = False
+        try:
+            rate = await self._check_rate(project, key_id, want)
+            # Kept only while the policy it was asked under still holds (a new one voids
+            # every lease: the one asked here is then left unspent).
+            if rate is not None and self.leases.by_project.get(project) is held:
+                self.leases.record(project, key_id, rate, held.policy, False, True)
+                recorded = True
+        finally:
+            if not recorded:
+                held.unask(key_id)
+
     async def close(self) -> None:
         refresher, self._refresher = self._refresher, None
         await cancel_and_wait(refresher)
+        for task in list(self._asking):
+            await cancel_and_wait(task)
 
 
 def _info(reply: bytes | str) -> dict[str, str]:

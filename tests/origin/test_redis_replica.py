@@ -14,13 +14,16 @@ import redis
 from typer.testing import CliRunner
 
 from deploy.cli import app
+from deploy.local.delay_proxy import DelayProxy
 from deploy.local.provider import ProviderServer
 from deploy.local.redis import RedisServer
+from deploy.policy_store import PolicyStore
 from origin import Settings
 from origin.cache import RedisCache
 from origin.metrics import Metrics
+from origin.redis_pipe import RedisPipe
 from origin.settings import RedisClientKind
-from prism import REVOKED_KEY, KeyRing
+from prism import REVOKED_KEY, KeyRing, RateLimits, policy_key
 from tests.fixtures.origin import (
     KEY_SECRET,
     OriginFactory,
@@ -280,3 +283,47 @@ def test_a_key_revoked_with_the_cli_on_the_primary_is_refused_by_the_far_origin_
 
     wait_for(refused, timeout=10)
     assert time.monotonic() - revoked_at < 10
+
+
+async def test_a_request_its_lease_admits_never_waits_for_the_far_primary(
+    primary: RedisServer, replica: RedisServer
+) -> None:
+    """Lookups from a replica, the primary 1 s away (a round trip): a request whose permit
+    comes from its key's lease, and which asks ahead for the next lease, is answered from
+    the replica at once; the next lease arrives from the primary afterwards."""
+    store = PolicyStore.from_url(primary.url)
+    store.set("acme", rate_limits=RateLimits.from_dict({"project": {"rpm": 1_000_000}}))
+    store.close()
+    mirror = redis.Redis.from_url(replica.url)
+    wait_for(lambda: mirror.exists("prism:limits:acme") and mirror.exists(policy_key("acme")), 10)
+    mirror.close()
+    with DelayProxy(primary.host, primary.port, 0.5) as far:
+        writer = RedisPipe(f"redis://{far.host}:{far.port}/0", 10.0)
+        reader = RedisPipe(replica.url, 10.0)
+        cache = RedisCache(writer, Metrics(), reader=reader)
+        try:
+            # The first request and the first ask wait for the primary: a lease of 2 then,
+            # one permit of it left.
+            for _ in range(2):
+                assert (found := await cache.lookup("key1", None, "acme", count=True)).rate
+                assert found.rate[0] == 1
+            keyed = cache.leases.by_project["acme"].by_key["key1"]
+            assert keyed.current is not None and keyed.current.left == 1 and keyed.next is None
+            # Its last permit, with the ask for the next lease (a quarter or less left).
+            started = time.monotonic()
+            found = await cache.lookup("key1", None, "acme", count=True)
+            took = time.monotonic() - started
+            assert found.rate is not None and found.rate[0] == 1
+            assert took < 0.5, f"{took:.3f} s: it waited for the primary"
+            assert keyed.asking
+            await async_wait_for(lambda: not keyed.asking, within=10)
+            # The lease asked for is held (this one being spent, it is the current one).
+            lease = keyed.next or keyed.current
+            assert lease is not None and lease.left >= 2
+            started = time.monotonic()
+            assert (found := await cache.lookup("key1", None, "acme", count=True)).rate
+            assert found.rate[0] == 1 and time.monotonic() - started < 0.5
+        finally:
+            await cache.close()
+            await writer.close()
+            await reader.close()
