@@ -32,7 +32,7 @@ from deploy.policy_store import PolicyStore
 from origin.ratelimits import LEASE_SECONDS, LEASE_SHARE
 from origin.tokens import completion_token_bound, prompt_token_bound
 from prism import Budget, Limit, RateLimits, parse_chat_request
-from tests.fixtures.origin import OriginFactory, RunningOrigin, budget_totals
+from tests.fixtures.origin import OriginFactory, RunningOrigin, redis_now_us, settled_budget
 from tests.origin.test_budgets import MODEL, bound_of, cost_of, providers_file
 from tests.origin.test_rate_limits import limit, primed, store
 from tests.polling import async_wait_for, wait_for
@@ -42,11 +42,6 @@ __all__ = ["providers_file", "store"]  # fixtures, used by name
 CHAT = "/v1/chat/completions"
 LIMITS = "prism:limits:acme"
 PERIOD_US = 60_000_000
-
-
-def redis_now_us(admin: redis.Redis) -> int:
-    seconds, micros = admin.time()
-    return int(seconds) * 1_000_000 + int(micros)
 
 
 def plant(admin: redis.Redis, field: str, ahead_us: int = PERIOD_US // 2) -> int:
@@ -349,7 +344,7 @@ def test_concurrent_misses_and_coalesced_groups_spend_exactly_their_calls(
     answered = {r.json()["choices"][0]["message"]["content"]: r.json()["usage"] for r in admitted}
     assert len(answered) == calls  # one call per question answered, joiners included
     spent = sum(cost_of(usage) for usage in answered.values())
-    state = wait_for(lambda: (t := budget_totals(admin))["held"] == 0 and t, timeout=5)
+    state = settled_budget(admin)
     assert state == {"spent": spent, "reserved": 0, "held": 0}
     assert spent <= budget
 
@@ -416,7 +411,7 @@ def test_streams_left_mid_call_release_or_pay_once(
         usages.append(events[-1]["usage"])
     assert provider.control.stats()["chat_requests"] == 16
     spent = sum(cost_of(usage) for usage in usages)
-    state = wait_for(lambda: (t := budget_totals(admin))["held"] == 0 and t, timeout=5)
+    state = settled_budget(admin)
     assert state == {"spent": spent, "reserved": 0, "held": 0}
 
 
@@ -461,5 +456,5 @@ def test_every_provider_call_is_paid_under_identical_load_with_a_token_limit(
         origin.wait_stored()
         calls = provider.control.stats()["chat_requests"]
         cost = cost_of(replies[0].json()["usage"])
-        state = wait_for(lambda: (t := budget_totals(admin))["held"] == 0 and t, timeout=5)
+        state = settled_budget(admin)
         assert state == {"spent": calls * cost, "reserved": 0, "held": 0}, f"{calls} calls"
