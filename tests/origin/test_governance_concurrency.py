@@ -53,10 +53,11 @@ def plant(admin: redis.Redis, field: str, ahead_us: int = PERIOD_US // 2) -> int
     return tat
 
 
-def tat_of(admin: redis.Redis, field: str) -> float:
+def taken_since(admin: redis.Redis, field: str, planted: int, per_minute: int) -> int:
+    """Permits (or tokens) a limit of ``per_minute`` has taken since its TAT was planted."""
     state = admin.hget(LIMITS, field)
     assert state is not None, f"{field} was deleted: the bucket refilled or all went back"
-    return float(state)
+    return round((float(state) - planted) / (PERIOD_US / per_minute))
 
 
 async def send_all(
@@ -122,7 +123,7 @@ def test_load_under_a_leased_limit_is_all_admitted_and_takes_what_it_spends(
     lifetimes = math.ceil((time.monotonic() - started) / LEASE_SECONDS) + 1
     assert statuses(replies) == {200: requests}
     assert {r.headers["x-prism-edge-cache-layer"] for r in replies} == {"redis"}
-    taken = round((tat_of(admin, "s.rpm") - planted) / (PERIOD_US / rpm))
+    taken = taken_since(admin, "s.rpm", planted, rpm)
     assert requests <= taken <= requests + 2 * lease * processes * lifetimes
 
 
@@ -241,8 +242,7 @@ def test_concurrent_misses_settle_the_token_limit_to_their_real_usage(
     assert tpm // 2 // bound <= len(admitted) <= room // bound
     used = sum(r.json()["usage"]["total_tokens"] for r in admitted)
     assert 0 < used < len(admitted) * bound
-    step = PERIOD_US / tpm
-    wait_for(lambda: round((tat_of(admin, "s.tpm") - planted) / step) == used, timeout=5)
+    wait_for(lambda: taken_since(admin, "s.tpm", planted, tpm) == used, timeout=5)
 
 
 def test_coalesced_misses_take_one_calls_tokens(
@@ -265,8 +265,7 @@ def test_coalesced_misses_take_one_calls_tokens(
     assert provider.control.stats()["chat_requests"] == 1
     origin.wait_stored()
     used = replies[0].json()["usage"]["total_tokens"]
-    step = PERIOD_US / tpm
-    wait_for(lambda: round((tat_of(admin, "s.tpm") - planted) / step) == used, timeout=5)
+    wait_for(lambda: taken_since(admin, "s.tpm", planted, tpm) == used, timeout=5)
 
 
 def test_requests_joining_a_call_in_flight_are_not_refused_tokens_they_do_not_use(
