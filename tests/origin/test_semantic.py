@@ -112,13 +112,11 @@ def test_a_project_without_the_opt_in_never_gets_semantic_hits(
     assert client.post(CHAT, json=ask(PARAPHRASE)).headers[LAYER] == "miss"
     admin.set(policy_key("acme"), Policy(deny=("o1*",)).encode())  # a policy, no cache field
     origin.wait_stored()
-    assert client.post(CHAT, json=ask("What is the capital of France")).headers[LAYER] == "miss"
-    origin.wait_stored()
+    first(client, origin, ask("What is the capital of France"))
     assert not admin.keys(INDEX_KEY_PREFIX + "*")  # nothing embedded, nothing indexed
     assert origin.gateway.semantic is not None and not origin.gateway.semantic.embedder.loaded
     opt_in(admin, semantic=False)
-    assert client.post(CHAT, json=ask("what's the capital of France")).headers[LAYER] == "miss"
-    origin.wait_stored()
+    first(client, origin, ask("what's the capital of France"))
     assert calls(provider) == 4
     assert not origin.gateway.semantic.embedder.loaded and not admin.keys(INDEX_KEY_PREFIX + "*")
 
@@ -275,8 +273,7 @@ def test_the_semantic_layer_can_be_turned_off_for_the_whole_origin(
     with httpx.Client(
         base_url=origin.url, headers={"authorization": f"Bearer {api_key}"}, timeout=30
     ) as http:
-        assert http.post(CHAT, json=ask(QUESTION)).headers[LAYER] == "miss"
-        origin.wait_stored()
+        first(http, origin, ask(QUESTION))
         assert http.post(CHAT, json=ask(PARAPHRASE)).headers[LAYER] == "miss"
     assert httpx.get(origin.admin_url + "/healthz").json()["semantic"] == {"enabled": False}
 
