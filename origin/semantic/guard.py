@@ -58,14 +58,12 @@ _OPPOSITE_PAIRS = (
     "lend/borrow give/take morning/evening day/night summer/winter male/female men/women "
     "early/late earliest/latest past/future ancient/modern attach/detach show/hide "
     "expand/collapse enable/disable connect/disconnect mount/unmount lock/unlock "
-    "install/uninstall compress/decompress zip/unzip hide/unhide import/export "
+    "install/uninstall compress/decompress zip/unzip hide/unhide "
     "cheap/expensive cheapest/priciest heavy/light heaviest/lightest deep/shallow "
     "deepest/shallowest wide/narrow thick/thin wet/dry full/empty light/dark "
-    "inhale/exhale arrive/depart arrival/departure input/output min/max debit/credit"
+    "inhale/exhale arrive/depart arrival/departure debit/credit"
 )
-_OPPOSITES = frozenset(
-    frozenset(pair.split("/")) for pair in _OPPOSITE_PAIRS.split() if "/" in pair
-)
+_OPPOSITES = frozenset(frozenset(pair.split("/")) for pair in _OPPOSITE_PAIRS.split())
 _NEGATING_PREFIXES = ("un", "dis", "de", "non", "in", "im", "ir", "il", "anti")
 _QUESTION_KINDS = frozenset({"why", "where", "whom"})  # "whom" asks for the object
 _PAST = frozenset({"was", "were", "did", "had"})
