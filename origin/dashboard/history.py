@@ -24,7 +24,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +76,9 @@ class ProviderPoint:
     p50_ms: float | None  # time to first byte (streams), else to the whole answer
     p95_ms: float | None
     reason: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,17 +359,7 @@ def _latest(point: Snapshot) -> dict[str, Any]:
             "sent": totals.kv_sent,
             "dropped": totals.kv_dropped,
         },
-        "providers": {
-            name: {
-                "state": p.state,
-                "error_rate": p.error_rate,
-                "recent_calls": p.recent_calls,
-                "p50_ms": p.p50_ms,
-                "p95_ms": p.p95_ms,
-                "reason": p.reason,
-            }
-            for name, p in point.providers.items()
-        },
+        "providers": {name: p.as_dict() for name, p in point.providers.items()},
         "projects": None
         if point.projects is None
         else {name: day.as_dict() for name, day in point.projects.items()},
