@@ -147,12 +147,7 @@ class Frame:
             "redis_ok": self.health.redis_ok,
             "providers": {
                 name: {
-                    "state": point.state,
-                    "error_rate": point.error_rate,
-                    "recent_calls": point.recent_calls,
-                    "p50_ms": point.p50_ms,
-                    "p95_ms": point.p95_ms,
-                    "reason": point.reason,
+                    **point.as_dict(),
                     "calls_per_second": None
                     if rates is None
                     else rates.provider_calls.get(name, 0.0),

@@ -24,6 +24,7 @@ import orjson
 from prism import headers as h
 
 from .asgi import Request
+from .pricing import tokens_of
 from .responses import Reply
 from .settings import Settings
 
@@ -73,9 +74,9 @@ class AccessLog:
             if charge.cost is not None:
                 line["cost_usd"] = charge.cost / 1_000_000
         elif request.usage is not None:  # a hit: the stored answer's tokens, nothing spent
-            usage = request.usage
-            line["tokens_in"] = usage.get("prompt_tokens", usage.get("input_tokens"))
-            line["tokens_out"] = usage.get("completion_tokens", usage.get("output_tokens"))
+            tokens = tokens_of(request.usage)  # read as the bill and a miss's line read them
+            if tokens is not None:
+                line["tokens_in"], line["tokens_out"] = tokens.prompt, tokens.completion
             line["cost_usd"] = 0
         if "provider" not in line:
             provider = headers.get(h.PROVIDER)

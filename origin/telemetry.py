@@ -199,14 +199,11 @@ class Telemetry:
         if reply.status >= 500:
             span.set_status(Status(StatusCode.ERROR, request.error or None))
 
-        context = trace.set_span_in_context(span)
-        start_ns = opened.wall_ns
-        for name, ms in request.timer.stages:
-            stage_end = start_ns + int(ms * 1e6)
-            self._tracer.start_span(
-                _STAGE_SPANS.get(name, f"prism.{name}"), context=context, start_time=start_ns
-            ).end(stage_end)
-            start_ns = stage_end
+        self._stage_spans(
+            trace.set_span_in_context(span),
+            opened.wall_ns,
+            [(_STAGE_SPANS.get(name, f"prism.{name}"), ms) for name, ms in request.timer.stages],
+        )
         if opened.edge:
             self._edge_span(request, opened, end_ns)
         span.end(end_ns)
@@ -265,14 +262,20 @@ class Telemetry:
                 instrumentation_scope=self._scope,
             )
         )
-        at = trace.set_span_in_context(trace.NonRecordingSpan(context))
-        stage_start = start_ns
-        for name, ms in edge.stages:
-            stage_end = stage_start + int(ms * 1e6)
-            self._tracer.start_span(f"edge.{name}", context=at, start_time=stage_start).end(
-                stage_end
-            )
-            stage_start = stage_end
+        self._stage_spans(
+            trace.set_span_in_context(trace.NonRecordingSpan(context)),
+            start_ns,
+            [(f"edge.{name}", ms) for name, ms in edge.stages],
+        )
+
+    def _stage_spans(
+        self, parent: otel_context.Context, start_ns: int, stages: list[tuple[str, float]]
+    ) -> None:
+        """One child span per (name, milliseconds) stage, back to back from ``start_ns``."""
+        for name, ms in stages:
+            end_ns = start_ns + int(ms * 1e6)
+            self._tracer.start_span(name, context=parent, start_time=start_ns).end(end_ns)
+            start_ns = end_ns
 
     # -- the provider attempt --------------------------------------------------------------
 

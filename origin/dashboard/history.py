@@ -10,11 +10,11 @@ what already exists, never anything on a request's path:
   every origin about once a second), summed inside Redis by one script so the reply
   stays small however many keys and models a project has.
 
-Snapshots live in a ring buffer in this process (``size`` of them: an hour at 5 s).
-Each is turned into a row of the charts when it is taken (rates and the hit ratio
-against the one before), so a page's poll only lays the rows out, once per snapshot
-however many pages are open. A restart starts an empty history; the day's spend survives it
-because it is read from Redis.
+Each snapshot is turned into a row of the charts when it is taken (rates and the hit
+ratio against the one before), so a page's poll only lays the rows out, once per snapshot
+however many pages are open. The rows live in a ring buffer in this process (``size`` of
+them: an hour at 5 s); of the snapshots, only the last is kept. A restart starts an
+empty history; the day's spend survives it because it is read from Redis.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +76,9 @@ class ProviderPoint:
     p50_ms: float | None  # time to first byte (streams), else to the whole answer
     p95_ms: float | None
     reason: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,12 +157,11 @@ class History:
         self._gateway = gateway
         self.interval = interval
         self._clock = clock
-        self.points: deque[Snapshot] = deque(maxlen=size)
-        self.rows: deque[_Row] = deque(maxlen=size)  # each point as the charts plot it
+        self.last: Snapshot | None = None  # the rates, events and names go from it
+        self.rows: deque[_Row] = deque(maxlen=size)  # each snapshot as the charts plot it
         self.events: deque[HealthEvent] = deque(maxlen=MAX_EVENTS)
         self._task: asyncio.Task[None] | None = None
-        self._taken = 0  # snapshots taken so far (the series cache's key)
-        self._series: tuple[int, bytes] = (-1, b"")
+        self._series: bytes | None = None  # series() as JSON until the next snapshot
 
     async def sample(self) -> Snapshot:
         """Take one snapshot now and keep it."""
@@ -170,16 +172,16 @@ class History:
         providers = {name: provider_point(gate.snapshot()) for name, gate in health.items()}
         day = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%d")
         projects = await self._projects(day, totals.cost_usd)
-        if self.points:
-            before = self.points[-1].providers
+        last = self.last
+        if last is not None:
             for name, point in providers.items():
-                old = before.get(name)
+                old = last.providers.get(name)
                 if old is not None and old.state != point.state:
                     self.events.append(HealthEvent(now, name, old.state, point.state, point.reason))
         snapshot = Snapshot(totals, providers, projects, day)
-        self.rows.append(_row(self.points[-1] if self.points else None, snapshot))
-        self.points.append(snapshot)
-        self._taken += 1
+        self.rows.append(_row(last, snapshot))
+        self.last = snapshot
+        self._series = None
         return snapshot
 
     async def _projects(self, day: str, seen: Mapping[str, float]) -> dict[str, ProjectDay] | None:
@@ -191,8 +193,8 @@ class History:
             members = await redis.execute("SMEMBERS", PROJECTS_KEY)
             names = {m.decode() if isinstance(m, bytes) else str(m) for m in members or ()}
             names.update(seen)
-            if self.points and self.points[-1].projects:
-                names.update(self.points[-1].projects)  # seen by other origins earlier today
+            if self.last is not None and self.last.projects:
+                names.update(self.last.projects)  # seen by other origins earlier today
             ordered = sorted(names, key=lambda name: (-seen.get(name, 0.0), name))
             ordered = sorted(ordered[:MAX_PROJECTS])
             if not ordered:
@@ -223,7 +225,7 @@ class History:
 
     def latest(self) -> dict[str, Any] | None:
         """The last snapshot alone (``prism top`` reads it every refresh)."""
-        return _latest(self.points[-1]) if self.points else None
+        return _latest(self.last) if self.last is not None else None
 
     async def close(self) -> None:
         task, self._task = self._task, None
@@ -233,11 +235,9 @@ class History:
 
     def series_json(self) -> bytes:
         """``series()`` as JSON, made once per snapshot however many pages poll it."""
-        taken, body = self._series
-        if taken != self._taken:
-            body = orjson.dumps(self.series())
-            self._series = (self._taken, body)
-        return body
+        if self._series is None:
+            self._series = orjson.dumps(self.series())
+        return self._series
 
     def series(self) -> dict[str, Any]:
         """Every figure as a column over the snapshots' times (rates: null at the first
@@ -359,17 +359,7 @@ def _latest(point: Snapshot) -> dict[str, Any]:
             "sent": totals.kv_sent,
             "dropped": totals.kv_dropped,
         },
-        "providers": {
-            name: {
-                "state": p.state,
-                "error_rate": p.error_rate,
-                "recent_calls": p.recent_calls,
-                "p50_ms": p.p50_ms,
-                "p95_ms": p.p95_ms,
-                "reason": p.reason,
-            }
-            for name, p in point.providers.items()
-        },
+        "providers": {name: p.as_dict() for name, p in point.providers.items()},
         "projects": None
         if point.projects is None
         else {name: day.as_dict() for name, day in point.projects.items()},

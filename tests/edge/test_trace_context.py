@@ -97,20 +97,11 @@ def _trace_of(collector: Collector, request_id: str, *names: str) -> dict[str, R
     """The spans of the trace whose origin span answered ``request_id``, by name, once
     every one of ``names`` has arrived."""
 
-    def trace_id(spans: list[ReceivedSpan]) -> str | None:
-        for span in spans:
-            if span.name == REQUEST and span.attributes.get("prism.request_id") == request_id:
-                return span.trace_id
-        return None
+    def answered(span: ReceivedSpan) -> bool:
+        return span.name == REQUEST and span.attributes.get("prism.request_id") == request_id
 
-    def complete(spans: list[ReceivedSpan]) -> bool:
-        found = trace_id(spans)
-        arrived = {s.name for s in spans if s.trace_id == found}
-        return found is not None and all(name in arrived for name in names)
-
-    spans = collector.spans(complete)
-    found = trace_id(spans)
-    return {s.name: s for s in spans if s.trace_id == found}
+    [request] = [s for s in collector.spans(lambda spans: any(map(answered, spans))) if answered(s)]
+    return collector.trace(request.trace_id, *names)
 
 
 def test_a_miss_through_the_edge_is_one_trace_under_the_clients_span(

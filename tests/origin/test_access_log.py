@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import logging
 import secrets
+from typing import Any
 
 import httpx
 
 from deploy.local.provider import ProviderServer
-from origin.access_log import ACCESS_LOGGER
-from tests.fixtures.origin import AccessLines, OriginFactory, RunningOrigin
+from origin import Settings
+from origin.access_log import ACCESS_LOGGER, AccessLog
+from origin.asgi import Request, StageTimer
+from origin.responses import Reply
+from prism import headers as h
+from tests.fixtures.origin import AccessLines, OriginFactory, RunningOrigin, origin_env
 
 
 def _post(origin: RunningOrigin, key: str, body: object, request_id: str) -> httpx.Response:
@@ -116,3 +121,27 @@ def test_a_silenced_logger_costs_no_line(
     body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "quiet"}]}
     assert _post(origin, api_key, body, "log-quiet").status_code == 200
     assert access_lines.lines == []
+
+
+async def _no_body() -> dict[str, Any]:
+    return {"type": "http.request", "body": b""}
+
+
+def test_a_hit_logs_its_tokens_as_a_miss_and_the_bill_count_them(
+    redis_url: str, provider: ProviderServer, access_lines: AccessLines
+) -> None:
+    """An Anthropic answer's stored usage: its prompt counts the provider's cached tokens
+    too, as the miss's line and the bill (``origin.pricing.tokens_of``) do."""
+    log = AccessLog(Settings.from_env(origin_env(redis_url, provider.url)))
+    request = Request("POST", "/v1/messages", {}, _no_body, "log-anthropic-hit", StageTimer())
+    request.usage = {
+        "input_tokens": 12,
+        "cache_read_input_tokens": 100,
+        "cache_creation_input_tokens": 30,
+        "output_tokens": 7,
+    }
+    reply = Reply(200, {h.CACHE_LAYER: "redis"})
+    log.write(request, reply, request.timer.started, request.timer.started)
+    line = access_lines.line("log-anthropic-hit")
+    assert (line["tokens_in"], line["tokens_out"]) == (142, 7)
+    assert line["cost_usd"] == 0

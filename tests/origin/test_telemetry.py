@@ -25,17 +25,6 @@ def _telemetry_env(collector: Collector) -> dict[str, str]:
     return {"PRISM_OTEL_ENDPOINT": collector.url, "PRISM_OTEL_EXPORT_INTERVAL": "0.2"}
 
 
-def _trace(collector: Collector, trace_id: str, *names: str) -> dict[str, ReceivedSpan]:
-    """The trace's spans by name, once every one of ``names`` has arrived."""
-
-    def complete(spans: list[ReceivedSpan]) -> bool:
-        arrived = {s.name for s in spans if s.trace_id == trace_id}
-        return all(name in arrived for name in names)
-
-    spans = collector.spans(complete)
-    return {s.name: s for s in spans if s.trace_id == trace_id}
-
-
 def _ask(client: httpx.Client, content: str, traceparent: str) -> httpx.Response:
     return client.post(
         "/v1/chat/completions",
@@ -63,8 +52,7 @@ def test_a_miss_and_a_hit_arrive_as_traces_under_the_callers_span(
         hit = _ask(client, content, f"00-{hit_trace}-{secrets.token_hex(8)}-01")
         assert hit.headers["x-prism-edge-cache-layer"] == "redis"
 
-    spans = _trace(
-        otel_collector,
+    spans = otel_collector.trace(
         miss_trace,
         "POST /v1/chat/completions",
         "chat gpt-4o-mini",
@@ -98,7 +86,7 @@ def test_a_miss_and_a_hit_arrive_as_traces_under_the_callers_span(
     [seen] = [r for r in provider.control.requests() if content in str(r["body"])]
     assert seen["headers"]["traceparent"] == f"00-{miss_trace}-{attempt.span_id}-01"
 
-    hit_spans = _trace(otel_collector, hit_trace, "POST /v1/chat/completions")
+    hit_spans = otel_collector.trace(hit_trace, "POST /v1/chat/completions")
     assert hit_spans["POST /v1/chat/completions"].attributes["prism.cache.layer"] == "redis"
     assert "chat gpt-4o-mini" not in hit_spans  # a hit calls no provider
 
