@@ -185,15 +185,15 @@ class RedisCache:
                 self._ask_ahead(project, key_id, want, held)
                 want, asks = 0, False
         try:
-            try:
-                reply = await self._lookup_reply(redis, key_id, fingerprint, project, counted)
-            except RedisClientError as error:
-                if redis is self._reader:  # the primary takes the lookups for a while
-                    self._metrics.redis_errors.labels("lookup_replica").inc()
-                    self._reader_down_until = time.monotonic() + self._retry_after
-                else:
-                    self._failed("lookup", error)
-                return self._unavailable(key_id)
+            reply = await self._lookup_reply(redis, key_id, fingerprint, project, counted)
+        except RedisClientError as error:
+            if redis is self._reader:  # the primary takes the lookups for a while
+                self._metrics.redis_errors.labels("lookup_replica").inc()
+                self._reader_down_until = time.monotonic() + self._retry_after
+            else:
+                self._failed("lookup", error)
+            return self._unavailable(key_id)
+        else:
             if reply[0] or (redis is self._reader and key_id in self._revoked):
                 self._revoked.add(key_id)
                 return Lookup(True, True)
@@ -215,14 +215,13 @@ class RedisCache:
             if asks or void:
                 spent = leased is None or void  # else its permit came from the lease
                 left = self.leases.record(project, key_id, rate, reply[2], spent, asks)
-                asks = False
                 if spent and left:  # its header counts the permits the process holds too
                     rate[2] = min(rate[2] + left, rate[1])
             if leased is not None and not void:  # admitted by its lease; that ask was ahead
                 return Lookup(True, False, reply[1], reply[2], leased)
             return Lookup(True, False, reply[1] if rate[0] else None, reply[2], rate)
         finally:
-            if asks and held is not None:  # no answer to the ask: another request may ask
+            if asks and held is not None:  # the ask ends, recorded or not: another may ask
                 held.unask(key_id)
 
     async def _lookup_reply(
