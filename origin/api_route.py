@@ -195,35 +195,30 @@ class ApiRoute(Generic[R]):
         if budget is not None or limits_tokens:
             bounds = (self.api.prompt_tokens(parsed), self.api.completion_tokens(parsed))
         # A request that joins the call in flight neither reserves budget nor takes tokens:
-        # the call's starter pays. If that call ends while this one is being admitted, it
-        # starts one of its own, and is admitted in full first (at most once more).
+        # the call's starter pays. Its charge reserves nothing, so opening it never
+        # suspends, and nothing else awaits up to the subscription: the call it found in
+        # flight here is the one it joins.
         joins = (budget is not None or limits_tokens) and decision.read and fp in gw.flights
         tokens: TokenCharge | None = None
         try:
-            while True:
-                if limits_tokens and not joins:
-                    # Tokens are limited on misses only: admitted on the request's bound
-                    # now, settled to its usage when the call ends.
-                    tokens = await self.limiter.admit_tokens(
-                        caller.project, caller.key_id, *bounds, out, lookup.rate is not None
-                    )
-                try:
-                    charge = await self.billing.open(
-                        caller.project,
-                        caller.key_id,
-                        parsed.model,
-                        layer,
-                        None if joins else budget,
-                        bounds,
-                    )
-                except (RateLimitError, PermissionDeniedError) as refusal:
-                    self._audit_refusal(caller, parsed.model, refusal, "budget.refuse")
-                    raise
-                # Nothing awaits from here to the subscription: what is in flight now is
-                # what this request joins.
-                if not joins or fp in gw.flights:
-                    break
-                joins = False
+            if limits_tokens and not joins:
+                # Tokens are limited on misses only: admitted on the request's bound now,
+                # settled to its usage when the call ends.
+                tokens = await self.limiter.admit_tokens(
+                    caller.project, caller.key_id, *bounds, out, lookup.rate is not None
+                )
+            try:
+                charge = await self.billing.open(
+                    caller.project,
+                    caller.key_id,
+                    parsed.model,
+                    layer,
+                    None if joins else budget,
+                    bounds,
+                )
+            except (RateLimitError, PermissionDeniedError) as refusal:
+                self._audit_refusal(caller, parsed.model, refusal, "budget.refuse")
+                raise
             # The call's end settles the tokens with the budget (``Charge``): a client
             # that leaves early does not give back what the call goes on to use.
             charge.rate_tokens = tokens

@@ -28,7 +28,6 @@ permit already (``origin.ratelimits``, ``origin.request_leases``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from typing import Any, NamedTuple
@@ -38,13 +37,7 @@ from prism import POLICY_KEY_PREFIX, REVOKED_KEY, AuthenticationError, entry_key
 from .background import cancel_and_wait
 from .metrics import Metrics
 from .ratelimits import RATE_CHECK_SCRIPT, REQUEST_LIMIT_LUA
-from .redis_client import (
-    LoadedScript,
-    NoScriptError,
-    PreparedCommand,
-    RedisClient,
-    RedisClientError,
-)
+from .redis_client import LoadedScript, RedisClient, RedisClientError
 from .request_leases import ProjectLeases, RequestLeases
 
 __all__ = ["LOOKUP_SCRIPT", "Lookup", "RedisCache"]
@@ -119,7 +112,7 @@ class RedisCache:
         self._metrics = metrics
         self._retry_after = retry_after
         self._down_until = 0.0
-        self._lookup_script: PreparedCommand | None = None  # EVALSHA sha 3 revoked-set
+        self._lookup_script = LoadedScript(LOOKUP_SCRIPT, 3, REVOKED_KEY)
         self._rate_check = LoadedScript(RATE_CHECK_SCRIPT)  # on the primary, after a replica
         self.leases = RequestLeases()
         # The revoked key ids last read from Redis, for when Redis cannot be asked.
@@ -185,15 +178,20 @@ class RedisCache:
                 self._ask_ahead(project, key_id, want, held)
                 want, asks = 0, False
         try:
-            try:
-                reply = await self._lookup_reply(redis, key_id, fingerprint, project, counted)
-            except RedisClientError as error:
-                if redis is self._reader:  # the primary takes the lookups for a while
-                    self._metrics.redis_errors.labels("lookup_replica").inc()
-                    self._reader_down_until = time.monotonic() + self._retry_after
-                else:
-                    self._failed("lookup", error)
-                return self._unavailable(key_id)
+            if fingerprint is None and project is None:
+                reply: Any = (await redis.execute("SISMEMBER", REVOKED_KEY, key_id),)
+            else:
+                entry = "" if fingerprint is None else entry_key(fingerprint)
+                policy = "" if project is None else policy_key(project)
+                reply = await self._lookup_script.run(redis, entry, policy, key_id, counted)
+        except RedisClientError as error:
+            if redis is self._reader:  # the primary takes the lookups for a while
+                self._metrics.redis_errors.labels("lookup_replica").inc()
+                self._reader_down_until = time.monotonic() + self._retry_after
+            else:
+                self._failed("lookup", error)
+            return self._unavailable(key_id)
+        else:
             if reply[0] or (redis is self._reader and key_id in self._revoked):
                 self._revoked.add(key_id)
                 return Lookup(True, True)
@@ -215,35 +213,14 @@ class RedisCache:
             if asks or void:
                 spent = leased is None or void  # else its permit came from the lease
                 left = self.leases.record(project, key_id, rate, reply[2], spent, asks)
-                asks = False
                 if spent and left:  # its header counts the permits the process holds too
                     rate[2] = min(rate[2] + left, rate[1])
             if leased is not None and not void:  # admitted by its lease; that ask was ahead
                 return Lookup(True, False, reply[1], reply[2], leased)
             return Lookup(True, False, reply[1] if rate[0] else None, reply[2], rate)
         finally:
-            if asks and held is not None:  # no answer to the ask: another request may ask
+            if asks and held is not None:  # the ask ends, recorded or not: another may ask
                 held.unask(key_id)
-
-    async def _lookup_reply(
-        self,
-        redis: RedisClient,
-        key_id: str,
-        fingerprint: str | None,
-        project: str | None,
-        counted: str,
-    ) -> Any:
-        """The lookup script's reply (see ``LOOKUP_SCRIPT``), loading it when Redis lacks it."""
-        if fingerprint is None and project is None:
-            return (await redis.execute("SISMEMBER", REVOKED_KEY, key_id),)
-        entry = "" if fingerprint is None else entry_key(fingerprint)
-        policy = "" if project is None else policy_key(project)
-        if self._lookup_script is not None:
-            with contextlib.suppress(NoScriptError):  # Redis restarted or was flushed
-                return await redis.run(self._lookup_script, entry, policy, key_id, counted)
-        sha = await redis.execute("SCRIPT", "LOAD", LOOKUP_SCRIPT)  # first use, or it is gone
-        self._lookup_script = PreparedCommand("EVALSHA", sha, 3, REVOKED_KEY)
-        return await redis.run(self._lookup_script, entry, policy, key_id, counted)
 
     async def _check_rate(self, project: str, key_id: str, want: int) -> list[int] | None:
         """The request rate limit's verdict from the primary, taking up to ``want`` permits

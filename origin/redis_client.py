@@ -199,13 +199,15 @@ class RedisPyClient:
 
 class LoadedScript:
     """A Lua script of ``keys`` keys run by EVALSHA: loaded on first use, and again after
-    Redis lost it (restarted or flushed). ``run`` takes the keys, then the arguments."""
+    Redis lost it (restarted or flushed). ``run`` takes the keys, then the arguments;
+    ``fixed``, the leading keys every run passes (packed once)."""
 
-    __slots__ = ("_command", "_keys", "_source")
+    __slots__ = ("_command", "_fixed", "_keys", "_source")
 
-    def __init__(self, source: str, keys: int = 0) -> None:
+    def __init__(self, source: str, keys: int = 0, *fixed: Arg) -> None:
         self._source = source
         self._keys = keys
+        self._fixed = fixed
         self._command: PreparedCommand | None = None
 
     async def run(self, redis: RedisClient, *args: Arg) -> Any:
@@ -213,5 +215,5 @@ class LoadedScript:
             with contextlib.suppress(NoScriptError):
                 return await redis.run(self._command, *args)
         sha = await redis.execute("SCRIPT", "LOAD", self._source)
-        self._command = PreparedCommand("EVALSHA", sha, self._keys)
+        self._command = PreparedCommand("EVALSHA", sha, self._keys, *self._fixed)
         return await redis.run(self._command, *args)

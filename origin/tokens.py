@@ -54,15 +54,20 @@ def _size(value: Any) -> int:
     return 0 if value is None else 8  # numbers and booleans: a few tokens at most
 
 
-def prompt_token_bound(request: ChatRequest) -> int:
-    """At least as many tokens as the provider will count for the prompt (images aside)."""
-    body = request.body
-    messages = body.get("messages") or []
+def _turns_bound(body: dict[str, Any], messages: list[Any], fields: tuple[str, ...]) -> int:
+    """The size of ``messages`` with their template overhead, plus the ``fields`` of
+    ``body`` that reach the prompt."""
     total = _PER_MESSAGE * len(messages) + _size(messages)
-    for field in ("tools", "functions", "response_format"):
+    for field in fields:
         if field in body:
             total += _size(body[field])
     return total
+
+
+def prompt_token_bound(request: ChatRequest) -> int:
+    """At least as many tokens as the provider will count for the prompt (images aside)."""
+    body = request.body
+    return _turns_bound(body, body.get("messages") or [], ("tools", "functions", "response_format"))
 
 
 def completion_token_bound(request: ChatRequest, cap: int = DEFAULT_OUTPUT_CAP) -> int:
@@ -77,12 +82,7 @@ def completion_token_bound(request: ChatRequest, cap: int = DEFAULT_OUTPUT_CAP) 
 def messages_prompt_bound(request: MessagesRequest) -> int:
     """The prompt bound of an Anthropic Messages request (its turns, system and tools)."""
     body = request.body
-    messages = body["messages"]
-    total = _PER_MESSAGE * len(messages) + _size(messages)
-    for field in ("system", "tools", "tool_choice"):
-        if field in body:
-            total += _size(body[field])
-    return total
+    return _turns_bound(body, body["messages"], ("system", "tools", "tool_choice"))
 
 
 def messages_completion_bound(request: MessagesRequest, cap: int = DEFAULT_OUTPUT_CAP) -> int:
