@@ -17,7 +17,7 @@ from edge.origins import (
 )
 from edge.platform import EdgeRequest
 from edge.settings import EdgeSettings
-from tests.fixtures.edge import StubPlatform
+from tests.fixtures.edge import OriginReply, StubPlatform
 from tests.fixtures.origin import FORWARD_SECRET, KEY_SECRET
 
 TWO = "us-west-1=https://a.example/,ap-south-1=https://b.example"
@@ -149,26 +149,12 @@ def test_edge_settings_read_the_origin_bindings() -> None:
         EdgeSettings.from_env(env.get)
 
 
-class _Reply:
-    def __init__(self, status: int) -> None:
-        self.status = status
-
-    def header(self, name: str) -> str | None:
-        return None  # nothing of the Prism origin's: what a proxy in front says
-
-    def headers(self) -> dict[str, str]:
-        return {"content-type": "application/json"}
-
-    async def text(self) -> str:
-        return ""
-
-
 def test_with_every_origin_down_each_is_asked_once_and_the_last_reply_passed_on(
     api_key: str,
 ) -> None:
     env = {"PRISM_KEY_SECRET": KEY_SECRET, "PRISM_FORWARD_SECRET": FORWARD_SECRET}
     handler = EdgeHandler(EdgeSettings.from_env({**env, "PRISM_ORIGINS": TWO}.get))
-    platform = StubPlatform(lambda: _Reply(503), INDIA)  # a proxy answering a bare 503
+    platform = StubPlatform(lambda: OriginReply(503), INDIA)  # a proxy answering a bare 503
     request = EdgeRequest(
         "POST", "/v1/chat/completions", "", {"authorization": f"Bearer {api_key}"}
     )

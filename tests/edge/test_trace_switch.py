@@ -13,23 +13,11 @@ from edge.origins import Location
 from edge.platform import EdgeRequest
 from edge.settings import EdgeSettings
 from prism.trace_context import EDGE_SPAN, TRACEPARENT, parse_traceparent
-from tests.fixtures.edge import StubPlatform
+from tests.fixtures.edge import OriginReply, StubPlatform
 from tests.fixtures.origin import FORWARD_SECRET, KEY_SECRET
 
+MISS = {"x-prism-edge-cache-layer": "miss"}
 CLIENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-
-
-class _Reply:
-    status = 200
-
-    def header(self, name: str) -> str | None:
-        return "miss" if name == "x-prism-edge-cache-layer" else None
-
-    def headers(self) -> dict[str, str]:
-        return {"content-type": "application/json", "x-prism-edge-cache-layer": "miss"}
-
-    async def text(self) -> str:
-        return "{}"
 
 
 def forwarded(api_key: str, trace: str | None, client: str | None) -> dict[str, str]:
@@ -41,7 +29,9 @@ def forwarded(api_key: str, trace: str | None, client: str | None) -> dict[str, 
     if trace is not None:
         env["PRISM_TRACE"] = trace
     handler = EdgeHandler(EdgeSettings.from_env(env.get))
-    platform = StubPlatform(_Reply, Location("EU", "DE", "FRA"))
+    platform = StubPlatform(
+        lambda: OriginReply(headers=MISS, body="{}"), Location("EU", "DE", "FRA")
+    )
     headers = {"authorization": f"Bearer {api_key}"}
     if client is not None:
         headers[TRACEPARENT] = client

@@ -25,7 +25,7 @@ from origin.providers.config import load_provider_config
 from origin.redis_pipe import RedisPipe
 from origin.tokens import completion_token_bound, prompt_token_bound
 from prism import Budget, Policy, decode_envelope, parse_chat_request, policy_key
-from tests.fixtures.origin import OriginFactory, RunningOrigin, budget_totals
+from tests.fixtures.origin import OriginFactory, RunningOrigin, budget_totals, settled_budget
 from tests.polling import async_wait_for, wait_for
 
 CHAT = "/v1/chat/completions"
@@ -115,7 +115,7 @@ def test_200_concurrent_misses_admit_exactly_what_the_budget_holds(
     assert int(refused[0].headers["retry-after"]) >= 1
 
     origin.wait_stored()
-    state = wait_for(lambda: (t := budget_totals(admin))["held"] == 0 and t)
+    state = settled_budget(admin, timeout=15)
     spent = sum(cost_of(r.json()["usage"]) for r in admitted)
     assert state == {"spent": spent, "reserved": 0, "held": 0}  # settled to the real cost
     assert 0 < spent <= limit

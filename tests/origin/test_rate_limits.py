@@ -35,6 +35,7 @@ from tests.fixtures.origin import (
     RunningOrigin,
     budget_totals,
     origin_env,
+    redis_now_us,
 )
 from tests.polling import async_wait_for, wait_for
 
@@ -514,10 +515,6 @@ def test_a_stream_left_by_its_starter_is_settled_once_to_its_usage_when_the_call
     # starter has left (released below; the minute is only a backstop).
     provider.control.set_fault("stall_mid_stream", after_chunks=2, seconds=60)
 
-    def redis_now_us() -> int:
-        seconds, micros = admin.time()
-        return int(seconds) * 1_000_000 + int(micros)
-
     async def run() -> tuple[int, int, httpx.Response, bytes]:
         async with httpx.AsyncClient(
             base_url=origin.url, headers={"authorization": f"Bearer {api_key}"}, timeout=30
@@ -527,11 +524,11 @@ def test_a_stream_left_by_its_starter_is_settled_once_to_its_usage_when_the_call
                 async with http.stream("POST", CHAT, json=payload) as joined:
                     return joined, await joined.aread()
 
-            before = redis_now_us()
+            before = redis_now_us(admin)
             async with http.stream(
                 "POST", CHAT, json=payload, headers={"x-request-id": "starter"}
             ) as starter:
-                admitted = redis_now_us()  # the starter's tokens were admitted in between
+                admitted = redis_now_us(admin)  # the starter's tokens were admitted in between
                 assert starter.status_code == 200
                 assert starter.headers["x-prism-edge-cache-layer"] == "miss"
                 received = starter.aiter_raw()  # kept: dropping it would close the stream

@@ -19,6 +19,7 @@ from origin.metrics import Metrics
 from origin.ratelimits import LEASE_SHARE
 from origin.redis_pipe import RedisPipe
 from prism import RateLimits, entry_key
+from tests.fixtures.origin import redis_now_us
 
 KEY = "key1"
 
@@ -120,7 +121,7 @@ async def test_requests_in_flight_together_take_one_lease_not_one_each(
     rpm = 200 * LEASE_SHARE  # leases of up to 200
     limit(store, rpm)
     admin = redis.Redis.from_url(redis_url)
-    began_us = _redis_now_us(admin)
+    began_us = redis_now_us(admin)
     started = time.monotonic()
     rounds, at_once = 40, 64
     for _ in range(rounds):
@@ -139,11 +140,6 @@ async def test_requests_in_flight_together_take_one_lease_not_one_each(
     requests = rounds * at_once
     assert taken <= requests + 2 * 200 + elapsed * rpm / 60 + 1
     assert checks(redis_url) < requests / 4
-
-
-def _redis_now_us(admin: redis.Redis) -> int:
-    seconds, micros = admin.time()
-    return seconds * 1_000_000 + micros
 
 
 async def test_a_request_admitted_by_its_lease_gets_its_entry_when_the_ask_ahead_is_refused(
@@ -175,8 +171,8 @@ async def test_a_key_below_its_lease_size_a_second_wastes_few_permits(
     cache = caches[0]
     # The bucket as after a burst: ``available`` permits in it, so its state stays ahead
     # of now and tells how many were taken.
-    admin.hset("prism:limits:acme", "s.rpm", _redis_now_us(admin) + 60e6 - available * step_us)
-    began = _redis_now_us(admin)
+    admin.hset("prism:limits:acme", "s.rpm", redis_now_us(admin) + 60e6 - available * step_us)
+    began = redis_now_us(admin)
     admitted = 0
 
     async def key(name: str, per_second: float = 40, seconds: float = 5) -> None:
@@ -190,7 +186,7 @@ async def test_a_key_below_its_lease_size_a_second_wastes_few_permits(
             admitted += found.rate[0]
 
     await asyncio.gather(*(key(f"key{n}") for n in range(4)))
-    ended = _redis_now_us(admin)
+    ended = redis_now_us(admin)
     tat = float(admin.hget("prism:limits:acme", "s.rpm") or 0)
     assert tat > ended  # the bucket never filled: the count below holds
     taken = available + (ended - began) / step_us - (60e6 - (tat - ended)) / step_us
