@@ -211,9 +211,12 @@ class LoadedScript:
         self._command: PreparedCommand | None = None
 
     async def run(self, redis: RedisClient, *args: Arg) -> Any:
-        if self._command is not None:
-            with contextlib.suppress(NoScriptError):
-                return await redis.run(self._command, *args)
+        command = self._command
+        if command is not None:
+            try:  # not contextlib.suppress: a context manager object and two calls per run
+                return await redis.run(command, *args)
+            except NoScriptError:
+                pass  # Redis restarted or was flushed: load it again
         sha = await redis.execute("SCRIPT", "LOAD", self._source)
         self._command = PreparedCommand("EVALSHA", sha, self._keys, *self._fixed)
         return await redis.run(self._command, *args)
