@@ -1,5 +1,5 @@
 """The CLI's side of the audit log (redis-py): append inside the same transaction as the
-change it records, read, follow and verify. The chain itself is ``origin.audit``."""
+change it records, read, follow and verify. The chain itself is ``origin.governance.audit``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, cast
 
 import redis
 
-from origin.audit import AUDIT_HEAD, AUDIT_STREAM, GENESIS, Broken, seal, verify_chain
+from origin.governance.audit import AUDIT_HEAD, AUDIT_STREAM, GENESIS, Broken, seal, verify_chain
 
 __all__ = ["AUDIT_HEAD", "append", "follow", "head", "read", "stage", "verify"]
 

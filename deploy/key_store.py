@@ -9,7 +9,8 @@ Redis (the source of truth)::
     prism:projects         set    projects that have (had) managed keys
     prism:revoked          set    revoked key ids of every project; the origin runs
                                   SISMEMBER on it for every request
-    prism:audit            stream every creation and revocation (origin/audit.py), written
+    prism:audit            stream every creation and revocation (origin/governance/audit.py),
+    written
                                   in the same transaction as the change
 
 Workers KV (the edge's copy)::
@@ -40,7 +41,7 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from origin.audit import audit_record
+from origin.governance.audit import audit_record
 from prism import REVOKED_KEY, KeyRing, PrismError, key_hash
 from prism.routes import CLOUDFLARE_API_URL, DEFAULT_REDIS_URL
 

@@ -11,7 +11,7 @@ Redis (the source of truth)::
                                       origin's state of each limit (fields "s.*", kept
                                       across changes); absent when the policy sets none
 
-    prism:audit              stream   every change, before and after (origin/audit.py),
+    prism:audit              stream   every change, before and after (origin/governance/audit.py),
                                       written in the same transaction as the change
 
 Workers KV (the edge's copy)::
@@ -35,7 +35,7 @@ from typing import cast
 
 import redis
 
-from origin.audit import audit_record
+from origin.governance.audit import audit_record
 from prism import Budget, CacheRules, Policy, RateLimits, limits_key, policy_key, valid_project_id
 
 from . import audit_log

@@ -1,4 +1,5 @@
-"""A project's usage and budget as Redis holds them (origin/usage.py, origin/budgets.py).
+"""A project's usage and budget as Redis holds them (origin/governance/usage.py,
+origin/governance/budgets.py).
 
 Read-only: one HGETALL per day asked for (pipelined), and the budget's totals for the
 current period when the project's policy has one. The origins write their counters
@@ -13,8 +14,8 @@ from typing import Any
 
 import redis
 
-from origin.budgets import budget_keys, period_of
-from origin.usage import FIELDS, LAYERS, RETENTION_SECONDS, usage_key
+from origin.governance.budgets import budget_keys, period_of
+from origin.governance.usage import FIELDS, LAYERS, RETENTION_SECONDS, usage_key
 from prism import Budget, Policy, policy_key
 
 __all__ = ["BudgetStatus", "UsageReport", "UsageRow", "parse_since", "read_usage"]

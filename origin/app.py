@@ -4,7 +4,7 @@ Two route tables. The API (``/v1/chat/completions``, ``/v1/embeddings``, ``/v1/m
 ``/v1/models``, and a bare ``/healthz`` for load balancers) is served on the public
 listener. The admin routes (``/healthz`` with every detail, ``/metrics`` with every
 tenant's counters) are served only on the admin listener, bound to loopback by default
-(``origin.server``).
+(``origin.http.server``).
 """
 
 from __future__ import annotations
@@ -18,20 +18,20 @@ from prism import AuthenticationError, Policy
 from prism import headers as h
 from prism.routes import CHAT_PATH, EMBEDDINGS_PATH, MESSAGES_PATH, MODELS_PATH
 
-from .access_log import AccessLog
-from .api_route import ApiRoute
-from .asgi import Request, Route, Routes
+from .apis.chat import ChatCompletions
+from .apis.embeddings import EMBEDDINGS
+from .apis.messages import MESSAGES
+from .apis.pipeline import ApiRoute
 from .auth import authenticate
-from .chat import ChatCompletions
 from .dashboard import Dashboard, History, dashboard_off_routes
-from .embeddings import EMBEDDINGS
 from .gateway import Gateway
-from .messages import MESSAGES
-from .policies import ProjectPolicies
-from .providers._http import ConnectorFactory
-from .redis_client import RedisClient
-from .responses import Reply, json_reply
+from .governance.project_policies import ProjectPolicies
+from .http.access_log import AccessLog
+from .http.asgi import Request, Route, Routes
+from .http.responses import Reply, json_reply
+from .providers.upstream_http import ConnectorFactory
 from .settings import Settings
+from .store.redis_client import RedisClient
 
 __all__ = ["OriginApp", "create_app"]
 
@@ -40,7 +40,7 @@ _BYPASS = {h.CACHE_LAYER: "bypass"}
 
 class OriginApp(Routes):
     """The API's route table, with the admin table for connections to the admin listener
-    (``origin.server.listen`` binds both) and the gateway it serves."""
+    (``origin.http.server.listen`` binds both) and the gateway it serves."""
 
     def __init__(
         self,

@@ -14,27 +14,27 @@ import httpx
 from prism import encode_envelope, entry_key
 from prism.routes import MODELS_KEY
 
-from .audit import AuditWriter
 from .background import cancel_and_wait
-from .billing import Billing
-from .budgets import Budgets
-from .cache import RedisCache
-from .flight import FlightTable
-from .kv_writer import KVWriter
+from .governance.audit import AuditWriter
+from .governance.billing import Billing
+from .governance.budgets import Budgets
+from .governance.rate_limiter import RateLimiter
+from .governance.usage import UsageRecorder
 from .metrics import Metrics
-from .providers._http import ConnectorFactory
 from .providers.base import ChatProvider, UpstreamCompletion
 from .providers.registry import build_provider
-from .ratelimits import RateLimiter
-from .redis_client import RedisClient, RedisPyClient
-from .redis_pipe import RedisPipe
-from .router import Router
-from .semantic import Pending, SemanticCache, build_semantic_cache
+from .providers.upstream_http import ConnectorFactory
+from .routing.coalescing import FlightTable
+from .routing.router import Router
 from .settings import Settings, SettingsError
-from .usage import UsageRecorder
+from .store.kv_writer import KVWriter
+from .store.redis_cache import RedisCache
+from .store.redis_client import RedisClient, RedisPyClient
+from .store.redis_pipe import RedisPipe
+from .store.semantic import Pending, SemanticCache, build_semantic_cache
 
 if TYPE_CHECKING:
-    from .telemetry import Telemetry
+    from .http.telemetry import Telemetry
 
 __all__ = ["Gateway"]
 
@@ -203,10 +203,10 @@ class Gateway:
 def _telemetry(gateway: Gateway, settings: Settings) -> Telemetry:
     """Tracing and the GenAI metrics, hooked into the parts that report to them. Imported
     here, only when configured: the OpenTelemetry SDK is an optional extra (``otel``)."""
-    from .providers._http import UpstreamHTTP
+    from .providers.upstream_http import UpstreamHTTP
 
     try:
-        from .telemetry import Telemetry
+        from .http.telemetry import Telemetry
     except ImportError as error:
         raise SettingsError(
             f"An OTLP endpoint is set but the OpenTelemetry SDK is missing ({error.name}): "

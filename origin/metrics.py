@@ -149,7 +149,8 @@ class Metrics:
             registry=registry,
         )
 
-        # Rate limit refusals (origin.ratelimits): few by design, so a locked Counter is fine.
+        # Rate limit refusals (origin.governance.rate_limiter): few by design, so a locked Counter
+        # is fine.
         self.rate_limited = Counter(
             "prism_rate_limited",
             "Requests refused by a rate limit, by project, kind (requests, tokens) and scope"

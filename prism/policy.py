@@ -12,7 +12,7 @@ A model is allowed when no ``deny`` pattern matches it and either ``allow`` is e
 or an ``allow`` pattern matches it: deny wins. No record at all allows every model.
 
 ``budget`` (optional): at most ``usd`` US dollars of provider cost per UTC ``day`` or
-``month`` for the whole project; the origin enforces it (``origin/budgets.py``), the edge
+``month`` for the whole project; the origin enforces it (``origin/governance/budgets.py``), the edge
 ignores it (it only serves hits, which cost nothing).
 
 ``cache`` (optional) opts the project into the origin's semantic cache (off when absent)::
@@ -24,7 +24,7 @@ ignores it (it only serves hits, which cost nothing).
 default (``DEFAULT_SEMANTIC_THRESHOLD``) is written into the record.
 
 ``rate_limits`` (optional; ``prism.rate_limits``): requests and tokens per minute for the
-project and for each of its keys; the origin enforces them (``origin/ratelimits.py``).
+project and for each of its keys; the origin enforces them (``origin/governance/rate_limiter.py``).
 
 Optional parts appear in the record only when set, so a policy without them keeps its
 bytes. Per-key policies are not supported.

@@ -35,7 +35,7 @@ PACKAGES_AND_SUBPACKAGES = [m for m in MODULES if hasattr(m, "__path__")]
 
 def test_the_walk_sees_every_package() -> None:
     names = {m.__name__ for m in MODULES}
-    assert {"prism.routes", "origin.asgi", "edge.handler", "deploy.cli"} <= names
+    assert {"prism.routes", "origin.http.asgi", "edge.handler", "deploy.cli"} <= names
     assert "edge.workers" not in names  # Pyodide only
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from redis.asyncio import Redis
 from starlette.types import Receive, Scope, Send
 
-from origin.redis_pipe import RedisPipe
+from origin.store.redis_pipe import RedisPipe
 
 __all__ = ["FloorApp", "main"]
 
@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--key", required=True)
     parser.add_argument("--client", choices=("pipe", "redis-py"), default="pipe")
     args = parser.parse_args(argv)
-    from origin.server import DeadlineProtocol
+    from origin.http.server import DeadlineProtocol
 
     # The server `prism origin serve` runs (its HTTP protocol included), minus the app.
     uvicorn.run(

@@ -32,7 +32,7 @@ import uvloop
 
 from deploy.policy_store import PolicyStore
 from origin import Settings, create_app
-from origin.server import freeze_heap, server_options
+from origin.http.server import freeze_heap, server_options
 from prism import (
     RateLimits,
     encode_envelope,

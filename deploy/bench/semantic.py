@@ -5,7 +5,7 @@ true for paraphrases that should share an answer, false for near misses that mus
 (another entity, swapped direction, another number, a negation, an antonym, another
 task on the same subject). A pair is a hit when the cosine similarity of its normalized
 texts (``partition.normalized``) is at or above the threshold and, with the guard, the
-texts agree (``origin.semantic.guard``): the exact decision the origin makes between a
+texts agree (``origin.store.semantic.guard``): the exact decision the origin makes between a
 question and an indexed one.
 
 Reported: at each threshold of a sweep, the hit rate (paraphrases matched) and the
@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from deploy.bench.loadgen import percentile
-from origin.semantic.embedder import MAX_BATCH
-from origin.semantic.guard import agree
-from origin.semantic.partition import normalized
+from origin.store.semantic.embedder import MAX_BATCH
+from origin.store.semantic.guard import agree
+from origin.store.semantic.partition import normalized
 
 __all__ = ["PAIRS_FILE", "Pair", "SemanticReport", "load_pairs", "run"]
 
@@ -89,7 +89,7 @@ class SemanticReport:
 def run(threshold: float, model_dir: Path | None = None, samples: int = 300) -> SemanticReport:
     from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
-    from origin.semantic.model import SentenceModel, bundled_model_dir
+    from origin.store.semantic.model import SentenceModel, bundled_model_dir
 
     directory = model_dir or bundled_model_dir()
     if directory is None:

@@ -23,7 +23,7 @@ def other_runs(
         if pairs:
             from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
-            from origin.semantic.model import SentenceModel, bundled_model_dir
+            from origin.store.semantic.model import SentenceModel, bundled_model_dir
 
             from .semantic_pairs import plot, render_pairs, run_pairs
 

@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from origin.semantic.embedder import MAX_BATCH
-from origin.semantic.guard import agree
-from origin.semantic.partition import MAX_TEXT_CHARS, normalized
+from origin.store.semantic.embedder import MAX_BATCH
+from origin.store.semantic.guard import agree
+from origin.store.semantic.partition import MAX_TEXT_CHARS, normalized
 
 __all__ = [
     "LabelledPair",
@@ -83,7 +83,7 @@ class PairsReport:
 
 def _embed_all(model: Any, texts: list[str]) -> dict[str, Any]:
     """Vectors by normalized text (None when over the model's token limit)."""
-    from origin.semantic.model import Incomparable
+    from origin.store.semantic.model import Incomparable
 
     vectors: dict[str, Any] = {}
     fitting: list[tuple[str, list[int]]] = []

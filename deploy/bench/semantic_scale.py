@@ -36,11 +36,11 @@ from prometheus_client import CollectorRegistry
 from deploy.bench.loadgen import percentile
 from deploy.bench.machine import rss_mb
 from deploy.local.redis import RedisServer
-from origin.redis_pipe import RedisPipe
-from origin.semantic.cache import SemanticCache
-from origin.semantic.embedder import Embedder
-from origin.semantic.index import RedisStreamIndex, index_key
-from origin.semantic.partition import Question
+from origin.store.redis_pipe import RedisPipe
+from origin.store.semantic.cache import SemanticCache
+from origin.store.semantic.embedder import Embedder
+from origin.store.semantic.index import RedisStreamIndex, index_key
+from origin.store.semantic.partition import Question
 
 __all__ = ["run_scale"]
 

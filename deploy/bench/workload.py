@@ -90,7 +90,7 @@ async def serving(app: Any) -> AsyncIterator[None]:
     if started["type"] != "lifespan.startup.complete":
         raise RuntimeError(f"the origin did not start: {started}")
     try:
-        from origin.server import freeze_heap
+        from origin.http.server import freeze_heap
     except ImportError:  # an older origin, measured for comparison
         gc.collect()
         gc.freeze()

@@ -1,4 +1,5 @@
-"""`prism audit`: read, follow and verify the tamper-evident audit log (origin/audit.py)."""
+"""`prism audit`: read, follow and verify the tamper-evident audit log
+(origin/governance/audit.py)."""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ def serve(
     import uvicorn
 
     from origin import Settings, SettingsError, create_app
-    from origin.server import freeze_heap, listen, server_options
+    from origin.http.server import freeze_heap, listen, server_options
 
     try:
         settings = Settings.from_env()
@@ -62,7 +62,7 @@ def serve(
         raise typer.Exit(1) from None
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     if settings.access_log:
-        from origin.access_log import print_access_log
+        from origin.http.access_log import print_access_log
 
         print_access_log()
     config = uvicorn.Config(

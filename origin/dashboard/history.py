@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..background import cancel_and_wait
-from ..redis_client import RedisClientError
-from ..usage import LAYERS as USAGE_LAYERS
-from ..usage import usage_key
+from ..governance.usage import LAYERS as USAGE_LAYERS
+from ..governance.usage import usage_key
+from ..store.redis_client import RedisClientError
 from .figures import LAYERS, STATES, Totals, rates_between, totals_of
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ class ProviderPoint:
 class ProjectDay:
     """A project's usage so far today (UTC), every origin's, as Redis holds it."""
 
-    requests: Mapping[str, int]  # by usage layer (origin/usage.py LAYERS)
+    requests: Mapping[str, int]  # by usage layer (origin/governance/usage.py LAYERS)
     cost_usd: float
     saved_usd: float
     tokens_in: int

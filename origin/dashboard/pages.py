@@ -23,8 +23,8 @@ from urllib.parse import parse_qs
 
 from prism import AuthenticationError, NotFoundError
 
-from ..asgi import Handler, Request, Route, read_body
-from ..responses import Reply, json_reply
+from ..http.asgi import Handler, Request, Route, read_body
+from ..http.responses import Reply, json_reply
 from .access import AdminAccess
 from .history import History
 

@@ -20,9 +20,9 @@ import orjson
 from prism import PrismError, UpstreamError, UpstreamUnavailableError
 from prism.sse import DONE, SSEDecoder
 
-from ._http import ConnectorFactory, UpstreamHTTP, malformed, parse_body, redact
 from .anthropic_translate import StreamTranslator, to_chat_completion, to_messages_request
 from .base import ProviderSpec, UpstreamCompletion, UpstreamStream
+from .upstream_http import ConnectorFactory, UpstreamHTTP, malformed, parse_body, redact
 
 __all__ = ["ANTHROPIC_VERSION", "AnthropicProvider"]
 

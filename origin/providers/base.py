@@ -30,7 +30,7 @@ class ProviderSpec:
     total_timeout: float = 600.0
     max_connections: int = 256
     label: str | None = None  # what x-prism-provider says; defaults to name
-    # Routing policy (see ``origin.retry`` and ``origin.hedge``).
+    # Routing policy (see ``origin.routing.retry`` and ``origin.routing.hedge``).
     first_token_timeout: float | None = None  # request to first streamed byte; None: first_byte
     retries: int = 1  # same-provider retries of a 500/502/503 or a reset connection
     retry_backoff: float = 0.1  # seconds before such a retry (jittered x0.5..1.5)

@@ -27,7 +27,7 @@ context_fallback = "openai:gpt-4.1-mini"  # tried once on context_length_exceede
 hedge_delay = 1.5                    # fixed hedge delay for this route (else per provider)
 max_attempts = 3                     # upstream calls per request, retries and hedges included
 
-[providers.groq.prices]              # USD per million tokens, over origin/prices.toml
+[providers.groq.prices]              # USD per million tokens, over origin/governance/prices.toml
 "llama-3.1-8b-instant" = { input = 0.05, output = 0.08 }
 "*" = { input = 1.0, output = 3.0 }  # this provider's fallback for unlisted models
 ```
@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..pricing import Price, PriceTable, default_prices, parse_prices
+from ..governance.pricing import Price, PriceTable, default_prices, parse_prices
 from .base import ProviderSpec
 from .registry import ADAPTERS
 

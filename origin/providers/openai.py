@@ -6,8 +6,8 @@ from typing import Any
 
 import orjson
 
-from ._http import ConnectorFactory, UpstreamHTTP, malformed, parse_body
 from .base import ProviderSpec, UpstreamCompletion, UpstreamStream
+from .upstream_http import ConnectorFactory, UpstreamHTTP, malformed, parse_body
 
 __all__ = ["OpenAICompatibleProvider"]
 

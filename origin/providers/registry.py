@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ._http import ConnectorFactory
 from .anthropic import AnthropicProvider
 from .base import ChatProvider, ProviderSpec
 from .openai import OpenAICompatibleProvider
+from .upstream_http import ConnectorFactory
 
 __all__ = ["ADAPTERS", "build_provider"]
 

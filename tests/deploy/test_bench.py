@@ -173,8 +173,8 @@ def test_profile_summary_groups_own_time_by_package_and_drops_the_trunk() -> Non
     loop = "main (cli.py:1);run (uvicorn/main.py:5);Runner.run (asyncio/runners.py:118)"
     collapsed = "\n".join(
         [
-            f"{loop};handle (origin/chat.py:10) 4",
-            "handle (origin/chat.py:12) 2",  # a coroutine resumed by the C event loop
+            f"{loop};handle (origin/apis/chat.py:10) 4",
+            "handle (origin/apis/chat.py:12) 2",  # a coroutine resumed by the C event loop
             "send (httpx/_client.py:3) 3",
             f"{loop} 1",
         ]
@@ -186,9 +186,13 @@ def test_profile_summary_groups_own_time_by_package_and_drops_the_trunk() -> Non
         ("httpx", 0.3),
         ("event loop (uvloop, C)", 0.1),
     ]
-    assert summary["top_own"][0] == {"frame": "handle (origin/chat.py)", "share": 0.6, "samples": 6}
+    assert summary["top_own"][0] == {
+        "frame": "handle (origin/apis/chat.py)",
+        "share": 0.6,
+        "samples": 6,
+    }
     # Start-up frames under the event loop say nothing about where the time goes.
     assert {r["frame"] for r in summary["top_total"]} == {
-        "handle (origin/chat.py)",
+        "handle (origin/apis/chat.py)",
         "send (httpx/_client.py)",
     }

@@ -12,7 +12,7 @@ import redis
 from typer.testing import CliRunner, Result
 
 from deploy.cli import app
-from origin.usage import usage_key
+from origin.governance.usage import usage_key
 from prism import Budget, Policy, policy_key
 from tests.fixtures.origin import RunningOrigin
 from tests.polling import wait_for

@@ -18,7 +18,7 @@ from deploy.key_store import KeyStore
 from deploy.local.asgi_thread import ThreadedServer
 from deploy.local.provider import ProviderServer, closed_port
 from origin import Settings, create_app
-from origin.server import server_options
+from origin.http.server import server_options
 from prism import KeyRing, parse_key_secrets
 from tests.fixtures.edge import EdgeStack
 from tests.fixtures.origin import KEY_SECRET, origin_env

@@ -1,0 +1,74 @@
+"""``POST /v1/embeddings``: passed to an OpenAI-compatible provider, cached exactly.
+
+A batch of inputs is one request to the provider and one cache entry (its fingerprint
+covers the whole body, ``input`` as sent): the answer is replayed byte for byte, and
+identical concurrent batches share one provider call. Budgets and token limits count
+the batch's input bound (``origin.governance.token_bounds``); an embedding generates no tokens, so
+its
+cost is its input tokens at the model's input price. Anthropic has no embeddings API:
+a route whose target is an Anthropic provider is refused with a 400 before any call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prism import Envelope, InvalidRequestError, PrismError, UpstreamError
+from prism.embeddings_request import EmbeddingsRequest, parse_embeddings_request
+from prism.routes import EMBEDDINGS_PATH
+
+from ..governance.token_bounds import embeddings_token_bound, no_completion
+from ..providers.base import ChatProvider, UpstreamCompletion, UpstreamStream
+from ..providers.openai import OpenAICompatibleProvider
+from .operation import StreamBuilder
+from .pipeline import Api
+
+__all__ = ["EMBEDDINGS", "EmbeddingsOperation"]
+
+
+def _no_embeddings(provider: ChatProvider) -> InvalidRequestError:
+    return InvalidRequestError(
+        f"Provider '{provider.spec.name}' ({provider.spec.kind}) has no embeddings API; "
+        "route this model to an OpenAI-compatible provider.",
+        param="model",
+        code="embeddings_not_supported",
+    )
+
+
+class EmbeddingsOperation:
+    name = "embeddings"
+
+    async def complete(
+        self, provider: ChatProvider, body: dict[str, Any], model: str
+    ) -> UpstreamCompletion:
+        if not isinstance(provider, OpenAICompatibleProvider):
+            raise _no_embeddings(provider)
+        return await provider.embed(body, model)
+
+    async def stream(
+        self, provider: ChatProvider, body: dict[str, Any], model: str
+    ) -> UpstreamStream:
+        raise UpstreamError("Embeddings are never streamed.")  # the parser never asks
+
+    def builder(self, provider: str) -> StreamBuilder:
+        raise UpstreamError("Embeddings are never streamed.")
+
+    def replay(self, result: UpstreamCompletion) -> bytes:
+        return result.body
+
+    def error_frame(self, error: PrismError) -> bytes:
+        return b""
+
+
+def _never_streamed(envelope: Envelope, request: EmbeddingsRequest) -> bytes:
+    raise UpstreamError("Embeddings are never streamed.")  # the parser never asks
+
+
+EMBEDDINGS: Api[EmbeddingsRequest] = Api(
+    EMBEDDINGS_PATH,
+    parse_embeddings_request,
+    EmbeddingsOperation(),
+    embeddings_token_bound,
+    no_completion,
+    _never_streamed,
+)

@@ -1,0 +1,321 @@
+"""The origin's one request model: plain ASGI, a table of exact paths, ``Reply`` values.
+
+Every route is a handler ``async (Request) -> Reply``. ``Routes`` finds it by exact
+path and method (the API has a handful of fixed paths: a dict lookup is the whole
+router), gives each request an id and a stage timer, turns any error into a reply
+through the one renderer (``responses.error_reply``) and sends the reply. There is no
+framework between uvicorn and the chat handler: on a Redis hit a framework's
+middleware, regex routing and request objects would cost a large share of the CPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from starlette.types import Receive, Scope, Send
+
+from prism import (
+    InvalidRequestError,
+    MethodNotAllowedError,
+    NotFoundError,
+    PrismError,
+    RequestTooLargeError,
+)
+from prism import headers as h
+
+from ..metrics import Metrics
+from .responses import RawHeaders, Reply, error_reply
+
+if TYPE_CHECKING:
+    from .access_log import AccessLog
+    from .telemetry import Telemetry
+
+__all__ = [
+    "CancelOnce",
+    "Handler",
+    "Request",
+    "Route",
+    "Routes",
+    "StageTimer",
+    "disconnected",
+    "read_body",
+    "request_headers",
+    "send_reply",
+]
+
+log = logging.getLogger("prism.origin")
+
+
+class StageTimer:
+    """Milliseconds per named stage, for Server-Timing, and when the request arrived."""
+
+    __slots__ = ("_last", "stages", "started")
+
+    def __init__(self) -> None:
+        self.started = self._last = time.perf_counter()
+        self.stages: list[tuple[str, float]] = []
+
+    def mark(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.stages.append((stage, (now - self._last) * 1000))
+        self._last = now
+
+
+@dataclass(slots=True)
+class Request:
+    method: str
+    path: str
+    headers: dict[str, str]  # lower-case names
+    receive: Receive
+    id: str
+    timer: StageTimer
+    # What the route learned, for the access log and the trace (``origin.http.access_log``):
+    # set by the handler as it goes, read once the response has been sent.
+    project: str = ""
+    chat: Any = None  # the parsed request (prism.ChatRequest)
+    usage: Any = None  # a hit: the stored answer's usage
+    charge: Any = None  # a miss: its bill (origin.governance.billing.Charge), settled when it ends
+    error: str = ""  # the error code answered, if any
+
+
+Handler = Callable[[Request], Awaitable[Reply]]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    path: str
+    handler: Handler
+    methods: frozenset[str] = frozenset({"GET"})
+    name: str = ""  # the metrics label; "" = not counted
+    error_body: Callable[[PrismError], bytes] | None = None  # None: OpenAI's error format
+
+
+class Routes:
+    """An ASGI app over a fixed set of routes.
+
+    ``metrics`` counts and times the replies of named routes; ``on_startup`` and
+    ``on_shutdown`` run in the ASGI lifespan. With ``admin``, connections to the listener
+    on ``admin_port`` (``origin.http.server.listen`` sets it) get the admin table instead:
+    one check per request, no extra layer on the hot path.
+    """
+
+    def __init__(
+        self,
+        routes: Iterable[Route],
+        *,
+        metrics: Metrics | None = None,
+        on_startup: Callable[[], Awaitable[None]] | None = None,
+        on_shutdown: Callable[[], Awaitable[None]] | None = None,
+        admin: Routes | None = None,
+    ) -> None:
+        self._routes = {route.path: route for route in routes}
+        self._metrics = metrics
+        self._on_startup = on_startup
+        self._on_shutdown = on_shutdown
+        self.admin = admin
+        self.admin_port: int | None = None  # None: the admin table is not served
+        # Set by ``create_app`` when configured; None costs one check per request.
+        self.telemetry: Telemetry | None = None
+        self.access_log: AccessLog | None = None
+        # Request ids need to be unique, not secret: a random prefix and a counter.
+        self._id_prefix = secrets.token_hex(4)
+        self._ids = itertools.count(1)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            if scope["type"] == "lifespan":
+                await self._lifespan(receive, send)
+            return
+        server = scope.get("server")  # this connection's local (host, port)
+        if server is not None and server[1] == self.admin_port and self.admin is not None:
+            await self.admin(scope, receive, send)
+            return
+        headers = request_headers(scope)
+        request = Request(
+            scope["method"],
+            scope["path"],
+            headers,
+            receive,
+            headers.get(h.REQUEST_ID) or f"{self._id_prefix}{next(self._ids):08x}",
+            StageTimer(),
+        )
+        telemetry = self.telemetry
+        span = telemetry.start(request) if telemetry is not None else None
+        route = self._routes.get(request.path)
+        try:
+            if route is None:
+                raise NotFoundError(f"Unknown route {request.method} {request.path}.")
+            if request.method not in route.methods:
+                raise MethodNotAllowedError(
+                    f"Method {request.method} is not allowed here.",
+                    headers={"allow": ", ".join(sorted(route.methods))},
+                )
+            reply = await route.handler(request)
+        except PrismError as error:
+            request.error = error.code
+            render = route.error_body if route is not None else None
+            reply = error_reply(error, request.id, request.timer.stages, render)
+        except Exception:  # a bug must still answer in the API's format, and be logged
+            log.exception(
+                "unhandled error on %s %s (request %s)", request.method, request.path, request.id
+            )
+            failed = PrismError("The gateway failed unexpectedly.")
+            render = route.error_body if route is not None else None
+            request.error = failed.code
+            reply = error_reply(failed, request.id, request.timer.stages, render)
+        reply.headers.setdefault(h.REQUEST_ID, request.id)
+        if self._metrics is not None and route is not None and route.name:
+            layer = reply.headers.get(h.CACHE_LAYER, "bypass")
+            elapsed = time.perf_counter() - request.timer.started
+            self._metrics.record_request(route.name, reply.status, layer, elapsed)
+        if telemetry is None and self.access_log is None:
+            await send_reply(reply, receive, send)
+            return
+        first_byte = time.perf_counter()  # the response starts now (a stream: its first bytes)
+        try:
+            await send_reply(reply, receive, send)
+        finally:
+            ended = time.perf_counter()
+            try:
+                if telemetry is not None:
+                    telemetry.finish(request, reply, span, first_byte, ended)
+                if self.access_log is not None:
+                    self.access_log.write(request, reply, first_byte, ended)
+            except Exception:  # the answer is out: what failed to record it is only logged
+                log.exception("recording request %s failed", request.id)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        await receive()  # lifespan.startup
+        try:
+            if self._on_startup is not None:
+                await self._on_startup()
+        except Exception as error:
+            log.exception("start-up failed")
+            await send({"type": "lifespan.startup.failed", "message": repr(error)})
+            return
+        await send({"type": "lifespan.startup.complete"})
+        await receive()  # lifespan.shutdown
+        if self._on_shutdown is not None:
+            await self._on_shutdown()
+        await send({"type": "lifespan.shutdown.complete"})
+
+
+def request_headers(scope: Scope) -> dict[str, str]:
+    """Header names are lower-case in ASGI; repeated ones keep the last value."""
+    return {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+
+
+async def read_body(receive: Receive, limit: int, declared: str | None) -> bytes:
+    """The whole body, at most ``limit`` bytes. How long it may take to arrive is bounded
+    by the server (``origin.http.server``), which answers a stalled upload with 408."""
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise RequestTooLargeError(f"Request body is {declared} bytes; the limit is {limit}.")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            # Never parse half a body; nobody is left to read the answer anyway.
+            raise InvalidRequestError(
+                "The connection closed before the whole body arrived.", code="incomplete_body"
+            )
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise RequestTooLargeError(f"Request body exceeds the limit of {limit} bytes.")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _raw_headers(reply: Reply, length: int | None) -> RawHeaders:
+    raw = [
+        (name.encode("latin-1"), value.encode("latin-1")) for name, value in reply.headers.items()
+    ]
+    if reply.raw_headers is not None:
+        raw += reply.raw_headers
+    if length is not None:
+        raw.append((b"content-length", str(length).encode()))
+    return raw
+
+
+async def send_reply(reply: Reply, receive: Receive, send: Send) -> None:
+    if reply.stream is None:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": reply.status,
+                "headers": _raw_headers(reply, len(reply.body)),
+            }
+        )
+        await send({"type": "http.response.body", "body": reply.body})
+        return
+    await send(
+        {
+            "type": "http.response.start",
+            "status": reply.status,
+            "headers": _raw_headers(reply, None),
+        }
+    )
+    # Stream in this task while one watcher waits for the client to go away: then this
+    # task is cancelled out of the stream at once (closing it releases the upstream call),
+    # not at the next chunk. (A task of its own for the stream, and ``asyncio.wait`` over
+    # the two, cost a good share of a streamed miss.)
+    me = asyncio.current_task()
+    assert me is not None
+    gone = CancelOnce(me)
+    watching = asyncio.ensure_future(disconnected(receive))
+    watching.add_done_callback(gone)
+    chunks = reply.stream
+    try:
+        try:
+            async for chunk in chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            gone.armed = False  # from here on, the client leaving changes nothing
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+    except asyncio.CancelledError:
+        if gone.fired and me.uncancel() == 0:  # the client left: nothing else to do
+            return
+        raise
+    finally:
+        gone.armed = False
+        watching.cancel()
+
+
+class CancelOnce:
+    """A done-callback that cancels ``task`` once, and only while ``armed``: the client
+    watcher's (a client gone ends the stream it was sent) and the flight's (its answer
+    wakes a waiter out of ``receive``). ``fired`` tells the task's own cancel from others."""
+
+    __slots__ = ("armed", "fired", "task")
+
+    def __init__(self, task: asyncio.Task[Any], armed: bool = True) -> None:
+        self.task = task
+        self.armed = armed
+        self.fired = False
+
+    def __call__(self, done: object) -> None:
+        if isinstance(done, asyncio.Future) and done.done() and not done.cancelled():
+            done.exception()  # retrieved: a failed receive() means gone too
+        if self.armed:
+            self.armed = False
+            self.fired = True
+            self.task.cancel()
+
+
+async def disconnected(receive: Receive) -> None:
+    """Returns when the client has closed the connection (once the body has been read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass

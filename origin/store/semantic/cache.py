@@ -1,0 +1,230 @@
+"""The semantic layer: after the exact lookup missed, before the provider is called.
+
+``lookup`` starts the question's embedding (in the embedder's thread) and, meanwhile,
+catches up with the question's partition in the index (only what was added since this
+process last read it); an empty partition is a miss at once, without waiting for the
+model. Otherwise the best candidates at or above the project's threshold that also pass
+the lexical guard (``guard.agree``) are read from Redis in one ``MGET``, and the first
+that is still a valid entry is the answer. A candidate whose
+entry is gone is removed from the index, never served.
+
+A miss carries its question (``Pending``) to the store: once the answer's entry is in
+Redis, the question's vector is indexed with the entry's expiry.
+
+Nothing here fails a request: Redis errors, a slow or missing model are misses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from prometheus_client import Counter
+
+from prism import Envelope, decode_envelope, entry_key
+
+from ...metrics import Metrics
+from ...settings import Settings
+from ..redis_client import RedisClient, RedisClientError
+from .embedder import Embedder, EmbedderUnavailable
+from .guard import agree
+from .index import RedisStreamIndex, SemanticIndex, _retrieve
+from .partition import Question, normalized
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from .model import Vector
+
+__all__ = ["Match", "Pending", "SemanticCache", "build_semantic_cache"]
+
+log = logging.getLogger("prism.origin")
+
+MAX_CANDIDATES = 3  # entries read per hit attempt: the best few, in case the best is gone
+SHORTLISTED = 16  # the best-scoring records the guard is asked about
+
+
+class Match(NamedTuple):
+    envelope: Envelope
+    fingerprint: str  # the matched entry's
+    score: float
+
+
+class Pending(NamedTuple):
+    """A question on its way to the provider: indexed once its answer is stored."""
+
+    partition: str
+    text: str
+    vector: asyncio.Future[Vector | None]
+
+
+class SemanticCache:
+    def __init__(
+        self,
+        index: SemanticIndex,
+        embedder: Embedder,
+        redis: RedisClient,
+        registry: CollectorRegistry,
+        spawn: Callable[[Coroutine[Any, Any, None]], object],
+        timeout: float = 0.25,
+    ) -> None:
+        self.index = index
+        self._spawn = spawn  # the gateway's: work after the response, awaited at shutdown
+        self.embedder = embedder
+        self._redis = redis
+        self._timeout = timeout
+        self.outcomes = Counter(
+            "prism_semantic_lookups",
+            "Semantic cache lookups by outcome: hit, miss, empty (no entry in the partition),"
+            " slow (the embedding or the index read took longer than PRISM_SEMANTIC_TIMEOUT),"
+            " stale (the best candidate's entry was gone), too_long (or characters the model"
+            " cannot see), unavailable, error.",
+            ("outcome",),
+            registry=registry,
+        )
+        self.indexed = Counter(
+            "prism_semantic_indexed", "Questions added to the semantic index.", registry=registry
+        )
+        self._reading: set[asyncio.Future[int]] = set()  # catch-ups outliving their lookup
+
+    @property
+    def available(self) -> bool:
+        return self.embedder.failed is None
+
+    def pending(self, question: Question) -> Pending:
+        """Start embedding ``question`` for the index only (a request that may not read)."""
+        vector = self._embed(normalized(question.text))
+        return Pending(question.partition, question.text, vector)
+
+    def _embed(self, text: str) -> asyncio.Future[Vector | None]:
+        future = self.embedder.embed(text)
+        # Retrieved even when nobody awaits it (a miss whose answer is never stored).
+        future.add_done_callback(_retrieve)
+        return future
+
+    async def lookup(
+        self, question: Question, threshold: float
+    ) -> tuple[Match | None, Pending | None]:
+        """The entry answering ``question`` (if any), and the question for the store."""
+        pending = self.pending(question)
+        # A partition this process has not read yet may be large (5 s for 100,000
+        # records): the read goes on in the background, and this question is a miss.
+        refresh = asyncio.ensure_future(self.index.refresh(question.partition))
+        refresh.add_done_callback(_retrieve)
+        deadline = asyncio.get_running_loop().time() + self._timeout  # for both waits
+        try:
+            async with asyncio.timeout_at(deadline):
+                indexed = await asyncio.shield(refresh)
+        except TimeoutError:
+            self._reading.add(refresh)
+            refresh.add_done_callback(self._reading.discard)
+            self.outcomes.labels("slow").inc()
+            return None, pending
+        except RedisClientError as error:
+            log.debug("semantic index read failed: %s", error)
+            self.outcomes.labels("error").inc()
+            return None, pending
+        if not indexed:
+            self.outcomes.labels("empty").inc()
+            return None, pending
+        try:
+            async with asyncio.timeout_at(deadline):
+                vector = await asyncio.shield(pending.vector)
+        except TimeoutError:
+            self.outcomes.labels("slow").inc()
+            return None, pending
+        except EmbedderUnavailable:
+            self.outcomes.labels("unavailable").inc()
+            return None, None
+        if vector is None:
+            self.outcomes.labels("too_long").inc()
+            return None, None
+        candidates = self._agreeing(question, vector, threshold)
+        if not candidates:
+            self.outcomes.labels("miss").inc()
+            return None, pending
+        try:
+            entries = await self._redis.execute("MGET", *[entry_key(fp) for fp, _ in candidates])
+        except RedisClientError as error:
+            log.debug("semantic candidate read failed: %s", error)
+            self.outcomes.labels("error").inc()
+            return None, pending
+        now = time.time()
+        for (fp, score), raw in zip(candidates, entries, strict=True):
+            envelope = decode_envelope(raw, now) if raw is not None else None
+            if envelope is not None:
+                self.outcomes.labels("hit").inc()
+                return Match(envelope, fp, score), pending
+            self._spawn(self._forget(question.partition, fp))
+        self.outcomes.labels("stale").inc()
+        return None, pending
+
+    def _agreeing(
+        self, question: Question, vector: Vector, threshold: float
+    ) -> list[tuple[str, float]]:
+        """The best indexed questions at or above ``threshold`` that the guard lets
+        through (best first, at most ``MAX_CANDIDATES``)."""
+        found: list[tuple[str, float]] = []
+        nearest = self.index.nearest(question.partition, vector, threshold, SHORTLISTED)
+        for candidate in nearest:
+            if agree(question.text, candidate.text):
+                found.append((candidate.fingerprint, candidate.score))
+                if len(found) == MAX_CANDIDATES:
+                    break
+        return found
+
+    async def _forget(self, partition: str, fingerprint: str) -> None:
+        try:
+            await self.index.remove(partition, fingerprint)
+        except RedisClientError as error:
+            log.debug("removing a stale semantic record failed: %s", error)
+
+    async def add(self, pending: Pending, fingerprint: str, expires: int) -> None:
+        """Index ``pending``'s question for the entry just stored under ``fingerprint``."""
+        try:
+            vector = await pending.vector
+        except EmbedderUnavailable:
+            return
+        if vector is None:
+            return
+        try:
+            await self.index.add(
+                pending.partition,
+                fingerprint,
+                vector.astype("<f4").tobytes(),
+                pending.text,
+                expires,
+            )
+        except RedisClientError as error:
+            log.debug("semantic index write failed: %s", error)
+            return
+        self.indexed.inc()
+
+    def close(self) -> None:
+        self.embedder.close()
+
+
+def build_semantic_cache(
+    settings: Settings,
+    redis: RedisClient,
+    metrics: Metrics,
+    spawn: Callable[[Coroutine[Any, Any, None]], object],
+) -> SemanticCache | None:
+    """The semantic layer for these settings; None when ``PRISM_SEMANTIC_MODEL=off``.
+    Nothing is loaded here: the model loads on the first opted-in request."""
+    model = settings.semantic_model
+    if model == "off":
+        return None
+    embedder = Embedder(None if model == "auto" else Path(model), settings.semantic_threads)
+    return SemanticCache(
+        RedisStreamIndex(redis),
+        embedder,
+        redis,
+        metrics.registry,
+        spawn,
+        settings.semantic_timeout,
+    )
