@@ -1,6 +1,6 @@
 """Is a request cacheable, and for how long.
 
-Decisions, documented in the README:
+Decisions, documented in docs/caching.md:
 - ``stream`` never prevents caching: streamed and plain requests share an entry.
 - ``n > 1`` is cached: the entry holds all ``n`` choices and a hit replays them all.
 - Non-zero ``temperature`` is cached by default (the client gets the stored sample,

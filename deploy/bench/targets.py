@@ -1,4 +1,4 @@
-"""Prism's performance targets (README, "Tests and benchmark"), checked against one
+"""Prism's performance targets (docs/benchmarks.md), checked against one
 benchmark result.
 
 Held here and in the report, never in timed tests: a busy CI machine must not

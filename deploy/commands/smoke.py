@@ -70,7 +70,7 @@ def smoke_command(
         typer.Option(
             "--from",
             help="Run from Globalping probes in this place instead (a city, country or "
-            "continent; repeat for several). Probes only GET: see README.",
+            "continent; repeat for several). Probes only GET: see docs/regions.md.",
         ),
     ] = None,
     token: Annotated[

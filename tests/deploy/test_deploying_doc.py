@@ -1,4 +1,4 @@
-"""README.md's Deploying commands run as written: the block is read from the README (so the two
+"""docs/deploying.md's commands run as written: the block is read from the page (so the two
 cannot drift) and run by bash, offline, without credentials, from an empty folder."""
 
 from __future__ import annotations
@@ -17,14 +17,13 @@ WRANGLER = REPO / "node_modules" / ".bin" / "wrangler"
 
 
 def deploying_block() -> str:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme.split("\n## Deploying\n", 1)[1].split("\n## ", 1)[0]
-    found = re.search(r"```sh\n(.*?)```", section, re.S)
-    assert found is not None, "README's Deploying section has no ```sh block"
+    page = (REPO / "docs" / "deploying.md").read_text(encoding="utf-8")
+    found = re.search(r"```sh\n(.*?)```", page, re.S)
+    assert found is not None, "docs/deploying.md has no ```sh block"
     return found.group(1)
 
 
-def test_every_deploy_command_in_the_readme_is_a_dry_run() -> None:
+def test_every_deploy_command_in_the_page_is_a_dry_run() -> None:
     commands = [line for line in deploying_block().splitlines() if "prism deploy" in line]
 
     assert len(commands) >= 2
@@ -32,8 +31,8 @@ def test_every_deploy_command_in_the_readme_is_a_dry_run() -> None:
 
 
 @pytest.mark.skipif(not os.access(WRANGLER, os.X_OK), reason="run `npm ci` (pinned wrangler)")
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="the README's block uses openssl")
-def test_the_readme_deploy_block_runs_offline_without_credentials(tmp_path: Path) -> None:
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="the deploy block uses openssl")
+def test_the_pages_deploy_block_runs_offline_without_credentials(tmp_path: Path) -> None:
     keep = ("PATH", "LANG", "LC_ALL", "TERM", "SYSTEMROOT")
     env = {name: os.environ[name] for name in keep if name in os.environ}
     env.update(
