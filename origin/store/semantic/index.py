@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..redis_client import LoadedScript, RedisClient
 
@@ -33,11 +33,10 @@ if TYPE_CHECKING:  # numpy is imported with the model, on the first opted-in req
     import numpy as np
     import numpy.typing as npt
 
-    from .mirror import Mirror
+    from .mirror import Candidate, Mirror
 
 __all__ = [
     "INDEX_KEY_PREFIX",
-    "Candidate",
     "RedisStreamIndex",
     "SemanticIndex",
     "index_key",
@@ -61,12 +60,6 @@ return 1
 
 def index_key(partition: str) -> str:
     return INDEX_KEY_PREFIX + partition
-
-
-class Candidate(NamedTuple):
-    fingerprint: str  # the entry's: prism:v1:<fingerprint>
-    score: float
-    text: str
 
 
 class SemanticIndex(Protocol):

@@ -17,15 +17,23 @@ they are half of the mirror. Not thread-safe: the event loop's thread owns it.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import numpy.typing as npt
 
-from .index import Candidate
-
-__all__ = ["EXACT_UP_TO", "SHORTLIST", "Mirror"]
+__all__ = ["EXACT_UP_TO", "SHORTLIST", "Candidate", "Mirror"]
 
 EXACT_UP_TO = 4096  # rows scored one by one below this many (the shortlist would not pay)
 SHORTLIST = 256  # rows scored exactly, out of the nearest by sign bits
+
+
+class Candidate(NamedTuple):
+    """A record close to the question: what a search returns."""
+
+    fingerprint: str  # the entry's: prism:v1:<fingerprint>
+    score: float
+    text: str
 
 
 class Mirror:
