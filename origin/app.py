@@ -23,6 +23,7 @@ from .apis.embeddings import EMBEDDINGS
 from .apis.messages import MESSAGES
 from .apis.pipeline import ApiRoute
 from .auth import authenticate
+from .connection.redis_client import RedisClient
 from .dashboard import Dashboard, History, dashboard_off_routes
 from .gateway import Gateway
 from .governance.project_policies import ProjectPolicies
@@ -31,7 +32,6 @@ from .http.asgi import Request, Route, Routes
 from .http.responses import Reply, json_reply
 from .providers.upstream_http import ConnectorFactory
 from .settings import Settings
-from .store.redis_client import RedisClient
 
 __all__ = ["OriginApp", "create_app"]
 

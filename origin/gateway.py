@@ -15,6 +15,8 @@ from prism import encode_envelope, entry_key
 from prism.routes import MODELS_KEY
 
 from .background import cancel_and_wait
+from .connection.redis_client import RedisClient, RedisPyClient
+from .connection.redis_pipe import RedisPipe
 from .governance.audit import AuditWriter
 from .governance.billing import Billing
 from .governance.budgets import Budgets
@@ -29,8 +31,6 @@ from .routing.router import Router
 from .settings import Settings, SettingsError
 from .store.kv_writer import KVWriter
 from .store.redis_cache import RedisCache
-from .store.redis_client import RedisClient, RedisPyClient
-from .store.redis_pipe import RedisPipe
 from .store.semantic import Pending, SemanticCache, build_semantic_cache
 
 if TYPE_CHECKING:

@@ -36,10 +36,10 @@ from deploy.local.provider import ProviderServer
 from deploy.local.redis import RedisServer
 from origin import Settings, create_app
 from origin.app import OriginApp
+from origin.connection.redis_pipe import RedisPipe
 from origin.governance.budgets import Budgets, budget_keys, period_of
 from origin.governance.token_bounds import completion_token_bound, prompt_token_bound
 from origin.http.server import listen, server_options
-from origin.store.redis_pipe import RedisPipe
 from prism import Budget, Policy, parse_chat_request, parse_key_secrets, policy_key
 
 __all__ = ["main", "run_budget_bench"]

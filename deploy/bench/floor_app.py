@@ -21,7 +21,7 @@ from typing import Any
 from redis.asyncio import Redis
 from starlette.types import Receive, Scope, Send
 
-from origin.store.redis_pipe import RedisPipe
+from origin.connection.redis_pipe import RedisPipe
 
 __all__ = ["FloorApp", "main"]
 

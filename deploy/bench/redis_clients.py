@@ -29,9 +29,9 @@ from typing import Any
 import uvloop
 
 from deploy.local.redis import RedisServer
+from origin.connection.redis_client import PreparedCommand, RedisPyClient
+from origin.connection.redis_pipe import RedisPipe
 from origin.store.redis_cache import LOOKUP_SCRIPT
-from origin.store.redis_client import PreparedCommand, RedisPyClient
-from origin.store.redis_pipe import RedisPipe
 from prism import REVOKED_KEY
 
 __all__ = ["main"]

@@ -36,7 +36,7 @@ from prometheus_client import CollectorRegistry
 from deploy.bench.loadgen import percentile
 from deploy.bench.machine import rss_mb
 from deploy.local.redis import RedisServer
-from origin.store.redis_pipe import RedisPipe
+from origin.connection.redis_pipe import RedisPipe
 from origin.store.semantic.cache import SemanticCache
 from origin.store.semantic.embedder import Embedder
 from origin.store.semantic.index import RedisStreamIndex, index_key

@@ -14,7 +14,7 @@ What differs between the APIs is data, an ``Api``: its path and parser, the
 how its token bounds are computed (``origin.governance.token_bounds``), how a stored answer is
 replayed
 as its stream, and how its errors look. The answer's usage is read by
-``origin.governance.pricing.tokens_of``, which knows both OpenAI's and Anthropic's forms.
+``origin.providers.token_counts.tokens_of``, which knows both OpenAI's and Anthropic's forms.
 """
 
 from __future__ import annotations

@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..background import cancel_and_wait
+from ..connection.redis_client import RedisClientError
 from ..governance.usage import LAYERS as USAGE_LAYERS
 from ..governance.usage import usage_key
-from ..store.redis_client import RedisClientError
 from .figures import LAYERS, STATES, Totals, rates_between, totals_of
 
 if TYPE_CHECKING:

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from ..store.redis_client import RedisClient, RedisClientError
+from ..connection.redis_client import RedisClient, RedisClientError
 
 __all__ = [
     "APPEND_SCRIPT",

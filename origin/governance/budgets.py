@@ -31,8 +31,8 @@ from typing import NamedTuple
 
 from prism import Budget, PermissionDeniedError, PrismError, RateLimitError
 
+from ..connection.redis_client import LoadedScript, RedisClient, RedisClientError
 from ..providers.config import ProviderConfig
-from ..store.redis_client import LoadedScript, RedisClient, RedisClientError
 from .pricing import Price
 
 __all__ = [

@@ -31,16 +31,16 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, NamedTuple
+from typing import Any
+
+from ..providers.token_counts import Tokens
 
 __all__ = [
     "Price",
     "PriceTable",
-    "Tokens",
     "cost_micros",
     "default_prices",
     "parse_prices",
-    "tokens_of",
 ]
 
 _PRICE_FIELDS = ("input", "cached_input", "cache_write", "output")
@@ -62,38 +62,6 @@ class Price:
     def max_input(self) -> float:
         """The most any prompt token can cost: what a reservation counts on."""
         return max(self.input, self.cached_input, self.cache_write)
-
-
-class Tokens(NamedTuple):
-    prompt: int  # every prompt token, cached or not
-    cached: int  # read from the provider's prompt cache
-    cache_write: int  # written to it
-    completion: int
-
-
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def tokens_of(usage: Any) -> Tokens | None:
-    """The token counts of a reported usage (OpenAI's form or Anthropic's); None if none."""
-    if not isinstance(usage, dict):
-        return None
-    if "prompt_tokens" in usage or "completion_tokens" in usage:
-        details = usage.get("prompt_tokens_details")
-        details = details if isinstance(details, dict) else {}
-        return Tokens(
-            _count(usage.get("prompt_tokens")),
-            _count(details.get("cached_tokens")),
-            _count(details.get("cache_creation_tokens")),
-            _count(usage.get("completion_tokens")),
-        )
-    if "input_tokens" in usage or "output_tokens" in usage:  # Anthropic's own form
-        read = _count(usage.get("cache_read_input_tokens"))
-        write = _count(usage.get("cache_creation_input_tokens"))
-        prompt = _count(usage.get("input_tokens")) + read + write
-        return Tokens(prompt, read, write, _count(usage.get("output_tokens")))
-    return None
 
 
 def cost_micros(price: Price, tokens: Tokens) -> int:

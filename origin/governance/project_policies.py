@@ -11,14 +11,24 @@ until Redis answers, as with revocations).
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 from prism import PermissionDeniedError, Policy, PolicyMemo
-
-from ..store.redis_cache import Lookup
 
 __all__ = ["ProjectPolicies"]
 
 log = logging.getLogger("prism.origin")
+
+
+class PolicyRead(Protocol):
+    """What a lookup brought back of the policy (``origin.store.redis_cache.Lookup``)."""
+
+    @property
+    def available(self) -> bool: ...  # False: Redis was not asked or failed
+
+    @property
+    def policy(self) -> bytes | None: ...  # the record as stored (None: no policy)
+
 
 _MAX_PROJECTS = 10_000
 
@@ -31,7 +41,7 @@ class ProjectPolicies:
         self._last: dict[str, tuple[bytes, Policy]] = {}
         self._warned: set[bytes] = set()  # invalid records already logged
 
-    def resolve(self, project: str, lookup: Lookup) -> Policy | None:
+    def resolve(self, project: str, lookup: PolicyRead) -> Policy | None:
         """The policy that holds for ``project`` now; None: every model is allowed.
 
         A stored record that does not parse (edited by hand) refuses every model of the

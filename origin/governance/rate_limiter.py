@@ -45,11 +45,11 @@ import orjson
 
 from prism import LIMITS_KEY_PREFIX, RateLimitError
 
+from ..connection.redis_client import LoadedScript, RedisClient, RedisClientError
 from ..http.responses import RawHeaders
 from ..metrics import Metrics
-from ..store.redis_client import LoadedScript, RedisClient, RedisClientError
+from ..providers.token_counts import tokens_of
 from .audit import AuditWriter, audit_record
-from .pricing import tokens_of
 
 __all__ = [
     "GCRA_LUA",

@@ -37,8 +37,8 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..background import cancel_and_wait
-from ..store.redis_client import RedisClient, RedisClientError
-from .pricing import Tokens
+from ..connection.redis_client import RedisClient, RedisClientError
+from ..providers.token_counts import Tokens
 
 __all__ = ["FIELDS", "LAYERS", "USAGE_SCRIPT", "UsageRecorder", "usage_key"]
 

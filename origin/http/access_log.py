@@ -23,7 +23,7 @@ import orjson
 
 from prism import headers as h
 
-from ..governance.pricing import tokens_of
+from ..providers.token_counts import tokens_of
 from ..settings import Settings
 from .asgi import Request
 from .responses import Reply

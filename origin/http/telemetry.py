@@ -52,8 +52,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from prism import headers as h
 from prism.trace_context import EDGE_SPAN, EDGE_TIMING, TRACEPARENT, parse_edge_span
 
-from ..governance.pricing import tokens_of
 from ..providers.base import UpstreamCompletion
+from ..providers.token_counts import tokens_of
 from ..routing.targets import Target
 from ..settings import Settings
 from .asgi import Request

@@ -35,10 +35,10 @@ from typing import Any, NamedTuple
 from prism import POLICY_KEY_PREFIX, REVOKED_KEY, AuthenticationError, entry_key, policy_key
 
 from ..background import cancel_and_wait
+from ..connection.redis_client import LoadedScript, RedisClient, RedisClientError
 from ..governance.rate_limiter import RATE_CHECK_SCRIPT, REQUEST_LIMIT_LUA
 from ..governance.request_leases import ProjectLeases, RequestLeases
 from ..metrics import Metrics
-from .redis_client import LoadedScript, RedisClient, RedisClientError
 
 __all__ = ["LOOKUP_SCRIPT", "Lookup", "RedisCache"]
 

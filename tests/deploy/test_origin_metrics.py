@@ -7,9 +7,9 @@ import pytest
 
 from deploy.origin_metrics import frame_of, parse_health, parse_metrics, parse_spend
 from origin.dashboard import rates_between
-from origin.governance.pricing import Tokens
 from origin.governance.usage import UsageRecorder
 from origin.metrics import Metrics
+from origin.providers.token_counts import Tokens
 
 HEALTH = {
     "status": "ok",

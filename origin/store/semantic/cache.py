@@ -27,9 +27,9 @@ from prometheus_client import Counter
 
 from prism import Envelope, decode_envelope, entry_key
 
+from ...connection.redis_client import RedisClient, RedisClientError
 from ...metrics import Metrics
 from ...settings import Settings
-from ..redis_client import RedisClient, RedisClientError
 from .embedder import Embedder, EmbedderUnavailable
 from .guard import agree
 from .index import RedisStreamIndex, SemanticIndex, _retrieve

@@ -27,7 +27,7 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..redis_client import LoadedScript, RedisClient
+from ...connection.redis_client import LoadedScript, RedisClient
 
 if TYPE_CHECKING:  # numpy is imported with the model, on the first opted-in request
     import numpy as np

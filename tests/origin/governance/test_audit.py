@@ -17,6 +17,7 @@ from typer.testing import CliRunner, Result
 
 from deploy import audit_log
 from deploy.cli import app
+from origin.connection.redis_pipe import RedisPipe
 from origin.governance.audit import (
     AUDIT_HEAD,
     AUDIT_STREAM,
@@ -25,7 +26,6 @@ from origin.governance.audit import (
     record_hash,
     seal,
 )
-from origin.store.redis_pipe import RedisPipe
 from tests.fixtures.origin import KEY_SECRET, RunningOrigin
 from tests.polling import wait_for
 

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from origin.governance.pricing import Price, cost_micros, default_prices, tokens_of
+from origin.governance.pricing import Price, cost_micros, default_prices
 from origin.providers.anthropic_translate import to_chat_completion
 from origin.providers.config import load_provider_config
+from origin.providers.token_counts import tokens_of
 from origin.settings import Settings, SettingsError
 
 MINI = Price(input=0.15, output=0.60, cached_input=0.075, cache_write=0.15)

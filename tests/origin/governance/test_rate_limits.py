@@ -24,10 +24,11 @@ from deploy.local.ports import free_port
 from deploy.local.provider import ProviderServer
 from deploy.local.redis import RedisServer
 from deploy.policy_store import PolicyStore
+from origin.connection.redis_pipe import RedisPipe
 from origin.governance.audit import AUDIT_STREAM, AuditWriter
-from origin.governance.pricing import cost_micros, default_prices, tokens_of
+from origin.governance.pricing import cost_micros, default_prices
 from origin.governance.rate_limiter import RefusalLog, duration
-from origin.store.redis_pipe import RedisPipe
+from origin.providers.token_counts import tokens_of
 from prism import Budget, KeyRing, Limit, RateLimits
 from tests.fixtures.origin import (
     AccessLines,

@@ -14,10 +14,10 @@ import pytest
 import redis
 
 from deploy.policy_store import PolicyStore
+from origin.connection.redis_pipe import RedisPipe
 from origin.governance.rate_limiter import LEASE_SHARE
 from origin.metrics import Metrics
 from origin.store.redis_cache import RedisCache
-from origin.store.redis_pipe import RedisPipe
 from prism import RateLimits, entry_key
 from tests.fixtures.origin import redis_now_us
 

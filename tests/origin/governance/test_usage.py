@@ -8,9 +8,9 @@ import asyncio
 import redis
 
 from deploy.local.ports import free_port
-from origin.governance.pricing import Tokens
+from origin.connection.redis_pipe import RedisPipe
 from origin.governance.usage import UsageRecorder
-from origin.store.redis_pipe import RedisPipe
+from origin.providers.token_counts import Tokens
 
 DAY = 86_400
 MONDAY = 20_000 * DAY + 3600.0  # 2024-10-04 01:00 UTC

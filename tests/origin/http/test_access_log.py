@@ -131,7 +131,7 @@ def test_a_hit_logs_its_tokens_as_a_miss_and_the_bill_count_them(
     redis_url: str, provider: ProviderServer, access_lines: AccessLines
 ) -> None:
     """An Anthropic answer's stored usage: its prompt counts the provider's cached tokens
-    too, as the miss's line and the bill (``origin.governance.pricing.tokens_of``) do."""
+    too, as the miss's line and the bill (``origin.providers.token_counts.tokens_of``) do."""
     log = AccessLog(Settings.from_env(origin_env(redis_url, provider.url)))
     request = Request("POST", "/v1/messages", {}, _no_body, "log-anthropic-hit", StageTimer())
     request.usage = {

@@ -8,9 +8,7 @@ from typing import Any
 
 import pytest
 
-from origin.metrics import Metrics
-from origin.store.redis_cache import UNAVAILABLE, Lookup, RedisCache
-from origin.store.redis_client import (
+from origin.connection.redis_client import (
     Arg,
     NoScriptError,
     PreparedCommand,
@@ -18,6 +16,8 @@ from origin.store.redis_client import (
     RedisConnectionError,
     RedisReplyError,
 )
+from origin.metrics import Metrics
+from origin.store.redis_cache import UNAVAILABLE, Lookup, RedisCache
 from prism import REVOKED_KEY, AuthenticationError, entry_key
 from tests.polling import async_wait_for
 

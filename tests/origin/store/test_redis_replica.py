@@ -19,10 +19,10 @@ from deploy.local.provider import ProviderServer
 from deploy.local.redis import RedisServer
 from deploy.policy_store import PolicyStore
 from origin import Settings
+from origin.connection.redis_pipe import RedisPipe
 from origin.metrics import Metrics
 from origin.settings import RedisClientKind
 from origin.store.redis_cache import RedisCache
-from origin.store.redis_pipe import RedisPipe
 from prism import REVOKED_KEY, KeyRing, RateLimits, policy_key
 from tests.fixtures.origin import (
     KEY_SECRET,

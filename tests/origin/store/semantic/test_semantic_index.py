@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis
 
-from origin.store.redis_pipe import RedisPipe
+from origin.connection.redis_pipe import RedisPipe
 from origin.store.semantic.index import RedisStreamIndex, index_key
 
 np = pytest.importorskip("numpy", reason="the semantic extra is not installed")

@@ -18,7 +18,7 @@ import trustme
 import uvloop
 
 from deploy.local.redis import RedisServer
-from origin.store.redis_client import (
+from origin.connection.redis_client import (
     NoScriptError,
     PreparedCommand,
     RedisClientError,
@@ -27,7 +27,7 @@ from origin.store.redis_client import (
     RedisTimeoutError,
     pack,
 )
-from origin.store.redis_pipe import RedisPipe, _Protocol
+from origin.connection.redis_pipe import RedisPipe, _Protocol
 from tests.polling import async_wait_for
 
 

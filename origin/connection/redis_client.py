@@ -1,7 +1,7 @@
 """What the origin needs from a Redis client, one error tree for every client, and the
 redis-py implementation (``PRISM_REDIS_CLIENT=redis-py``).
 
-The origin normally runs on ``RedisPipe`` (``origin/store/redis_pipe.py``: one auto-pipelined
+The origin normally runs on ``RedisPipe`` (``origin/connection/redis_pipe.py``: one auto-pipelined
 connection). ``RedisPyClient`` is the way out: the same interface on redis-py's asyncio
 client with a connection pool, the same timeout and the same errors, so ``RedisCache``
 neither knows nor cares which one it has.

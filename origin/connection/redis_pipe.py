@@ -20,7 +20,7 @@ and the next command connects again.
 When the socket cannot take more (the transport calls ``pause_writing``), commands
 keep their place in the queue and leave together, in order, when it resumes; a
 bulky writer can ``await pipe.drain()`` first. Every failure is a
-``RedisClientError`` (``origin/store/redis_client.py``).
+``RedisClientError`` (``origin/connection/redis_client.py``).
 
 Not for blocking commands (BLPOP and the like): they would hold up every
 command behind them. redis-py parses the URL; hiredis parses the replies.

@@ -16,17 +16,17 @@ import redis
 
 from deploy.local.ports import free_port
 from deploy.local.redis import RedisServer
-from origin.metrics import Metrics
-from origin.settings import RedisClientKind, Settings, SettingsError
-from origin.store.redis_cache import RedisCache
-from origin.store.redis_client import (
+from origin.connection.redis_client import (
     NoScriptError,
     RedisConnectionError,
     RedisPyClient,
     RedisReplyError,
     RedisTimeoutError,
 )
-from origin.store.redis_pipe import RedisPipe
+from origin.connection.redis_pipe import RedisPipe
+from origin.metrics import Metrics
+from origin.settings import RedisClientKind, Settings, SettingsError
+from origin.store.redis_cache import RedisCache
 from prism import REVOKED_KEY, KeyRing
 from tests.fixtures.origin import OriginFactory, make_redis_client, origin_env
 from tests.polling import async_wait_for, wait_for

@@ -1,0 +1,41 @@
+"""The token counts an answer reports, read from either usage form a provider sends
+(OpenAI's ``prompt_tokens``/``completion_tokens``, or Anthropic's ``input_tokens``/
+``output_tokens`` with its prompt-cache counts): what prices, limits, usage and logs count."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+__all__ = ["Tokens", "tokens_of"]
+
+
+class Tokens(NamedTuple):
+    prompt: int  # every prompt token, cached or not
+    cached: int  # read from the provider's prompt cache
+    cache_write: int  # written to it
+    completion: int
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def tokens_of(usage: Any) -> Tokens | None:
+    """The token counts of a reported usage (OpenAI's form or Anthropic's); None if none."""
+    if not isinstance(usage, dict):
+        return None
+    if "prompt_tokens" in usage or "completion_tokens" in usage:
+        details = usage.get("prompt_tokens_details")
+        details = details if isinstance(details, dict) else {}
+        return Tokens(
+            _count(usage.get("prompt_tokens")),
+            _count(details.get("cached_tokens")),
+            _count(details.get("cache_creation_tokens")),
+            _count(usage.get("completion_tokens")),
+        )
+    if "input_tokens" in usage or "output_tokens" in usage:  # Anthropic's own form
+        read = _count(usage.get("cache_read_input_tokens"))
+        write = _count(usage.get("cache_creation_input_tokens"))
+        prompt = _count(usage.get("input_tokens")) + read + write
+        return Tokens(prompt, read, write, _count(usage.get("output_tokens")))
+    return None
