@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from deploy.aws_origin import (
+from deploy.aws.origin import (
     BASE_SECRETS,
     DEFAULT_INSTANCE_TYPE,
     DEFAULT_NAME,
@@ -31,7 +31,7 @@ from deploy.aws_origin import (
     apply,
     plan,
 )
-from deploy.aws_userdata import FILE_SECRETS
+from deploy.aws.userdata import FILE_SECRETS
 from deploy.cloudflare_edge import (
     DEFAULT_NAMESPACE_TITLE,
     DEFAULT_STAGING_DIR,

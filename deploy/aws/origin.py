@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
-from deploy.aws_userdata import (
+from deploy.aws.userdata import (
     IMAGE,
     ami_parameters,
     architecture,
@@ -434,9 +434,9 @@ def apply(
     ``release`` builds the release (given the stored lock for ``lock_key``, if
     any); with ``rollback`` the previous release is relaunched instead.
     """
-    # Imported here: aws_resources imports this module's config, result and errors.
-    from deploy.aws_resources import Deployer
-    from deploy.origin_health import check_health
+    # Imported here: deploy.aws.deployer imports this module's config, result and errors.
+    from deploy.aws.deployer import Deployer
+    from deploy.aws.health import check_health
 
     if (release is None) == (not rollback):
         raise DeployConfigError("give either a release to build or rollback, not both")
