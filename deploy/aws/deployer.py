@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from botocore.exceptions import ClientError, WaiterError
 
 from deploy.aws.access import AccessSteps
-from deploy.aws.origin import (
+from deploy.aws.releases import ReleaseStore, bucket_name
+from deploy.aws.stack import (
     Action,
     DeployError,
     DeployResult,
@@ -21,7 +22,6 @@ from deploy.aws.origin import (
     ReleaseBuilder,
     ReleaseRef,
 )
-from deploy.aws.releases import ReleaseStore, bucket_name
 from deploy.aws.userdata import IMAGE, ami_parameters
 
 if TYPE_CHECKING:

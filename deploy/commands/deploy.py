@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from deploy.aws.origin import (
+from deploy.aws.stack import (
     BASE_SECRETS,
     DEFAULT_INSTANCE_TYPE,
     DEFAULT_NAME,

@@ -24,7 +24,8 @@ import typer
 from botocore.exceptions import ClientError
 from typer.testing import CliRunner
 
-from deploy.aws.origin import (
+from deploy.aws.releases import ReleaseStore, bucket_name
+from deploy.aws.stack import (
     DeployConfigError,
     DeployError,
     DeployResult,
@@ -32,7 +33,6 @@ from deploy.aws.origin import (
     apply,
     plan,
 )
-from deploy.aws.releases import ReleaseStore, bucket_name
 from deploy.commands import deploy
 from deploy.release import TARGETS, Release, build_release, compile_lock, lock_key
 from tests.fixtures.aws import MockAws
