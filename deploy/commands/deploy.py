@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from deploy.aws.origin import DeployPlan, apply, plan
 from deploy.aws.stack import (
     BASE_SECRETS,
     DEFAULT_INSTANCE_TYPE,
@@ -24,12 +25,9 @@ from deploy.aws.stack import (
     PROVIDER_KEYS,
     DeployConfigError,
     DeployError,
-    DeployPlan,
     DeployResult,
     OriginDeployConfig,
     ReleaseBuilder,
-    apply,
-    plan,
 )
 from deploy.aws.userdata import FILE_SECRETS
 from deploy.cloudflare_edge import (

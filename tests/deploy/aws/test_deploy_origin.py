@@ -24,15 +24,9 @@ import typer
 from botocore.exceptions import ClientError
 from typer.testing import CliRunner
 
+from deploy.aws.origin import apply, plan
 from deploy.aws.releases import ReleaseStore, bucket_name
-from deploy.aws.stack import (
-    DeployConfigError,
-    DeployError,
-    DeployResult,
-    OriginDeployConfig,
-    apply,
-    plan,
-)
+from deploy.aws.stack import DeployConfigError, DeployError, DeployResult, OriginDeployConfig
 from deploy.commands import deploy
 from deploy.release import TARGETS, Release, build_release, compile_lock, lock_key
 from tests.fixtures.aws import MockAws
