@@ -66,7 +66,7 @@ __all__ = [
     "EdgeDeployConfig",
     "EdgeDeployError",
     "EdgeDeployResult",
-    "PlanStep",
+    "EdgeDeployStep",
     "Route",
     "check_node",
     "deploy_edge",
@@ -88,7 +88,7 @@ Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True, slots=True)
-class PlanStep:
+class EdgeDeployStep:
     """One step of the deploy and what it did (or, in a dry run, would do)."""
 
     step: str
@@ -111,7 +111,7 @@ class EdgeDeployResult:
     staged_dir: str
     staged_files: tuple[str, ...]
     wrangler: tuple[str, ...]
-    plan: tuple[PlanStep, ...]
+    plan: tuple[EdgeDeployStep, ...]
     modules: tuple[str, ...] = ()  # dry run: the modules wrangler bundled
     bundle_dir: str | None = None  # dry run: wrangler's --outdir
     urls: tuple[str, ...] = ()  # deploy: where wrangler says the Worker now answers
@@ -266,14 +266,14 @@ def deploy_edge(
     namespace_id: str | None = None
     if dry_run:
         # Offline: no Cloudflare API call, so no token or network is needed.
-        namespace_step = PlanStep("kv namespace", "would find or create", title)
+        namespace_step = EdgeDeployStep("kv namespace", "would find or create", title)
     else:
         client = client or make_client(config)
         progress(f"Finding or creating KV namespace {title!r}")
         with _api_errors(config, f"finding or creating KV namespace {title!r}"):
             namespace_id, created = ensure_namespace(client, config.account_id, title)
         action = "created" if created else "exists"
-        namespace_step = PlanStep("kv namespace", action, f"{title} ({namespace_id})")
+        namespace_step = EdgeDeployStep("kv namespace", action, f"{title} ({namespace_id})")
 
     progress(f"Staging the Worker bundle in {out}")
     try:
@@ -289,9 +289,11 @@ def deploy_edge(
     target = ", ".join(str(r) for r in config.routes) or "workers.dev"
     steps = [
         namespace_step,
-        PlanStep("bundle", "staged", f"{len(bundle.files)} files in {out}"),
-        PlanStep("secrets", "would set" if dry_run else "set", ", ".join(config.secrets)),
-        PlanStep("worker", "would deploy" if dry_run else "deployed", f"{config.name} on {target}"),
+        EdgeDeployStep("bundle", "staged", f"{len(bundle.files)} files in {out}"),
+        EdgeDeployStep("secrets", "would set" if dry_run else "set", ", ".join(config.secrets)),
+        EdgeDeployStep(
+            "worker", "would deploy" if dry_run else "deployed", f"{config.name} on {target}"
+        ),
     ]
     result = EdgeDeployResult(
         dry_run=dry_run,

@@ -55,7 +55,7 @@ def load_pairs(path: Path = PAIRS_FILE) -> list[Pair]:
 
 
 @dataclass
-class Row:
+class ThresholdRow:
     split: str  # dev, held-out or all
     threshold: float
     hit_rate: float
@@ -71,7 +71,7 @@ class SemanticReport:
     paraphrases: int
     near_misses: int
     threshold: float
-    rows: list[Row]
+    rows: list[ThresholdRow]
     wrong_hits: list[dict[str, Any]]  # at the chosen threshold, guard on
     missed: list[dict[str, Any]]  # paraphrases not matched at the chosen threshold
     load_seconds: float
@@ -124,7 +124,7 @@ def run(threshold: float, model_dir: Path | None = None, samples: int = 300) -> 
         neg = [x for x in negatives if split in ("all", x[0].split)]
         for t in sorted({*SWEEP, threshold}):
             rows.append(
-                Row(
+                ThresholdRow(
                     split,
                     t,
                     rate(pos, t, True),

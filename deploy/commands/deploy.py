@@ -15,7 +15,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from deploy.aws_origin import (
+from deploy.aws.origin import DeployPlan, apply, plan
+from deploy.aws.stack import (
     BASE_SECRETS,
     DEFAULT_INSTANCE_TYPE,
     DEFAULT_NAME,
@@ -24,14 +25,11 @@ from deploy.aws_origin import (
     PROVIDER_KEYS,
     DeployConfigError,
     DeployError,
-    DeployPlan,
     DeployResult,
     OriginDeployConfig,
     ReleaseBuilder,
-    apply,
-    plan,
 )
-from deploy.aws_userdata import FILE_SECRETS
+from deploy.aws.userdata import FILE_SECRETS
 from deploy.cloudflare_edge import (
     DEFAULT_NAMESPACE_TITLE,
     DEFAULT_STAGING_DIR,

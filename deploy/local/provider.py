@@ -19,7 +19,6 @@ import contextlib
 import hmac
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -60,6 +59,7 @@ from deploy.local.provider_formats import (
     openai_stream,
     without_done,
 )
+from deploy.local.provider_settings import DEFAULT_MODELS, ProviderSettings
 
 __all__ = [
     "DEFAULT_MODELS",
@@ -71,28 +71,6 @@ __all__ = [
     "create_provider_app",
     "main",
 ]
-
-DEFAULT_MODELS = (
-    "gpt-4o-mini",
-    "gpt-4o",
-    "claude-3-5-haiku-latest",
-    "claude-sonnet-4-5",
-    "prism-local-echo",
-)
-
-
-@dataclass(frozen=True, slots=True)
-class ProviderSettings:
-    """How the provider behaves when no fault is injected."""
-
-    latency_ms: float = 0.0  # delay before the first byte of every chat response
-    tokens_per_second: float = 0.0  # stream pacing; 0 = as fast as possible
-    chunk_count: int = 8  # content chunks per streamed reply (at most one per word)
-    reply_words: int = 0  # pad replies with filler words up to this length
-    echo_chars: int = 80  # how much of the last user message is echoed
-    models: tuple[str, ...] = DEFAULT_MODELS
-    api_key: str | None = None  # when set, requests must carry it
-
 
 # ---------------------------------------------------------------- the app
 

@@ -8,15 +8,12 @@ import re
 import struct
 from dataclasses import dataclass
 from itertools import zip_longest
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
 from deploy.local.provider_faults import Api
-
-if TYPE_CHECKING:
-    # Type-only: provider.py imports this module at run time.
-    from deploy.local.provider import ProviderSettings
+from deploy.local.provider_settings import ProviderSettings
 
 __all__ = [
     "MALFORMED_JSON",

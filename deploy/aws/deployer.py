@@ -1,5 +1,5 @@
 """The AWS steps of ``prism deploy origin``, run in order by ``Deployer``: secrets, release,
-address, and the blue/green instance swap (the access steps are in :mod:`deploy.aws_access`)."""
+address, and the blue/green instance swap (the access steps are in :mod:`deploy.aws.access`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from botocore.exceptions import ClientError, WaiterError
 
-from deploy.aws_access import AccessSteps
-from deploy.aws_origin import (
+from deploy.aws.access import AccessSteps
+from deploy.aws.releases import ReleaseStore, bucket_name
+from deploy.aws.stack import (
     Action,
     DeployError,
     DeployResult,
@@ -21,8 +22,7 @@ from deploy.aws_origin import (
     ReleaseBuilder,
     ReleaseRef,
 )
-from deploy.aws_releases import ReleaseStore, bucket_name
-from deploy.aws_userdata import IMAGE, ami_parameters
+from deploy.aws.userdata import IMAGE, ami_parameters
 
 if TYPE_CHECKING:
     import boto3

@@ -2,7 +2,7 @@
 
 The deployer dials the new instance's own public address over HTTPS before the
 Elastic IP (and so the domain) points at it. Its certificate cannot be a public
-one yet, so the check sends :data:`~deploy.aws_userdata.HEALTH_HOST` as SNI and
+one yet, so the check sends :data:`~deploy.aws.userdata.HEALTH_HOST` as SNI and
 Host (Caddy serves that name with ``tls internal``) and does not verify the
 chain: what it proves is that Caddy and the origin run the expected release.
 """
@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import httpx
 
-from deploy.aws_userdata import HEALTH_HOST
+from deploy.aws.userdata import HEALTH_HOST
 
 __all__ = ["DEFAULT_DEADLINE", "check_health", "probe"]
 

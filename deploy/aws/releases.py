@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
-from deploy.aws_origin import DeployError, Progress, ReleaseRef
+from deploy.aws.stack import DeployError, Progress, ReleaseRef
 from deploy.release import Release
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
-from deploy.aws_origin import DeployError, OriginDeployConfig, Progress
+from deploy.aws.stack import DeployError, OriginDeployConfig, Progress
 
 if TYPE_CHECKING:
     from mypy_boto3_ec2 import EC2Client

@@ -24,13 +24,13 @@ import httpx
 import pytest
 import trustme
 
-from deploy import aws_userdata
-from deploy.aws_userdata import HEALTH_HOST, render_caddyfile, render_user_data
-from deploy.origin_health import check_health, probe
+from deploy.aws import userdata
+from deploy.aws.health import check_health, probe
+from deploy.aws.userdata import HEALTH_HOST, render_caddyfile, render_user_data
 from deploy.release import Release, Target, build_release, compile_lock, requirements_text
 from tests.polling import wait_for
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 RELEASE = "0123456789abcdef"
 needs_shellcheck = pytest.mark.skipif(
     shutil.which("shellcheck") is None, reason="shellcheck is not installed (apt-get install)"
@@ -220,7 +220,7 @@ def caddy(
     reserved = socket.socket()
     reserved.bind(("127.0.0.1", 0))
     origin_port, https_port = int(reserved.getsockname()[1]), free_port()
-    monkeypatch.setattr(aws_userdata, "ORIGIN_PORT", origin_port)
+    monkeypatch.setattr(userdata, "ORIGIN_PORT", origin_port)
     text = render_caddyfile("203.0.113.7", acme=False)
     text = text.replace(
         "{\n\tdefault_sni",

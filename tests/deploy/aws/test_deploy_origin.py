@@ -24,20 +24,14 @@ import typer
 from botocore.exceptions import ClientError
 from typer.testing import CliRunner
 
-from deploy.aws_origin import (
-    DeployConfigError,
-    DeployError,
-    DeployResult,
-    OriginDeployConfig,
-    apply,
-    plan,
-)
-from deploy.aws_releases import ReleaseStore, bucket_name
+from deploy.aws.origin import apply, plan
+from deploy.aws.releases import ReleaseStore, bucket_name
+from deploy.aws.stack import DeployConfigError, DeployError, DeployResult, OriginDeployConfig
 from deploy.commands import deploy
 from deploy.release import TARGETS, Release, build_release, compile_lock, lock_key
 from tests.fixtures.aws import MockAws
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 AMI = "ami-0123456789abcdef0"
 SECRETS = {
     "REDIS_URL": "rediss://default:s3cr3t-redis-pw@eu1.upstash.io:6379",

@@ -1,59 +1,26 @@
-"""Deploy the Prism origin to one AWS region with boto3: EC2 behind Caddy, secrets in SSM.
+"""One origin stack on AWS, as every deploy step sees it: its configuration (names, tags,
+parameter path, secrets), the release it runs, what a deploy did, and the errors the steps raise.
 
-One stack is a (name, region) pair; every resource is tagged ``prism:stack``,
-``prism:role=origin`` and ``prism:region`` and found again by those tags, so
-``apply`` is idempotent and a second region is an independent stack.
-
-- Release: a wheel of this checkout and a hash-checked lock for the instance's
-  Python (:mod:`deploy.release`), stored in the region's bucket
-  ``prism-releases-<account>-<region>`` under ``origin/<name>/releases/<id>/``;
-  the instance fetches them with its role and installs them with
-  ``pip install --require-hashes``. The lock is reused (``origin/<name>/locks/``)
-  while the dependencies and the target are unchanged, so the same tree is the
-  same release.
-- Image: Ubuntu 24.04 LTS (Python 3.12), from Canonical's SSM public
-  parameter unless ``--ami`` names one; tagged ``prism:image`` and
-  ``prism:python`` with the release (``prism:release``).
-- Security group ``prism-origin-<name>``: TCP 443 from 0.0.0.0/0 and ::/0,
-  nothing else (no SSH, no 80: Session Manager instead). Certificates come from
-  ACME TLS-ALPN-01, which Caddy answers on 443.
-- Secrets: one ``SecureString`` parameter per secret under
-  ``<prefix><name>/``. A secret this deploy does not set is kept, never
-  dropped (``--remove-secret`` deletes one).
-- IAM role + instance profile ``prism-origin-<name>-<region>``: may read only
-  that parameter path and the stack's release objects, plus Session Manager.
-- Elastic IP: a stable address for the domain's DNS record.
-- Updates are blue/green: a new launch spec (release, image, type, user-data)
-  means a new instance; the Elastic IP moves to it only once it answers
-  ``/healthz`` over HTTPS with the expected version, then the old one is
-  terminated. A new instance that never gets healthy is terminated and the old
-  one keeps serving. Same spec and changed secrets: the instance reboots (the
-  unit refetches them at start). Nothing changed: nothing is touched.
-  ``rollback`` relaunches the release that served before the current one.
+The bottom of :mod:`deploy.aws`'s layers: :mod:`~deploy.aws.access`,
+:mod:`~deploy.aws.releases`, :mod:`~deploy.aws.deployer` and :mod:`~deploy.aws.origin`
+(``plan`` and ``apply``) build on it; it imports none of them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-import time
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
-from deploy.aws_userdata import (
-    IMAGE,
-    ami_parameters,
-    architecture,
-    render_user_data,
-)
+from deploy.aws.userdata import ami_parameters, architecture, render_user_data
 from deploy.release import TARGETS, Release, Target
 from prism import parse_key_secrets
 
 if TYPE_CHECKING:
-    import boto3
     from mypy_boto3_ec2.type_defs import TagTypeDef
 
 __all__ = [
@@ -63,18 +30,18 @@ __all__ = [
     "DEFAULT_PARAMETER_PREFIX",
     "DEFAULT_REGION",
     "PROVIDER_KEYS",
+    "TAG_REGION",
+    "TAG_ROLE",
+    "TAG_STACK",
     "Action",
     "DeployConfigError",
     "DeployError",
-    "DeployPlan",
     "DeployResult",
     "HealthCheck",
     "OriginDeployConfig",
-    "PlanStep",
+    "Progress",
     "ReleaseBuilder",
     "ReleaseRef",
-    "apply",
-    "plan",
     "required_secrets",
 ]
 
@@ -88,7 +55,8 @@ BASE_SECRETS = ("REDIS_URL", "PRISM_KEY_SECRET", "PRISM_FORWARD_SECRET")
 # Without PRISM_PROVIDERS_FILE the origin configures a provider per key that is set.
 PROVIDER_KEYS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")
 _MIN_FORWARD_SECRET = 16  # origin/settings.py's rule
-_TAG_STACK, _TAG_ROLE, _TAG_REGION = "prism:stack", "prism:role", "prism:region"
+# Every resource of a stack carries these three, and is found again by them.
+TAG_STACK, TAG_ROLE, TAG_REGION = "prism:stack", "prism:role", "prism:region"
 _MAX_SECRET_BYTES = 8192  # the SSM Advanced tier limit; Intelligent-Tiering picks the tier
 
 _REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
@@ -274,9 +242,9 @@ class OriginDeployConfig:
 
     def tags(self) -> list[TagTypeDef]:
         return [
-            {"Key": _TAG_STACK, "Value": self.name},
-            {"Key": _TAG_ROLE, "Value": "origin"},
-            {"Key": _TAG_REGION, "Value": self.region},
+            {"Key": TAG_STACK, "Value": self.name},
+            {"Key": TAG_ROLE, "Value": "origin"},
+            {"Key": TAG_REGION, "Value": self.region},
         ]
 
     def user_data(self, site: str, bucket: str, release: ReleaseRef) -> str:
@@ -292,31 +260,6 @@ class OriginDeployConfig:
             release=release.id,
             files=release.files,
         )
-
-
-@dataclass(frozen=True)
-class PlanStep:
-    """One resource and what ``apply`` does to it."""
-
-    resource: str
-    name: str
-    action: str
-
-
-@dataclass(frozen=True)
-class DeployPlan:
-    """A pure description of ``apply``: resource names only, no values."""
-
-    region: str
-    name: str
-    site: str
-    tls: str
-    image: str
-    python: str
-    steps: tuple[PlanStep, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -349,109 +292,3 @@ class DeployResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def plan(config: OriginDeployConfig, *, source: str = ".", rollback: bool = False) -> DeployPlan:
-    """Describe what ``apply`` would do, without calling AWS, building or reading the network."""
-    path = config.parameter_path
-    target = config.target
-    bucket = f"prism-releases-<account>-{config.region}"
-    kept = "keep stored parameters this deploy does not set"
-    if config.remove_secrets:
-        kept += f"; delete {', '.join(config.remove_secrets)}"
-    if rollback:
-        release_steps = [
-            PlanStep("release", "previous", "the release that served before the current one"),
-        ]
-    else:
-        release_steps = [
-            PlanStep("wheel", source, "build a reproducible wheel of the checkout (uv build)"),
-            PlanStep(
-                "lock",
-                f"{bucket}/{config.release_prefix}locks/",
-                f"reuse, or pin with hashes for Python {target.python} on {target.platform}",
-            ),
-            PlanStep(
-                "s3-object",
-                f"{bucket}/{config.release_prefix}releases/<release id>/",
-                "upload the wheel and requirements.txt unless stored",
-            ),
-        ]
-    steps = [
-        PlanStep(
-            "security-group",
-            config.security_group_name,
-            "create or reuse; allow only tcp/443 from 0.0.0.0/0 and ::/0, revoke anything else",
-        ),
-        *(
-            PlanStep("ssm-parameter", f"{name} = ***", "put SecureString (overwrite if changed)")
-            for name in config.parameter_names
-        ),
-        PlanStep("ssm-parameter", f"{path}/*", kept),
-        *release_steps,
-        PlanStep(
-            "iam-role",
-            config.role_name,
-            f"create or reuse role + instance profile; may read only {path}/* and the "
-            "stack's release objects; Session Manager",
-        ),
-        PlanStep("elastic-ip", config.security_group_name, "allocate or reuse"),
-        PlanStep(
-            "instance",
-            f"{_TAG_STACK}={config.name}",
-            f"launch {config.instance_type} ({IMAGE}, Python {target.python}) from "
-            f"{config.ami_source} when the release or launch spec changed; move the Elastic "
-            "IP once it answers /healthz over HTTPS with the release, then terminate the old "
-            "one (an unhealthy new one is terminated instead); reboot when only secrets "
-            "changed; otherwise nothing",
-        ),
-    ]
-    return DeployPlan(
-        region=config.region,
-        name=config.name,
-        site=config.domain or "the stack's Elastic IP",
-        tls=_tls_mode(config),
-        image=IMAGE,
-        python=target.python,
-        steps=tuple(steps),
-    )
-
-
-def apply(
-    config: OriginDeployConfig,
-    session: boto3.Session,
-    progress: Progress = lambda _: None,
-    *,
-    release: ReleaseBuilder | None = None,
-    lock_key: str = "",
-    rollback: bool = False,
-    health_check: HealthCheck | None = None,
-    keep_failed: bool = False,
-    sleep: Callable[[float], None] = time.sleep,
-) -> DeployResult:
-    """Create or update the stack for ``config`` and return where the origin runs.
-
-    ``release`` builds the release (given the stored lock for ``lock_key``, if
-    any); with ``rollback`` the previous release is relaunched instead.
-    """
-    # Imported here: aws_resources imports this module's config, result and errors.
-    from deploy.aws_resources import Deployer
-    from deploy.origin_health import check_health
-
-    if (release is None) == (not rollback):
-        raise DeployConfigError("give either a release to build or rollback, not both")
-    deployer = Deployer(
-        config,
-        session,
-        progress,
-        sleep,
-        health_check=health_check or check_health,
-        keep_failed=keep_failed,
-    )
-    return deployer.run(release, lock_key, rollback=rollback)
-
-
-def _tls_mode(config: OriginDeployConfig) -> str:
-    if config.domain:
-        return "public certificate via ACME TLS-ALPN-01 on 443 (point the domain at the Elastic IP)"
-    return "tls internal (self-signed; the edge needs --domain)"
