@@ -23,9 +23,9 @@ from prism import Budget, Envelope
 
 from ..providers.base import UpstreamCompletion
 from ..providers.config import ProviderConfig
+from ..providers.pricing import Price, cost_micros
 from ..providers.token_counts import Tokens, tokens_of
 from .budgets import Budgets, BudgetUnavailableError, Reservation
-from .pricing import Price, cost_micros
 from .usage import UsageRecorder
 
 if TYPE_CHECKING:

@@ -33,7 +33,7 @@ from prism import Budget, PermissionDeniedError, PrismError, RateLimitError
 
 from ..connection.redis_client import LoadedScript, RedisClient, RedisClientError
 from ..providers.config import ProviderConfig
-from .pricing import Price
+from ..providers.pricing import Price
 
 __all__ = [
     "RELEASE_SCRIPT",

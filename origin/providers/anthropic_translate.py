@@ -284,7 +284,7 @@ def _int(value: Any) -> int:
 def _usage(usage: Any) -> dict[str, Any]:
     """OpenAI usage; Anthropic counts cached prompt tokens apart from ``input_tokens``.
     Cache writes (billed above the input price) stay visible as ``cache_creation_tokens``
-    in ``prompt_tokens_details`` so their cost can be right (``origin/governance/pricing.py``)."""
+    in ``prompt_tokens_details`` so their cost can be right (``origin/providers/pricing.py``)."""
     usage = usage if isinstance(usage, dict) else {}
     cache_read = _int(usage.get("cache_read_input_tokens"))
     cache_write = _int(usage.get("cache_creation_input_tokens"))

@@ -27,7 +27,7 @@ context_fallback = "openai:gpt-4.1-mini"  # tried once on context_length_exceede
 hedge_delay = 1.5                    # fixed hedge delay for this route (else per provider)
 max_attempts = 3                     # upstream calls per request, retries and hedges included
 
-[providers.groq.prices]              # USD per million tokens, over origin/governance/prices.toml
+[providers.groq.prices]              # USD per million tokens, over origin/providers/prices.toml
 "llama-3.1-8b-instant" = { input = 0.05, output = 0.08 }
 "*" = { input = 1.0, output = 3.0 }  # this provider's fallback for unlisted models
 ```
@@ -46,8 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..governance.pricing import Price, PriceTable, default_prices, parse_prices
 from .base import ProviderSpec
+from .pricing import Price, PriceTable, default_prices, parse_prices
 from .registry import ADAPTERS
 
 __all__ = ["DEFAULT_MAX_ATTEMPTS", "ModelTarget", "ProviderConfig", "Route", "load_provider_config"]

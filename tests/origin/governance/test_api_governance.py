@@ -25,7 +25,7 @@ from deploy.cli import app
 from deploy.local.provider import ProviderServer
 from deploy.policy_store import PolicyStore
 from origin.governance.audit import AUDIT_STREAM
-from origin.governance.pricing import Price, cost_micros, default_prices
+from origin.providers.pricing import Price, cost_micros, default_prices
 from origin.providers.token_counts import tokens_of
 from prism import Budget, Policy, RateLimits, policy_key
 from tests.fixtures.origin import OriginFactory, RunningOrigin, budget_totals

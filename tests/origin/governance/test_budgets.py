@@ -21,9 +21,9 @@ from deploy.local.provider import ProviderServer
 from deploy.local.redis import RedisServer
 from origin.connection.redis_pipe import RedisPipe
 from origin.governance.budgets import Budgets
-from origin.governance.pricing import cost_micros, default_prices
 from origin.governance.token_bounds import completion_token_bound, prompt_token_bound
 from origin.providers.config import load_provider_config
+from origin.providers.pricing import cost_micros, default_prices
 from origin.providers.token_counts import tokens_of
 from prism import Budget, Policy, decode_envelope, parse_chat_request, policy_key
 from tests.fixtures.origin import OriginFactory, RunningOrigin, budget_totals, settled_budget

@@ -1,4 +1,4 @@
-"""What a call costs: the price table (``origin/governance/prices.toml``, overridable per provider
+"""What a call costs: the price table (``origin/providers/prices.toml``, overridable per provider
 and
 model in the providers file) and the cost of a reported usage, in integer micro-USD.
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from ..providers.token_counts import Tokens
+from .token_counts import Tokens
 
 __all__ = [
     "Price",
@@ -160,7 +160,7 @@ class PriceTable:
 
 @functools.cache
 def default_prices() -> PriceTable:
-    """The table shipped with the origin (``origin/governance/prices.toml``), read once."""
-    text = resources.files("origin.governance").joinpath("prices.toml").read_text()
+    """The table shipped with the origin (``origin/providers/prices.toml``), read once."""
+    text = resources.files("origin.providers").joinpath("prices.toml").read_text()
     data = tomllib.loads(text)
     return PriceTable(parse_prices("prices.toml models", data.get("models", {})))
