@@ -46,7 +46,7 @@ from .policy import (
     policy_key,
 )
 from .rate_limits import LIMITS_KEY_PREFIX, Limit, RateLimits, limits_key
-from .recent import RecentBodies, RecentEntries
+from .memos import RecentBodies, RecentEntries
 from .request import ChatRequest, Limits, parse_chat_request
 from .sse import SSEDecoder, StreamAssembler, replay
 
