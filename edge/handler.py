@@ -43,11 +43,11 @@ from prism.routes import CHAT_PATH, MESSAGES_PATH, MODELS_PATH
 from prism.trace_context import TRACEPARENT, edge_trace_headers
 
 from .apis import APIS, ApiRoutes, error_format
-from .deadlines import StageTimer
+from .deadlines import DeadlineTimer
 from .models import ModelList, models_response
 from .origins import ORIGIN_DOWN, Origins
 from .platform import EdgeRequest, EdgeResponse, Platform
-from .policies import PolicyCache
+from .policy_cache import PolicyCache
 from .revocation import RevocationSet
 from .routes import ROUTES, canonical_path
 from .settings import EdgeSettings
@@ -79,7 +79,7 @@ class EdgeHandler:
         self.apis = ApiRoutes()  # the other cached routes (embeddings, messages)
         self.models = ModelList(settings.models_ttl)
         # One timer per request for every stage's limit (see edge/deadlines.py).
-        self._stages = StageTimer(
+        self._stages = DeadlineTimer(
             min(settings.kv_timeout, settings.body_timeout, settings.origin_timeout)
         )
         # Request ids need to be unique, not secret: a random prefix per isolate and a counter.
