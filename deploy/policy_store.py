@@ -17,7 +17,7 @@ Redis (the source of truth)::
 Workers KV (the edge's copy)::
 
     prism:policy:<project>   the same JSON, read by each isolate at most once a minute
-                             per project (edge/policies.py); a cleared policy is
+                             per project (edge/policy_cache.py); a cleared policy is
                              published as the empty policy (every model allowed)
 
 One KV record per project, not one for all: the edge reads only the caller's project,

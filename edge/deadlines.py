@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
-__all__ = ["StageTimer"]
+__all__ = ["DeadlineTimer"]
 
 # ``arm(delay_s, callback, token)`` calls ``callback(token)`` once the delay has passed.
 Arm = Callable[[float, Callable[[int], None], int], object]
@@ -29,7 +29,7 @@ def _loop_arm(delay: float, callback: Callable[[int], None], token: int) -> obje
     return asyncio.get_running_loop().call_later(delay, callback, token)
 
 
-class StageTimer:
+class DeadlineTimer:
     """Per isolate: ``async with timer.within(seconds):`` limits one stage of the current
     request (a task) and raises ``TimeoutError`` when it runs out, as ``asyncio.timeout``
     does. Stages run one at a time; ``shortest`` is the shortest limit any stage gets."""
@@ -48,7 +48,7 @@ class StageTimer:
         self._clock = clock
         # Per task: concurrent requests in one isolate never share a timer.
         self._current: contextvars.ContextVar[_Timer | None] = contextvars.ContextVar(
-            "prism_stage_timer", default=None
+            "prism_deadline_timer", default=None
         )
 
     def within(self, seconds: float) -> _Stage:

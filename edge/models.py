@@ -3,7 +3,9 @@ the project's model policy, with no trip to the origin.
 
 The list is read at most once per ``ttl`` per isolate, like the revoked set; while KV
 has none (an origin without KV replication, or not yet published) or cannot be read,
-the request is forwarded to the origin as before.
+the request is forwarded to the origin as before, and so is one sent with
+``cache-control: no-cache`` (it asks the origin itself: ``prism status`` proves the
+path so).
 """
 
 from __future__ import annotations
@@ -12,13 +14,19 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from prism import Policy
+from prism import KeyIdentity, Policy, PrismError, error_json
 from prism import headers as h
-from prism.routes import MODELS_KEY
+from prism.routes import MODELS_KEY, MODELS_PATH
 
-from .platform import EdgeResponse
+from .deadlines import DeadlineTimer
+from .forward import OriginForwarder
+from .platform import EdgeRequest, EdgeResponse, Platform
+from .policy_cache import PolicyCache
+from .routes import ROUTES
+from .settings import EdgeSettings
+from .timings import Timings, elapsed_ms, survived
 
-__all__ = ["ModelList", "models_response"]
+__all__ = ["ModelList", "ModelsRoute", "models_response"]
 
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
@@ -70,3 +78,63 @@ class ModelList:
 
 def models_response(body: bytes) -> EdgeResponse:
     return EdgeResponse(200, {"content-type": "application/json", h.CACHE_LAYER: "kv"}, body)
+
+
+class ModelsRoute:
+    """``GET /v1/models`` for the handler: the published list, or the origin's answer."""
+
+    __slots__ = ("_forwarder", "_kv_timeout", "_models", "_policies", "_stages", "error_body",
+                 "key_header", "method")  # fmt: skip
+
+    def __init__(
+        self,
+        settings: EdgeSettings,
+        policies: PolicyCache,
+        forwarder: OriginForwarder,
+        stages: DeadlineTimer,
+    ) -> None:
+        self.method = ROUTES[MODELS_PATH]
+        self.key_header: str | None = None
+        self.error_body: Callable[[PrismError], bytes] = error_json
+        self._models = ModelList(settings.models_ttl)
+        self._kv_timeout = settings.kv_timeout
+        self._policies = policies
+        self._forwarder = forwarder
+        self._stages = stages
+
+    async def serve(
+        self,
+        request: EdgeRequest,
+        platform: Platform,
+        identity: KeyIdentity,
+        timings: Timings,
+        request_id: str,
+    ) -> EdgeResponse:
+        if "no-cache" not in request.headers.get("cache-control", ""):
+            listed = await self._published(platform, identity, timings, request_id)
+            if listed is not None:
+                return listed
+        return await self._forwarder.forward(
+            self.method, MODELS_PATH, request, platform, identity, "", None, timings
+        )
+
+    async def _published(
+        self, platform: Platform, identity: KeyIdentity, timings: Timings, request_id: str
+    ) -> EdgeResponse | None:
+        """The published model list as the project's policy allows it; None: ask the origin."""
+        started = platform.now()
+        timeout = self._kv_timeout
+        try:
+            async with self._stages.within(timeout):
+                policy = await self._policies.get(identity.project, platform.now(), platform.kv_get)
+        except Exception as error:  # the origin answers with the policy it reads itself
+            survived("policy", error, request_id, platform, timings)
+            return None
+        try:
+            async with self._stages.within(timeout):
+                body = await self._models.body(platform.now(), platform.kv_get, policy)
+        except Exception as error:  # KV failing: the origin answers
+            survived("models", error, request_id, platform, timings)
+            return None
+        timings.append(("kv", elapsed_ms(started, platform.now())))
+        return None if body is None else models_response(body)

@@ -4,15 +4,24 @@ Only these reach the origin. A path is percent-decoded once, its duplicate
 slashes and ``.``/``..`` segments resolved, and must then equal a route exactly;
 the origin is always sent the route's own spelling, never the client's, so no
 encoding trick (``/v1/%2e%2e/metrics``) can name anything else there.
+
+Each route is served by an ``EdgeRoute`` (``edge.pipeline.CachedApiRoute`` for the cached
+APIs, ``edge.models.ModelsRoute`` for the model list), built once per isolate.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol
 from urllib.parse import unquote
 
+from prism import KeyIdentity, PrismError
 from prism.routes import CHAT_PATH, EMBEDDINGS_PATH, MESSAGES_PATH, MODELS_PATH
 
-__all__ = ["ROUTES", "canonical_path"]
+from .platform import EdgeRequest, EdgeResponse, Platform
+from .timings import Timings
+
+__all__ = ["ROUTES", "EdgeRoute", "canonical_path"]
 
 # path -> the one method it takes
 ROUTES: dict[str, str] = {
@@ -21,6 +30,23 @@ ROUTES: dict[str, str] = {
     MESSAGES_PATH: "POST",
     MODELS_PATH: "GET",
 }
+
+
+class EdgeRoute(Protocol):
+    """What the handler needs of a route, once the key is verified and not revoked."""
+
+    method: str  # the one method it takes (``ROUTES``)
+    key_header: str | None  # a header that may carry the key instead of a bearer token
+    error_body: Callable[[PrismError], bytes]  # how its errors look
+
+    async def serve(
+        self,
+        request: EdgeRequest,
+        platform: Platform,
+        identity: KeyIdentity,
+        timings: Timings,
+        request_id: str,
+    ) -> EdgeResponse: ...
 
 
 def canonical_path(path: str) -> str | None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from edge.deadlines import StageTimer
+from edge.deadlines import DeadlineTimer
 
 
 class Arms:
@@ -29,7 +29,7 @@ class Arms:
 
 async def test_a_fast_request_arms_one_timer_for_all_its_stages() -> None:
     arms = Arms()
-    timer = StageTimer(0.5, arm=arms)
+    timer = DeadlineTimer(0.5, arm=arms)
     for seconds in (10.0, 0.5, 0.5, 90.0):  # body, policy, KV, origin
         async with timer.within(seconds):
             await asyncio.sleep(0)
@@ -37,7 +37,7 @@ async def test_a_fast_request_arms_one_timer_for_all_its_stages() -> None:
 
 
 async def test_a_stage_past_its_limit_raises_timeout_error() -> None:
-    timer = StageTimer(0.05)
+    timer = DeadlineTimer(0.05)
     loop = asyncio.get_running_loop()
     started = loop.time()
     with pytest.raises(TimeoutError):
@@ -48,7 +48,7 @@ async def test_a_stage_past_its_limit_raises_timeout_error() -> None:
 
 async def test_a_longer_stage_gets_its_whole_limit_from_a_rearmed_timer() -> None:
     arms = Arms()
-    timer = StageTimer(0.02, arm=arms)
+    timer = DeadlineTimer(0.02, arm=arms)
     async with timer.within(2.0):  # outlives the first timer (0.02 s): armed again
         await asyncio.sleep(0.1)
     assert len(arms.delays) == 2 and arms.delays[0] == 0.02
@@ -58,7 +58,7 @@ async def test_a_longer_stage_gets_its_whole_limit_from_a_rearmed_timer() -> Non
 
 
 async def test_a_later_stage_is_limited_from_its_own_start() -> None:
-    timer = StageTimer(0.2)
+    timer = DeadlineTimer(0.2)
     async with timer.within(5.0):
         await asyncio.sleep(0.1)
     # The first timer fires about 0.1 s into this stage: early, so it is armed again.
@@ -68,7 +68,7 @@ async def test_a_later_stage_is_limited_from_its_own_start() -> None:
 
 async def test_a_timer_ends_a_stage_even_when_the_clock_stands_still() -> None:
     frozen = 1000.0
-    timer = StageTimer(0.02, clock=lambda: frozen)
+    timer = DeadlineTimer(0.02, clock=lambda: frozen)
     with pytest.raises(TimeoutError):
         async with timer.within(0.05):  # armed for 0.02 s, then for the other 0.03 s
             await asyncio.sleep(5)
@@ -76,7 +76,7 @@ async def test_a_timer_ends_a_stage_even_when_the_clock_stands_still() -> None:
 
 async def test_a_stage_shorter_than_the_armed_timer_arms_its_own() -> None:
     arms = Arms()
-    timer = StageTimer(10.0, arm=arms)
+    timer = DeadlineTimer(10.0, arm=arms)
     async with timer.within(10.0):
         await asyncio.sleep(0)
     with pytest.raises(TimeoutError):
@@ -86,7 +86,7 @@ async def test_a_stage_shorter_than_the_armed_timer_arms_its_own() -> None:
 
 
 async def test_concurrent_requests_keep_their_own_timers() -> None:
-    timer = StageTimer(0.05)
+    timer = DeadlineTimer(0.05)
 
     slow_timed_out = asyncio.Event()
 
@@ -111,7 +111,7 @@ async def test_concurrent_requests_keep_their_own_timers() -> None:
 
 
 async def test_a_cancel_from_outside_stays_a_cancel() -> None:
-    timer = StageTimer(5.0)
+    timer = DeadlineTimer(5.0)
 
     entered = asyncio.Event()
 
@@ -128,7 +128,7 @@ async def test_a_cancel_from_outside_stays_a_cancel() -> None:
 
 
 async def test_stages_do_not_nest() -> None:
-    timer = StageTimer(1.0)
+    timer = DeadlineTimer(1.0)
     async with timer.within(1.0):
         with pytest.raises(RuntimeError, match="nest"):
             async with timer.within(1.0):
@@ -137,4 +137,4 @@ async def test_stages_do_not_nest() -> None:
 
 def test_a_stage_needs_a_task() -> None:
     with pytest.raises(RuntimeError):
-        StageTimer(1.0).within(1.0)
+        DeadlineTimer(1.0).within(1.0)

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from deploy.cli import app
-from edge.policies import PolicyCache
+from edge.policy_cache import PolicyCache
 from prism import Policy, encode_envelope, entry_key, fingerprint, parse_chat_request, policy_key
 from tests.fixtures.edge import EdgeStack
 from tests.polling import wait_for

@@ -4,7 +4,7 @@ Nothing can sample Python inside workerd, and the Workers clock stands still
 while code runs, so the benchmark measures from outside: ``?step=NAME`` runs
 every step of a KV hit up to and including NAME and answers, and the
 difference between two steps' latencies is what the later step costs. The
-steps mirror ``edge.handler`` / ``edge.workers``; ``edge`` runs the real thing.
+steps mirror ``edge.pipeline`` / ``edge.workers``; ``edge`` runs the real thing.
 
 Staged next to the real ``prism`` and ``edge`` packages (``prism build edge``'s
 layout) by ``prism bench --profile``, with ``ORIGIN_URL`` pointing at a constant
