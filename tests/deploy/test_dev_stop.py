@@ -4,9 +4,9 @@ leave no process and no listening port behind, and the next start on the same po
 
 The cases share their ports and state folder (per xdist worker) and run in order, so each
 start is also the start right after the previous stop. A start costs seconds of CPU, most of
-it the Workers runtime booting Pyodide: so every case but the last stops the stack once all
-its parts run (each start gets past the port check that failed in the bug), and the last
-start, after all those stops, waits until the stack is up.
+it the Workers runtime booting Pyodide: so every case but the last stops the stack once its
+processes have started (each start got past the port check that failed in the bug), and the
+last start, after all those stops, waits until the stack is up.
 """
 
 from __future__ import annotations
@@ -33,14 +33,10 @@ from tests.fixtures.stacks import PRISM, stack_env
 from tests.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-# Every part of the stack, by what its command line holds.
-PARTS = {
-    "redis": "redis-server",
-    "provider": "deploy.local.provider",
-    "origin": "origin serve",
-    "runtime": "runtime.mjs",
-    "workerd": "workerd",
-}
+# The stack's processes, by what their command lines hold: redis, the demo provider, the
+# origin, the Workers runtime (node), and last to start, workerd under node.
+STARTED = ("redis-server", "deploy.local.provider", "origin serve", "runtime.mjs")
+WORKERD = "workerd"
 _LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp
 
 
@@ -72,6 +68,16 @@ def _identity(pid: int) -> tuple[int, str] | None:
     """``pid`` with its start time (a reused pid is another process), None when gone."""
     fields = _stat(pid)
     return None if fields is None or fields[0] == "Z" else (pid, fields[19])
+
+
+def _in_sessions(sessions: set[int]) -> set[int]:
+    """Live processes in any of ``sessions``."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        fields = _stat(int(entry.name)) if entry.name.isdigit() else None
+        if fields is not None and fields[0] != "Z" and int(fields[3]) in sessions:
+            found.add(int(entry.name))
+    return found
 
 
 def _cmdline(pid: int) -> str:
@@ -113,6 +119,7 @@ class Run:
     fd: int
     output: bytearray = field(default_factory=bytearray)
     seen: set[tuple[int, str]] = field(default_factory=set)
+    sessions: set[int] = field(default_factory=set)
 
     def drain(self, wait: float = 0.0) -> bool:
         """Reads what is there; False once the output has ended."""
@@ -149,32 +156,36 @@ class Run:
     def tree(self) -> list[int]:
         pids = process_tree(self.popen.pid)
         self.seen |= {i for i in map(_identity, pids) if i is not None}
+        self.sessions |= {int(f[3]) for f in map(_stat, pids) if f is not None}
         return pids
 
-    def wait_until_running(self, *, up: bool, timeout: float = 100) -> None:
-        """Until every part of the stack runs (``up``: until prism dev says it is up, with
-        its JSON line)."""
+    def wait_until_running(self, until: str, timeout: float = 100) -> None:
+        """Until the stack's processes have started ("started"), and workerd too
+        ("workerd"), or until prism dev says the stack is up with its JSON line ("up")."""
+        marks = (*STARTED, WORKERD) if until == "workerd" else STARTED
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.drain(0.25)  # between scans of /proc, which cost the stack CPU it needs
             assert self.popen.poll() is None, f"{self.via} dev exited:\n{self.text}"
             pids = self.tree()
-            if up:
+            if until == "up":
                 lines = self.text.replace("\r", "").splitlines()
                 if any(line.startswith('{"edge_url"') for line in lines):
                     return
-            elif all(any(mark in _cmdline(pid) for pid in pids) for mark in PARTS.values()):
+            elif all(any(mark in _cmdline(pid) for pid in pids) for mark in marks):
                 return
-        raise AssertionError(f"{self.via} dev not running within {timeout} s:\n{self.text}")
+        raise AssertionError(f"{self.via} dev not {until} within {timeout} s:\n{self.text}")
 
-    def left(self) -> list[str]:
-        return [_cmdline(pid) for pid, started in self.seen if _identity(pid) == (pid, started)]
+    def left(self) -> dict[int, str]:
+        """The stack's processes still alive: those seen, and any other in their sessions
+        (one started since the last look: workerd under node, say)."""
+        alive = {pid for pid, started in self.seen if _identity(pid) == (pid, started)}
+        return {pid: _cmdline(pid) for pid in alive | _in_sessions(self.sessions)}
 
     def kill_what_is_left(self) -> None:
-        for pid, started in self.seen:
-            if _identity(pid) == (pid, started):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        for pid in self.left():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         self.popen.kill()
         self.popen.wait(timeout=10)
         if self.fd >= 0:
@@ -234,7 +245,7 @@ class Way:
     stop: Callable[[Run], None]
     polite: bool  # prism dev stops the stack itself, and says so
     terminal: bool = False  # run in a terminal (its output is lost with it)
-    up: bool = False  # stopped once up (else once every part runs)
+    until: str = "started"  # when it is stopped (Run.wait_until_running)
 
 
 # In this order (see above).
@@ -243,15 +254,16 @@ WAYS = {
     "make-terminal-closed": Way("make", Run.hang_up, polite=True, terminal=True),
     "make-KILL-make": Way("make", _kill_make, polite=True),
     "prism-HUP-to-group": Way("prism", _to_group(signal.SIGHUP), polite=True),
-    "prism-KILL": Way("prism", _kill_prism_dev, polite=False),
+    # Nobody stops the stack: each child, workerd's node too, gets the parent-death signal.
+    "prism-KILL": Way("prism", _kill_prism_dev, polite=False, until="workerd"),
     # The issue's: prism dev is sent SIGTERM twice (make forwards the group's).
-    "make-TERM-to-group": Way("make", _to_group(signal.SIGTERM), polite=True, up=True),
+    "make-TERM-to-group": Way("make", _to_group(signal.SIGTERM), polite=True, until="up"),
 }
 
 
 def _within(what: Callable[[], str], predicate: Callable[[], object], timeout: float) -> None:
     try:
-        wait_for(predicate, timeout=timeout, interval=0.05)
+        wait_for(predicate, timeout=timeout, interval=0.1)
     except AssertionError:
         raise AssertionError(f"after {timeout} s: {what()}") from None
 
@@ -260,7 +272,7 @@ def _within(what: Callable[[], str], predicate: Callable[[], object], timeout: f
 def test_stopped_it_leaves_nothing_and_the_next_start_comes_up(way: Way, place: Place) -> None:
     run = start(way.via, place, terminal=way.terminal)  # the start after the previous stop
     try:
-        run.wait_until_running(up=way.up)
+        run.wait_until_running(way.until)
         ports = _listening(owners=run.tree()) | {place.origin_port, place.edge_port, place.kv_port}
         way.stop(run)
         _within(lambda: f"still running: {run.left()}", lambda: not run.left(), 30)
