@@ -26,8 +26,11 @@ node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund
 	@touch $@
 
+# DEV_ARGS: more `prism dev` options (e.g. DEV_ARGS='--edge-port 8790 --regions 2').
+# exec: make's own child is prism dev, so --stop-with-parent stops the stack if make dies.
+DEV_ARGS ?=
 dev: setup
-	$(BIN)/prism dev
+	exec $(BIN)/prism dev --stop-with-parent $(DEV_ARGS)
 
 lint: setup
 	$(BIN)/ruff check .

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import select
 import signal
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -16,10 +21,80 @@ from deploy.local.stack import DEMO_LABEL, Component, LocalStack, StackConfig, S
 
 __all__ = ["dev_command"]
 
+# Each of these unwinds through stack.stop(), as Ctrl-C does.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    # SIGTERM behaves like Ctrl-C: unwind through stack.stop().
-    raise KeyboardInterrupt
+
+class _Stopping:
+    """The first SIGINT, SIGTERM or SIGHUP raises KeyboardInterrupt; from then on, and once
+    the stop has begun, they are ignored, so none cuts stack.stop() short (make forwards
+    to its child the SIGTERM the whole group had already been sent)."""
+
+    def __init__(self) -> None:
+        self._begun = False
+        self._previous: dict[int, Any] = {}
+        self._done = threading.Event()
+
+    def install(self, parent: int | None) -> None:
+        for signum in _STOP_SIGNALS:
+            if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup, a background job
+                self._previous[signum] = signal.signal(signum, self._on_signal)
+        ttys = [fd for fd in (0, 1, 2) if os.isatty(fd)]
+        if parent is not None or ttys:
+            watch = threading.Thread(
+                target=self._watch, args=(parent, ttys), name="prism-dev-watch", daemon=True
+            )
+            watch.start()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if not self._begun:
+            self._begun = True
+            raise KeyboardInterrupt
+
+    def _watch(self, parent: int | None, ttys: list[int]) -> None:
+        """Turns our parent's death (reparented) into SIGTERM, and our terminal's hang-up
+        into SIGHUP: the session leader alone is sent SIGHUP when a terminal closes (tmux
+        kill-session with `make dev` as the pane's command), and make then waits for us."""
+        poller = select.poll() if ttys and hasattr(select, "poll") else None
+        for fd in ttys:
+            if poller is not None:
+                poller.register(fd, 0)  # hang-ups are always reported
+        while not self._done.wait(0.2):
+            if parent is not None and os.getppid() != parent:
+                signum = signal.SIGTERM
+            elif poller is not None and any(e & select.POLLHUP for _, e in poller.poll(0)):
+                signum = signal.SIGHUP
+            else:
+                continue
+            main = threading.main_thread().ident
+            assert main is not None
+            signal.pthread_kill(main, signum)  # the main thread: it wakes from its sleep
+            return
+
+    def begin(self) -> None:
+        self._begun = True
+        self._done.set()
+
+    def restore(self) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+
+
+def _say(say: Callable[..., object], *args: object) -> None:
+    # A closed terminal (EIO) or pipe must not cut the stop short.
+    with contextlib.suppress(OSError):
+        say(*args)
+
+
+@contextlib.contextmanager
+def _status(console: Console, text: str) -> Iterator[None]:
+    """``console.status`` that a closed terminal does not break."""
+    status = console.status(text)
+    _say(status.start)
+    try:
+        yield
+    finally:
+        _say(status.stop)
 
 
 def dev_command(
@@ -50,12 +125,20 @@ def dev_command(
         bool,
         typer.Option("--json", help="Print one JSON line with URLs and the dev key when ready."),
     ] = False,
+    stop_with_parent: Annotated[
+        bool,
+        typer.Option(
+            help="Stop the stack when the process that started prism dev exits, even if "
+            "it is killed (make dev sets it).",
+        ),
+    ] = False,
 ) -> None:
     """Run the whole stack locally: Redis, the origin, the edge Worker (real local
     Workers runtime) with the KV REST stand-in, and the providers from the environment
     (OPENAI_API_KEY, ANTHROPIC_API_KEY or PRISM_PROVIDERS_FILE) or else a local demo provider.
 
-    Dev secrets and a dev key are created when none are set. Ctrl-C stops everything.
+    Dev secrets and a dev key are created when none are set. Ctrl-C, SIGTERM or SIGHUP
+    (the terminal closing) stops everything; so does SIGKILL, on Linux.
 
     Example: prism dev --edge-port 8787   (or --regions 2 for two origins)
     """
@@ -78,9 +161,10 @@ def dev_command(
         ),
         on_ready=ready,
     )
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    stopping = _Stopping()
+    stopping.install(os.getppid() if stop_with_parent else None)
     try:
-        with console.status("Starting the Prism stack…"):
+        with _status(console, "Starting the Prism stack…"):
             info = stack.start()
         if info.provider == DEMO_LABEL:
             console.print(
@@ -111,12 +195,13 @@ def dev_command(
                 raise typer.Exit(1)
             time.sleep(0.2)
     except StackError as error:
-        console.print(f"[red]Error:[/red] {error}")
+        _say(console.print, f"[red]Error:[/red] {error}")
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         pass
     finally:
-        with console.status("Stopping…"):
+        stopping.begin()
+        with _status(console, "Stopping…"):
             stack.stop()
-        signal.signal(signal.SIGTERM, previous)
-        console.print("Prism stack stopped.")
+        _say(console.print, "Prism stack stopped.")
+        stopping.restore()

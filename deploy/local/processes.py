@@ -1,19 +1,60 @@
-"""Child processes of the local stack and the benchmark: each in its own process group."""
+"""Child processes of the local stack and the benchmark: each in its own process group,
+and each dying with us where the kernel can see to it (Linux's parent-death signal)."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
+import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-__all__ = ["ChildProcess", "ChildStartError", "process_tree", "stop_group"]
+__all__ = ["ChildProcess", "ChildStartError", "die_with_us", "process_tree", "stop_group"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    # Every argument an unsigned long, as the kernel reads them (prctl is variadic).
+    prctl.argtypes = [ctypes.c_int, *[ctypes.c_ulong] * 4]
+    prctl.restype = ctypes.c_int
+    return prctl
+
+
+_PRCTL = _load_prctl()
+
+
+def die_with_us(signum: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A ``preexec_fn`` after which the kernel sends the child ``signum`` when we die, even
+    by SIGKILL; None where that cannot be had: not Linux, or not the main thread (the
+    signal fires when the *thread* that forked exits, and only the main thread lives as
+    long as the process)."""
+    prctl = _PRCTL
+    if prctl is None or threading.current_thread() is not threading.main_thread():
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        # Between fork and exec: no import, no lock, no logging (other threads may hold them).
+        prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+        if os.getppid() != parent:  # we died before it was armed: nobody will send it
+            os._exit(1)
+
+    return arm
 
 
 class ChildStartError(RuntimeError):
@@ -53,7 +94,8 @@ def process_tree(root: int) -> list[int]:
 
 
 class ChildProcess:
-    """A child in its own process group, its output in ``log``; stop() ends the group."""
+    """A child in its own process group, its output in ``log``; stop() ends the group, and
+    our death (even by SIGKILL, on Linux) sends the child SIGTERM."""
 
     def __init__(
         self, name: str, args: list[str], log: Path, env: Mapping[str, str] | None = None
@@ -68,6 +110,7 @@ class ChildProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_us(),
         )
 
     @property

@@ -10,7 +10,7 @@ from pathlib import Path
 from types import TracebackType
 
 from deploy.local.ports import free_port
-from deploy.local.processes import stop_group
+from deploy.local.processes import die_with_us, stop_group
 
 __all__ = ["RedisServer", "find_redis_server"]
 
@@ -77,7 +77,12 @@ class RedisServer:
         if self.workdir is not None:
             args += ["--dir", str(self.workdir)]
         self._process = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+            args,
+            stdin=subprocess.DEVNULL,  # not our terminal: it has no use for it
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=die_with_us(),  # SIGTERM when we die, however we die (Linux)
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

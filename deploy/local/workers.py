@@ -29,6 +29,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
 
+from deploy.local.processes import die_with_us
+
 __all__ = [
     "DEFAULT_API_TOKEN",
     "DEFAULT_WARMUP_PATH",
@@ -286,6 +288,8 @@ class LocalWorkersRuntime:
             errors="replace",
             env=env,
             start_new_session=True,  # own process group: stop() can reap workerd too
+            # SIGTERM when we die (Linux), besides stdin's EOF: either way it disposes workerd.
+            preexec_fn=die_with_us(),
         )
         assert self._proc.stdout is not None and self._proc.stderr is not None
         self._spawn_reader(self._proc.stdout, self._on_stdout, self._stdout_lines)
