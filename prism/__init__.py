@@ -35,6 +35,7 @@ from .keys import (
     parse_key_secrets,
     valid_project_id,
 )
+from .memos import RecentBodies, RecentEntries
 from .policy import (
     BUDGET_PERIODS,
     DEFAULT_SEMANTIC_THRESHOLD,
@@ -46,7 +47,6 @@ from .policy import (
     policy_key,
 )
 from .rate_limits import LIMITS_KEY_PREFIX, Limit, RateLimits, limits_key
-from .memos import RecentBodies, RecentEntries
 from .request import ChatRequest, Limits, parse_chat_request
 from .sse import SSEDecoder, StreamAssembler, replay
 
