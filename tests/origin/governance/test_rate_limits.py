@@ -27,7 +27,8 @@ from deploy.policy_store import PolicyStore
 from origin.connection.redis_pipe import RedisPipe
 from origin.governance.audit import AUDIT_STREAM, AuditWriter
 from origin.governance.pricing import cost_micros, default_prices
-from origin.governance.rate_limiter import RefusalLog, duration
+from origin.governance.rate_limit_headers import duration
+from origin.governance.rate_limiter import RefusalLog
 from origin.providers.token_counts import tokens_of
 from prism import Budget, KeyRing, Limit, RateLimits
 from tests.fixtures.origin import (
