@@ -9,9 +9,9 @@ Redis (the source of truth)::
     prism:projects         set    projects that have (had) managed keys
     prism:revoked          set    revoked key ids of every project; the origin runs
                                   SISMEMBER on it for every request
-    prism:audit            stream every creation and revocation (origin/governance/audit.py),
-    written
-                                  in the same transaction as the change
+    prism:audit            stream every creation and revocation
+                                  (origin/governance/audit.py), written in the same
+                                  transaction as the change
 
 Workers KV (the edge's copy)::
 
@@ -20,50 +20,38 @@ Workers KV (the edge's copy)::
 
 Redis is written first and alone decides success, so a revocation holds at the
 origin even when KV is unreachable; the KV copy is republished whole from the Redis
-set, so any later publish (the next revoke, or ``sync_revocations``) repairs it.
+set, so any later publish (the next revoke, or ``sync_revocations``) repairs it
+(``deploy.revocation_publisher``). The stores' errors are in ``deploy.store_errors``.
 """
 
 from __future__ import annotations
 
 import builtins
-import contextlib
 import json
 import re
-import time
-from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, cast
-from urllib.parse import quote, urlsplit, urlunsplit
 
-import httpx
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from origin.governance.audit import audit_record
 from prism import REVOKED_KEY, KeyRing, PrismError, key_hash
-from prism.routes import CLOUDFLARE_API_URL, DEFAULT_REDIS_URL
+from prism.routes import DEFAULT_REDIS_URL
 
 from . import audit_log
+from .store_errors import KeyStoreError, UnknownKeyError, redact_url, translated
 
 __all__ = [
-    "DEFAULT_KV_API",
     "DEFAULT_REDIS_URL",
     "PROJECTS_KEY",
     "CreatedKey",
-    "KVRevocationPublisher",
     "KeyRecord",
     "KeyStore",
-    "KeyStoreError",
-    "StoreUnavailableError",
-    "UnknownKeyError",
     "keys_key",
-    "redact_url",
-    "sync_revocations",
 ]
-
-DEFAULT_KV_API = CLOUDFLARE_API_URL
 
 PROJECTS_KEY = "prism:projects"
 _KEY_ID_RE = re.compile(r"[A-Za-z0-9]{8,32}\Z")
@@ -76,19 +64,6 @@ def keys_key(project: str) -> str:
     return f"prism:keys:{project}"
 
 
-def redact_url(url: str) -> str:
-    """``url`` without its password (Upstash URLs carry one), for messages."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable URL>"
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
 def _now() -> str:
     # Milliseconds, so keys created in the same second still list in creation order.
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
@@ -99,36 +74,6 @@ def _prefix(key: str, key_id: str) -> str:
     # tell a project's keys apart, and never a character of the signature (the
     # signature is the only secret part of a key).
     return key[: key.index(f".{key_id}.") + 1 + _PREFIX_ID_CHARS] + "…"
-
-
-# ----------------------------------------------------------------------------- errors
-#
-# KeyStoreError                 a one-line message a user can act on
-# ├── UnknownKeyError           no such key id (or key) in the project
-# └── StoreUnavailableError     Redis could not be reached
-
-
-class KeyStoreError(Exception):
-    """A key-management failure, said in one line (never containing a key)."""
-
-
-class UnknownKeyError(KeyStoreError):
-    pass
-
-
-class StoreUnavailableError(KeyStoreError):
-    pass
-
-
-@contextlib.contextmanager
-def _translated(location: str) -> Iterator[None]:
-    """Redis errors become KeyStoreErrors here, the one boundary that knows about them."""
-    try:
-        yield
-    except (redis.ConnectionError, redis.TimeoutError) as error:
-        raise StoreUnavailableError(f"cannot reach Redis at {location}: {error}") from None
-    except redis.RedisError as error:
-        raise KeyStoreError(f"Redis at {location} failed: {error}") from None
 
 
 # ----------------------------------------------------------------------------- records
@@ -250,30 +195,30 @@ class KeyStore:
             audit_log.stage(pipe, fields, prev)
             added[0] = True
 
-        with _translated(self._location):
+        with translated(self._location):
             self._redis.transaction(update, hash_name, audit_log.AUDIT_HEAD)
         return added[0]
 
     def get(self, project: str, key_id: str) -> KeyRecord | None:
-        with _translated(self._location):
+        with translated(self._location):
             raw = cast(str | None, self._redis.hget(keys_key(project), key_id))
         return None if raw is None else KeyRecord.from_json(raw)
 
     def list(self, project: str) -> list[KeyRecord]:
         """``project``'s keys, oldest first. There is no key material to leak: none is stored."""
-        with _translated(self._location):
+        with translated(self._location):
             raw = cast(dict[str, str], self._redis.hgetall(keys_key(project)))
         records = [KeyRecord.from_json(value) for value in raw.values()]
         return sorted(records, key=lambda r: (r.created_at or "", r.key_id))
 
     # `builtins.list`: inside this class, a bare `list` names the method above.
     def projects(self) -> builtins.list[str]:
-        with _translated(self._location):
+        with translated(self._location):
             return sorted(cast(set[str], self._redis.smembers(PROJECTS_KEY)))
 
     def revoked_ids(self) -> builtins.list[str]:
         """Every revoked key id, of every project, sorted."""
-        with _translated(self._location):
+        with translated(self._location):
             return sorted(cast(set[str], self._redis.smembers(REVOKED_KEY)))
 
     def revoke(
@@ -316,7 +261,7 @@ class KeyStore:
                 audit_log.stage(pipe, fields, prev)
             revoked[:] = [record]
 
-        with _translated(self._location):
+        with translated(self._location):
             self._redis.transaction(update, hash_name, audit_log.AUDIT_HEAD)
         return revoked[0]
 
@@ -352,116 +297,9 @@ class KeyStore:
             key_hash=wanted,
             prefix=_prefix(key_or_id, identity.key_id),
         )
-        with _translated(self._location):
+        with translated(self._location):
             pipe = self._redis.pipeline(transaction=True)
             pipe.hsetnx(keys_key(project), record.key_id, record.to_json())
             pipe.sadd(PROJECTS_KEY, project)
             pipe.execute()
         return identity.key_id
-
-
-# ----------------------------------------------------------------------------- KV
-
-
-class KVRevocationPublisher:
-    """Writes the whole revoked-id list to the Workers KV key the edge reads (or, with
-    ``key``, any one record: a project's policy is published the same way).
-
-    One ``PUT .../values/prism%3Arevoked`` with the JSON list as the raw body; 429
-    and 5xx (and network errors) are retried with exponential backoff, at least as
-    long as ``Retry-After`` asks. ``last_error`` says why the last publish failed.
-    """
-
-    def __init__(
-        self,
-        api_url: str,
-        account_id: str,
-        namespace_id: str,
-        api_token: str,
-        *,
-        key: str = REVOKED_KEY,
-        attempts: int = 4,
-        backoff: float = 0.2,
-        max_delay: float = 10.0,
-        timeout: float = 10.0,
-        transport: httpx.BaseTransport | None = None,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
-        self.url = (
-            f"{api_url.rstrip('/')}/accounts/{account_id}/storage/kv/namespaces/"
-            f"{namespace_id}/values/{quote(key, safe='')}"
-        )
-        self._token = api_token
-        self._attempts = max(1, attempts)
-        self._backoff = backoff
-        self._max_delay = max_delay
-        self._timeout = timeout
-        self._transport = transport
-        self._sleep = sleep
-        self.last_error: str | None = None
-
-    def publish(self, ids: Iterable[str]) -> bool:
-        """Whether the list landed in KV (after retries)."""
-        return self.publish_text(json.dumps(sorted(set(ids)), separators=(",", ":")))
-
-    def publish_text(self, body: str) -> bool:
-        """Whether ``body`` landed in KV under this publisher's key (after retries)."""
-        self.last_error = None
-        if not self._token:
-            self.last_error = "CLOUDFLARE_API_TOKEN is not set"
-            return False
-        headers = {
-            "Authorization": f"Bearer {self._token}",
-            "Content-Type": "text/plain; charset=utf-8",
-        }
-        with httpx.Client(timeout=self._timeout, transport=self._transport) as client:
-            for attempt in range(self._attempts):
-                delay = min(self._max_delay, self._backoff * 2**attempt)
-                try:
-                    response = client.put(self.url, content=body, headers=headers)
-                except httpx.HTTPError as error:
-                    self.last_error = f"{type(error).__name__}: {error}"
-                else:
-                    if response.is_success:
-                        return True
-                    self.last_error = _describe(response)
-                    if response.status_code != 429 and response.status_code < 500:
-                        return False  # bad token, namespace or account: retrying cannot help
-                    delay = max(delay, self._retry_after(response))
-                if attempt + 1 < self._attempts:
-                    self._sleep(delay)
-        self.last_error = f"{self.last_error} (after {self._attempts} attempts)"
-        return False
-
-    def _retry_after(self, response: httpx.Response) -> float:
-        try:
-            return min(self._max_delay, float(response.headers.get("retry-after", "0")))
-        except ValueError:
-            return 0.0
-
-
-def _describe(response: httpx.Response) -> str:
-    """``HTTP 403: Authentication error``, from Cloudflare's error envelope when present."""
-    message = ""
-    with contextlib.suppress(ValueError, KeyError, IndexError, TypeError, AttributeError):
-        message = str(response.json()["errors"][0]["message"])
-    return f"HTTP {response.status_code}" + (f": {message[:200]}" if message else "")
-
-
-def sync_revocations(store: KeyStore, publisher: KVRevocationPublisher, rounds: int = 3) -> bool:
-    """Publish the Redis set to KV until KV holds a list no older than Redis.
-
-    Two concurrent revokes could otherwise finish with the older snapshot written
-    last. The set only grows, so re-reading after the write and publishing again
-    when it grew guarantees the final KV value contains every id that was in Redis
-    before any of the writers finished.
-    """
-    ids = store.revoked_ids()
-    for _ in range(max(1, rounds)):
-        if not publisher.publish(ids):
-            return False
-        latest = store.revoked_ids()
-        if latest == ids:
-            return True
-        ids = latest
-    return True  # still growing: the newest writer's own re-check covers the rest

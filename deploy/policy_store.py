@@ -39,7 +39,8 @@ from origin.governance.audit import audit_record
 from prism import Budget, CacheRules, Policy, RateLimits, limits_key, policy_key, valid_project_id
 
 from . import audit_log
-from .key_store import KeyStoreError, KVRevocationPublisher, _translated, redact_url
+from .revocation_publisher import KVRevocationPublisher
+from .store_errors import KeyStoreError, redact_url, translated
 
 __all__ = ["PolicyChange", "PolicyStore", "check_project", "sync_policy"]
 
@@ -83,7 +84,7 @@ class PolicyStore:
         self._redis.close()
 
     def raw(self, project: str) -> str | None:
-        with _translated(self._location):
+        with translated(self._location):
             return cast(str | None, self._redis.get(policy_key(check_project(project))))
 
     def get(self, project: str) -> Policy | None:
@@ -167,7 +168,7 @@ class PolicyStore:
             audit_log.stage(pipe, fields, prev)
             change[:] = [(before, after)]
 
-        with _translated(self._location):
+        with translated(self._location):
             self._redis.transaction(update, name, audit_log.AUDIT_HEAD)
         return change[0]
 

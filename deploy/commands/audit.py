@@ -11,8 +11,9 @@ import redis
 import typer
 
 from deploy import audit_log
-from deploy.key_store import DEFAULT_REDIS_URL, redact_url
+from deploy.key_store import DEFAULT_REDIS_URL
 from deploy.policy_store import check_project
+from deploy.store_errors import redact_url
 
 from ._options import JsonOption
 from .keys import RedisUrlOption, fail

@@ -2,7 +2,8 @@
 
 `mint`/`verify` need only PRISM_KEY_SECRET. `create`/`revoke`/`list`/`sync` keep key
 metadata (never keys) in Redis and publish revocations to the edge's Workers KV set;
-the logic lives in deploy.key_store, this module only parses options and prints.
+the logic lives in deploy.key_store and deploy.revocation_publisher, this module only
+parses options and prints.
 """
 
 from __future__ import annotations
@@ -17,15 +18,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from deploy.key_store import (
-    DEFAULT_KV_API,
-    DEFAULT_REDIS_URL,
-    KeyRecord,
-    KeyStore,
-    KeyStoreError,
-    KVRevocationPublisher,
-    sync_revocations,
-)
+from deploy.key_store import DEFAULT_REDIS_URL, KeyRecord, KeyStore
+from deploy.revocation_publisher import DEFAULT_KV_API, KVRevocationPublisher, sync_revocations
+from deploy.store_errors import KeyStoreError
 from prism import REVOKED_KEY, KeyRing, PrismError, parse_key_secrets
 
 from ._options import JsonOption

@@ -14,8 +14,10 @@ from typing import Annotated
 
 import typer
 
-from deploy.key_store import DEFAULT_KV_API, DEFAULT_REDIS_URL, KeyStoreError
+from deploy.key_store import DEFAULT_REDIS_URL
 from deploy.policy_store import PolicyChange, PolicyStore, check_project, sync_policy
+from deploy.revocation_publisher import DEFAULT_KV_API
+from deploy.store_errors import KeyStoreError
 from prism import BUDGET_PERIODS, Budget, CacheRules, Limit, Policy, RateLimits, policy_key
 from prism.policy import (
     DEFAULT_SEMANTIC_THRESHOLD,

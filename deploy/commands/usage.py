@@ -11,8 +11,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from deploy.key_store import DEFAULT_REDIS_URL, redact_url
+from deploy.key_store import DEFAULT_REDIS_URL
 from deploy.policy_store import check_project
+from deploy.store_errors import redact_url
 from deploy.usage_report import UsageReport, UsageRow, parse_since, read_usage
 
 from ._options import JsonOption

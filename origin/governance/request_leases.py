@@ -1,10 +1,10 @@
 """Request permits an origin process takes from a project's rate limits ahead of use.
 
 Every request of a project with request limits is checked in Redis, inside the lookup
-script (``origin.governance.rate_limiter.REQUEST_LIMIT_LUA``): an HMGET, a TIME and an HSET on each
-Redis hit. At thousands of hits a second that is most of what a hit costs Redis, and a
-slower script slows the auto-pipelined connection every request shares. So a process
-that keeps sending a key's requests takes permits in advance, in leases, and the
+script (``origin.governance.rate_limit_scripts.REQUEST_LIMIT_LUA``): an HMGET, a TIME and
+an HSET on each Redis hit. At thousands of hits a second that is most of what a hit costs
+Redis, and a slower script slows the auto-pipelined connection every request shares. So a
+process that keeps sending a key's requests takes permits in advance, in leases, and the
 requests spend them here, their lookup carrying no rate check at all.
 
 - One request at a time asks for a key's next lease (``asking``): while it waits, the
@@ -39,9 +39,10 @@ from __future__ import annotations
 
 import time
 
-from .rate_limiter import LEASE_SECONDS
+__all__ = ["LEASE_SECONDS", "ProjectLeases", "RequestLeases"]
 
-__all__ = ["ProjectLeases", "RequestLeases"]
+# How long a process may spend the permits it leased, in seconds.
+LEASE_SECONDS = 1.0
 
 _MAX_PROJECTS = 10_000
 _MAX_KEYS = 100_000  # per project

@@ -1,10 +1,10 @@
 """Anthropic's Messages API behind the OpenAI chat-completions interface.
 
 The wire work mirrors ``OpenAICompatibleProvider`` (same client, timeouts and
-error mapping); the shapes are translated by ``anthropic_translate``. A stream
-is re-encoded event by event as OpenAI chunks, and ``data: [DONE]`` is sent only
-after Anthropic's ``message_stop``: a cut stream ends in ``UpstreamError``
-instead, so the origin never stores a partial answer.
+error mapping); the shapes are translated by ``anthropic_request``, ``anthropic_answer``
+and ``anthropic_stream``. A stream is re-encoded event by event as OpenAI chunks, and
+``data: [DONE]`` is sent only after Anthropic's ``message_stop``: a cut stream ends in
+``UpstreamError`` instead, so the origin never stores a partial answer.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ import orjson
 from prism import PrismError, UpstreamError, UpstreamUnavailableError
 from prism.sse import DONE, SSEDecoder
 
-from .anthropic_translate import StreamTranslator, to_chat_completion, to_messages_request
+from .anthropic_answer import to_chat_completion
+from .anthropic_request import to_messages_request
+from .anthropic_stream import StreamTranslator
 from .base import ProviderSpec, UpstreamCompletion, UpstreamStream
 from .upstream_http import ConnectorFactory, UpstreamHTTP, malformed, parse_body, redact
 

@@ -5,7 +5,8 @@
 - ``to_message``: a ``chat.completion`` → an Anthropic ``message``.
 - ``ChunkTranslator``: ``chat.completion.chunk`` dicts → Messages stream events.
 
-The reverse of ``anthropic_translate`` (chat → Anthropic), reading its tables backwards.
+The reverse of ``anthropic_request`` and ``anthropic_answer`` (chat → Anthropic), reading
+their tables backwards.
 What chat completions cannot carry (documents, thinking) is refused with a 400 or
 dropped where it changes nothing the model is asked (``top_k``, a thinking budget).
 """
@@ -18,7 +19,8 @@ import orjson
 
 from prism import InvalidRequestError
 
-from .anthropic_translate import FINISH_REASONS, TOOL_CHOICES, tool_call_of
+from .anthropic_answer import FINISH_REASONS, tool_call_of
+from .anthropic_request import TOOL_CHOICES
 
 __all__ = ["ChunkTranslator", "stop_reason", "to_chat_request", "to_message"]
 

@@ -10,7 +10,7 @@ Usage conventions (both end up here in OpenAI's form, which the origin serves):
 - OpenAI: ``prompt_tokens`` includes the cached ones (``prompt_tokens_details.
   cached_tokens``), billed at ``cached_input``; the rest at ``input``.
 - Anthropic reports ``input_tokens`` (uncached), ``cache_read_input_tokens`` and
-  ``cache_creation_input_tokens`` apart. ``origin/providers/anthropic_translate.py`` folds
+  ``cache_creation_input_tokens`` apart. ``origin/providers/anthropic_answer.py`` folds
   them into ``prompt_tokens`` and reports the reads as ``cached_tokens`` and the writes as
   ``cache_creation_tokens`` (both in ``prompt_tokens_details``), so cost is
   uncached x ``input`` + reads x ``cached_input`` + writes x ``cache_write``. A usage

@@ -36,7 +36,7 @@ from prism import POLICY_KEY_PREFIX, REVOKED_KEY, AuthenticationError, entry_key
 
 from ..background import cancel_and_wait
 from ..connection.redis_client import LoadedScript, RedisClient, RedisClientError
-from ..governance.rate_limiter import RATE_CHECK_SCRIPT, REQUEST_LIMIT_LUA
+from ..governance.rate_limit_scripts import RATE_CHECK_SCRIPT, REQUEST_LIMIT_LUA
 from ..governance.request_leases import ProjectLeases, RequestLeases
 from ..metrics import Metrics
 
@@ -51,7 +51,8 @@ class Lookup(NamedTuple):  # a tuple: made on every request, and cheaper than a 
     entry: bytes | None = None
     policy: bytes | None = None  # the project's policy record as stored (None: no policy)
     # The request rate limit's verdict when one applies: [admitted, limit, remaining,
-    # reset_ms, retry_ms, scope, ...] (origin.governance.rate_limiter); refused: no entry was read.
+    # reset_ms, retry_ms, scope, ...] (origin.governance.rate_limit_scripts); refused: no
+    # entry was read.
     rate: list[int] | None = None
 
 

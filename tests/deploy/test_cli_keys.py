@@ -11,8 +11,8 @@ import redis
 from typer.testing import CliRunner, Result
 
 from deploy.cli import app
-from deploy.key_store import KVRevocationPublisher
 from deploy.local.ports import free_port
+from deploy.revocation_publisher import KVRevocationPublisher
 from prism import REVOKED_KEY, KeyRing
 from tests.fixtures.cli import cli_env
 from tests.fixtures.origin import KEY_SECRET, OriginFactory

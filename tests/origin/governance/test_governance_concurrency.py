@@ -29,7 +29,8 @@ from deploy.local.delay_proxy import DelayProxy
 from deploy.local.provider import ProviderServer
 from deploy.local.redis import RedisServer
 from deploy.policy_store import PolicyStore
-from origin.governance.rate_limiter import LEASE_SECONDS, LEASE_SHARE
+from origin.governance.rate_limit_scripts import LEASE_SHARE
+from origin.governance.request_leases import LEASE_SECONDS
 from origin.governance.token_bounds import completion_token_bound, prompt_token_bound
 from prism import Budget, Limit, RateLimits, parse_chat_request
 from tests.fixtures.origin import OriginFactory, RunningOrigin, redis_now_us, settled_budget

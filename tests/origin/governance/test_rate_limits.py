@@ -26,7 +26,8 @@ from deploy.local.redis import RedisServer
 from deploy.policy_store import PolicyStore
 from origin.connection.redis_pipe import RedisPipe
 from origin.governance.audit import AUDIT_STREAM, AuditWriter
-from origin.governance.rate_limiter import RefusalLog, duration
+from origin.governance.rate_limit_headers import duration
+from origin.governance.rate_limiter import RefusalLog
 from origin.providers.pricing import cost_micros, default_prices
 from origin.providers.token_counts import tokens_of
 from prism import Budget, KeyRing, Limit, RateLimits

@@ -15,7 +15,7 @@ import redis
 
 from deploy.policy_store import PolicyStore
 from origin.connection.redis_pipe import RedisPipe
-from origin.governance.rate_limiter import LEASE_SHARE
+from origin.governance.rate_limit_scripts import LEASE_SHARE
 from origin.metrics import Metrics
 from origin.store.redis_cache import RedisCache
 from prism import RateLimits, entry_key

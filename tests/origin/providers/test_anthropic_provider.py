@@ -18,11 +18,9 @@ from starlette.routing import Route
 from deploy.local.asgi_thread import ThreadedServer
 from deploy.local.provider import ProviderServer, ProviderSettings
 from origin.providers.anthropic import AnthropicProvider
-from origin.providers.anthropic_translate import (
-    StreamTranslator,
-    to_chat_completion,
-    to_messages_request,
-)
+from origin.providers.anthropic_answer import to_chat_completion
+from origin.providers.anthropic_request import to_messages_request
+from origin.providers.anthropic_stream import StreamTranslator
 from origin.providers.base import ProviderSpec
 from prism import (
     InvalidRequestError,

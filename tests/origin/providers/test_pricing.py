@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from origin.providers.anthropic_translate import to_chat_completion
+from origin.providers.anthropic_answer import to_chat_completion
 from origin.providers.config import load_provider_config
 from origin.providers.pricing import Price, cost_micros, default_prices
 from origin.providers.token_counts import tokens_of
