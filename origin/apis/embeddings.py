@@ -11,6 +11,7 @@ a route whose target is an Anthropic provider is refused with a 400 before any c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from prism import Envelope, InvalidRequestError, PrismError, UpstreamError
@@ -37,6 +38,7 @@ def _no_embeddings(provider: ChatProvider) -> InvalidRequestError:
 
 class EmbeddingsOperation:
     name = "embeddings"
+    done_frame = b""
 
     async def complete(
         self, provider: ChatProvider, body: dict[str, Any], model: str
@@ -50,10 +52,12 @@ class EmbeddingsOperation:
     ) -> UpstreamStream:
         raise UpstreamError("Embeddings are never streamed.")  # the parser never asks
 
-    def builder(self, provider: str) -> StreamBuilder:
+    def builder(
+        self, provider: str, body: dict[str, Any], redact: Callable[[str], str]
+    ) -> StreamBuilder:
         raise UpstreamError("Embeddings are never streamed.")
 
-    def replay(self, result: UpstreamCompletion) -> bytes:
+    def replay(self, result: UpstreamCompletion, include_usage: bool) -> bytes:
         return result.body
 
     def error_frame(self, error: PrismError) -> bytes:

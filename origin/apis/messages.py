@@ -12,6 +12,7 @@ and ``max_tokens`` (required here); usage is read from the message's own ``usage
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -34,6 +35,8 @@ class _Builder:
     """Relays each Messages event as Anthropic frames it, and assembles the message."""
 
     __slots__ = ("_assembler", "_provider")
+
+    usage = False  # a message's usage is in its own events, which every client gets
 
     def __init__(self, provider: str) -> None:
         self._provider = provider
@@ -111,6 +114,7 @@ class _Translated:
 
 class MessagesOperation:
     name = "messages"
+    done_frame = b""  # ``message_stop`` ends the stream, among its frames
 
     async def complete(
         self, provider: ChatProvider, body: dict[str, Any], model: str
@@ -130,10 +134,12 @@ class MessagesOperation:
         events = _Translated(upstream.events, model, provider.spec.name)
         return UpstreamStream(events=events, close=upstream.close)
 
-    def builder(self, provider: str) -> _Builder:
+    def builder(
+        self, provider: str, body: dict[str, Any], redact: Callable[[str], str]
+    ) -> _Builder:
         return _Builder(provider)
 
-    def replay(self, result: UpstreamCompletion) -> bytes:
+    def replay(self, result: UpstreamCompletion, include_usage: bool) -> bytes:
         return replay_message(result.completion)
 
     def error_frame(self, error: PrismError) -> bytes:

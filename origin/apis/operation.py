@@ -1,14 +1,14 @@
-"""What an API other than chat completions asks of a provider, as one value the router,
-the flight and the handler pass along (``Call.op``).
+"""What an API asks of a provider, as one value the router, the flight and the handler
+pass along (``Call.op``): chat completions, embeddings, Anthropic messages.
 
-Chat completions is the default (``op=None``): its code paths stay as they are. Another
-API (embeddings, Anthropic messages) is an ``Operation``: how to call a provider for a
-complete answer or a stream, how to rebuild a stream into the answer that is cached,
-and how to replay a cached answer as that API's stream.
+An ``Operation`` knows how to call a provider for a complete answer or a stream, how to
+rebuild a stream into the answer that is cached (its ``StreamBuilder``, fed each event's
+data by the flight's one relay), and how to replay a cached answer as that API's stream.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from prism import PrismError
@@ -26,31 +26,46 @@ class StreamBuilder(Protocol):
         """The stream's own end marker has come: nothing more belongs to the answer."""
         ...
 
+    @property
+    def usage(self) -> bool:
+        """The frame ``add`` returned last is a usage-only frame, relayed only to the
+        clients that asked for it (chat's ``include_usage``)."""
+        ...
+
     def add(self, data: bytes) -> bytes:
-        """The event's frame, to relay as it is; raises ``PrismError`` for a malformed or
-        error event."""
+        """The event's frame, to relay as it is (b"": nothing to relay, like chat's
+        ``[DONE]``, which ``Operation.done_frame`` sends); raises ``PrismError`` for a
+        malformed or error event."""
         ...
 
     def result(self) -> UpstreamCompletion | None:
-        """The whole answer, or None when the stream ended before it was whole."""
+        """Once the stream has ended: the whole answer, or None when it was cut short."""
         ...
 
 
 class Operation(Protocol):
-    name: str  # the API, in error messages
+    name: str  # the API, in error messages and in traces
+    # Ends a whole stream after its frames (b"": the stream's own end event is one of them).
+    done_frame: bytes
 
-    async def complete(
+    def complete(
         self, provider: ChatProvider, body: dict[str, Any], model: str
-    ) -> UpstreamCompletion: ...
+    ) -> Awaitable[UpstreamCompletion]: ...
 
-    async def stream(
+    def stream(
         self, provider: ChatProvider, body: dict[str, Any], model: str
-    ) -> UpstreamStream: ...
+    ) -> Awaitable[UpstreamStream]: ...
 
-    def builder(self, provider: str) -> StreamBuilder: ...
+    def builder(
+        self, provider: str, body: dict[str, Any], redact: Callable[[str], str]
+    ) -> StreamBuilder:
+        """For one stream from ``provider`` asked with ``body``; ``redact`` makes the
+        provider's own messages safe to show the client."""
+        ...
 
-    def replay(self, result: UpstreamCompletion) -> bytes:
-        """A complete answer as this API's whole event stream."""
+    def replay(self, result: UpstreamCompletion, include_usage: bool) -> bytes:
+        """A complete answer as this API's whole event stream (``include_usage``: the
+        client asked for chat's usage chunk)."""
         ...
 
     def error_frame(self, error: PrismError) -> bytes:

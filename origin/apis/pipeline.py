@@ -10,7 +10,7 @@ the provider call (``origin.routing.coalescing``), and is settled to what the an
 counted in memory (``origin.governance.usage``); nothing here writes to Redis on a hit.
 
 What differs between the APIs is data, an ``Api``: its path and parser, the
-``Operation`` that calls a provider (None: chat completions, the flight's own code),
+``Operation`` that calls a provider,
 how its token bounds are computed (``origin.governance.token_bounds``), how a stored answer is
 replayed
 as its stream, and how its errors look. The answer's usage is read by
@@ -77,7 +77,7 @@ class Api(Generic[R]):
 
     path: str
     parse: Callable[[bytes, Limits], R]
-    op: Operation | None  # how a provider is called; None: chat completions
+    op: Operation  # how a provider is called
     prompt_tokens: Callable[
         [R], int
     ]  # at least the prompt's tokens (``origin.governance.token_bounds``)
@@ -322,7 +322,13 @@ class ApiRoute(Generic[R]):
         gw = self.gw
         storage = Storage(fp, decision.ttl, semantic) if cacheable and decision.write else None
         call = Call(
-            parsed.body, parsed.model, parsed.stream, request_id, storage, charge, self.api.op
+            op=self.api.op,
+            body=parsed.body,
+            model=parsed.model,
+            stream=parsed.stream,
+            request_id=request_id,
+            storage=storage,
+            on_end=charge,
         )
         # Join only requests that would accept a cached answer anyway; Redis being down
         # is no reason to call the provider once per identical request.

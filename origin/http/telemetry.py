@@ -52,6 +52,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from prism import headers as h
 from prism.trace_context import EDGE_SPAN, EDGE_TIMING, TRACEPARENT, parse_edge_span
 
+from ..apis.operation import Operation
 from ..providers.base import UpstreamCompletion
 from ..providers.token_counts import tokens_of
 from ..routing.targets import Target
@@ -281,14 +282,14 @@ class Telemetry:
 
     async def attempt(
         self,
-        call: Callable[[Target, dict[str, Any], bool, Any], Awaitable[T]],
+        call: Callable[[Target, dict[str, Any], bool, Operation], Awaitable[T]],
         target: Target,
         body: dict[str, Any],
         stream: bool,
-        op: Any,
+        op: Operation,
     ) -> T:
         """``call`` (the router's attempt) inside its ``CLIENT`` span."""
-        operation = "chat" if op is None else _OPERATIONS.get(op.name, "chat")
+        operation = _OPERATIONS.get(op.name, "chat")
         metric: dict[str, Any] = {
             "gen_ai.operation.name": operation,
             "gen_ai.provider.name": target.spec.kind,

@@ -32,12 +32,9 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, NamedTuple, NoReturn
 
-import orjson
+from prism import PrismError, SSEDecoder, UpstreamError
 
-from prism import PrismError, SSEDecoder, StreamAssembler, UpstreamError, error_json, replay
-from prism.sse import DONE
-
-from ..apis.operation import Operation
+from ..apis.operation import Operation, StreamBuilder
 from ..http.asgi import CancelOnce
 from ..providers.base import UpstreamCompletion, UpstreamStream
 from .router import Routed, Router
@@ -59,6 +56,7 @@ class Storage(NamedTuple):
 class Call(NamedTuple):  # a tuple: made on every miss, and cheaper than a frozen dataclass
     """What the flight asks the provider, and what it does with the answer."""
 
+    op: Operation  # the API's call (chat completions, embeddings, messages)
     body: dict[str, Any]
     model: str
     stream: bool
@@ -67,7 +65,6 @@ class Call(NamedTuple):  # a tuple: made on every miss, and cheaper than a froze
     # Told once when the call ends: (answer or None, provider, upstream model). The
     # request that started the flight pays for it (``origin/governance/billing.py``).
     on_end: Callable[[UpstreamCompletion | None, str, str], None] | None = None
-    op: Operation | None = None  # another API's call (embeddings, messages); None: chat
 
 
 # Caches a complete answer: (fingerprint, answer, model, ttl, fallback, semantic) -> the
@@ -167,16 +164,9 @@ class Flight:
         call = self._call
         try:
             if call.stream:
-                if call.op is None:
-                    await self._stream(call)
-                else:
-                    await self._stream_op(call, call.op)
+                await self._stream(call)
             else:
-                op = call.op
-                if op is None:
-                    routed = await self._router.complete(call.body, call.model)
-                else:
-                    routed = await self._router.complete(call.body, call.model, op)
+                routed = await self._router.complete(call.body, call.model, call.op)
                 self._provider, self._fallback = routed.label, routed.fallback
                 self._served_by = (routed.provider, routed.model)
                 self._end(result=routed.value)
@@ -201,35 +191,29 @@ class Flight:
     def _end(
         self, *, result: UpstreamCompletion | None = None, error: PrismError | None = None
     ) -> None:
-        if self.done:  # a stream that ended at [DONE] may fail while it drains
+        if self.done:  # a stream that ended at its end marker may fail while it drains
             return
         self._result, self._error = result, error
         self._notify()
         self._on_end(self)
 
     async def _stream(self, call: Call) -> None:
-        options = call.body.get("stream_options")
-        body = call.body
-        if not (isinstance(options, dict) and options.get("include_usage") is True):
-            # Usage is always asked for, so every streamed call can be costed; a client
-            # that did not ask never sees the usage chunk (``ClientStream``).
-            body = {**body, "stream_options": {**(options or {}), "include_usage": True}}
-        routed = await self._router.stream(body, call.model)
+        """The stream, relayed event by event as it arrives and rebuilt by the operation's
+        builder; the answer is cached only when whole."""
+        routed = await self._router.stream(call.body, call.model, call.op)
         self._provider, self._fallback = routed.label, routed.fallback
         self._served_by = (routed.provider, routed.model)
         upstream = routed.value
-        n = call.body.get("n")
-        assembler = StreamAssembler(
-            choices=n if isinstance(n, int) and n > 1 else 1,
-            usage=isinstance(options, dict) and options.get("include_usage") is True,
+        builder = call.op.builder(
+            routed.provider, call.body, functools.partial(self._router.redact, routed)
         )
         try:
-            failure = await self._relay(routed, upstream, assembler)
-            if failure is None and assembler.complete:
-                completion = assembler.completion()
-                self._end(result=UpstreamCompletion(orjson.dumps(completion), completion))
+            failure = await self._relay(upstream, builder)
+            result = builder.result() if failure is None else None
+            if result is not None:
+                self._end(result=result)
                 self._router.stream_finished(routed)
-                if assembler.done:
+                if builder.done:
                     # Read to the end of the body, briefly, so the connection goes back to
                     # the pool; a provider that keeps it open is closed below instead.
                     with contextlib.suppress(PrismError, TimeoutError):
@@ -253,75 +237,26 @@ class Flight:
         self._router.stream_failed(routed, failure)
         raise failure
 
-    async def _stream_op(self, call: Call, op: Operation) -> None:
-        """Another API's stream: relayed event by event as it arrives, rebuilt by the
-        operation's builder, cached only when whole (its own end marker came)."""
-        routed = await self._router.stream(call.body, call.model, op)
-        self._provider, self._fallback = routed.label, routed.fallback
-        self._served_by = (routed.provider, routed.model)
-        upstream = routed.value
-        builder = op.builder(routed.provider)
-        failure: PrismError | None = None
-        try:
-            decoder = SSEDecoder()
-            async for raw in upstream.events:
-                try:
-                    for data in decoder.feed(raw):
-                        self._frames.append(builder.add(data))
-                except PrismError as error:
-                    failure = error
-                    break
-                self._notify()
-                if builder.done:
-                    break
-            result = builder.result() if failure is None and builder.done else None
-            if result is not None:
-                self._end(result=result)
-                self._router.stream_finished(routed)
-                return
-        finally:
-            with contextlib.suppress(Exception):
-                await upstream.aclose()
-        self._broken(routed, failure)
-
-    async def _relay(
-        self, routed: Routed[UpstreamStream], upstream: UpstreamStream, assembler: StreamAssembler
-    ) -> PrismError | None:
-        """Publish each event as it arrives, until ``[DONE]`` or the end of the body; a
-        malformed or error event is returned as the failure."""
+    async def _relay(self, upstream: UpstreamStream, builder: StreamBuilder) -> PrismError | None:
+        """Publish each event as it arrives, until the stream's end marker or the end of
+        the body; a malformed or error event is returned as the failure."""
+        frames, usage = self._frames, self._usage_frames
         decoder = SSEDecoder()
         async for raw in upstream.events:
             for data in decoder.feed(raw):
-                if data == b"[DONE]":
-                    assembler.finish()
+                try:
+                    frame = builder.add(data)
+                except PrismError as error:
+                    return error
+                if builder.usage:
+                    usage.add(len(frames))
+                if frame:
+                    frames.append(frame)
+                if builder.done:
                     self._notify()
                     return None
-                try:
-                    chunk = orjson.loads(data)
-                except orjson.JSONDecodeError:
-                    return UpstreamError(
-                        f"Provider '{routed.provider}' sent a malformed stream event.",
-                        code="upstream_malformed",
-                    )
-                if not isinstance(chunk, dict) or chunk.get("error"):
-                    return _stream_error(self._router, routed, chunk)
-                assembler.add(chunk)
-                if not chunk.get("choices") and "usage" in chunk:
-                    self._usage_frames.add(len(self._frames))
-                self._frames.append(b"data: " + data + b"\n\n")
             self._notify()
         return None
-
-
-def _stream_error(router: Router, routed: Routed[UpstreamStream], chunk: Any) -> UpstreamError:
-    """The provider's own mid-stream error, with its message (redacted) when it gave one."""
-    error = chunk.get("error") if isinstance(chunk, dict) else None
-    message = error.get("message") if isinstance(error, dict) else error
-    detail = f": {router.redact(routed, message)}" if isinstance(message, str) and message else "."
-    return UpstreamError(
-        f"Provider '{routed.provider}' reported an error mid-stream{detail}",
-        code="upstream_stream_error",
-    )
 
 
 class Subscription:
@@ -429,7 +364,8 @@ class Subscription:
 
 class ClientStream:
     """SSE bytes for one streaming client: the events so far, then the live ones, then
-    ``data: [DONE]`` or an error event (never both). Closing it leaves the flight."""
+    the operation's end (chat's ``data: [DONE]``) or an error event (never both). Closing
+    it leaves the flight."""
 
     __slots__ = ("_flight", "_include_usage", "_open", "_seen")
 
@@ -470,18 +406,12 @@ class ClientStream:
 
     def _last(self, flight: Flight) -> bytes:
         op = flight._call.op
-        if op is not None:
-            if flight._error is not None:
-                return op.error_frame(flight._error)
-            if not flight._frames and flight._result is not None:
-                return op.replay(flight._result)
-            return b""  # the stream's own end marker was among its frames
         if flight._error is not None:
-            return b"data: " + error_json(flight._error) + b"\n\n"
+            return op.error_frame(flight._error)
         if not flight._frames and flight._result is not None:
             # Joined a non-stream call: its answer, replayed as a stream.
-            return replay(flight._result.completion, self._include_usage)
-        return DONE
+            return op.replay(flight._result, self._include_usage)
+        return op.done_frame
 
     async def aclose(self) -> None:
         if self._open:

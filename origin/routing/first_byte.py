@@ -9,14 +9,12 @@ first, then the rest, and reports a ``PrismError`` raised mid-stream exactly onc
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prism import PrismError, UpstreamError, UpstreamTimeoutError
 
+from ..apis.operation import Operation
 from ..providers.base import ChatProvider, UpstreamStream
-
-if TYPE_CHECKING:
-    from ..apis.operation import Operation
 
 __all__ = ["StartedEvents", "first_token_timeout", "open_started"]
 
@@ -80,18 +78,16 @@ class StartedEvents:
 
 
 async def open_started(
+    op: Operation,
     provider: ChatProvider,
     body: dict[str, Any],
     model: str,
     on_error: Callable[[PrismError], None],
     on_finish: Callable[[], None],
-    op: Operation | None = None,
 ) -> UpstreamStream:
-    """The provider's stream once its first bytes are here (the caller bounds the wait)."""
-    if op is None:
-        upstream = await provider.stream(body, model)
-    else:
-        upstream = await op.stream(provider, body, model)
+    """``op``'s stream from the provider once its first bytes are here (the caller bounds
+    the wait)."""
+    upstream = await op.stream(provider, body, model)
     try:
         first = await anext(upstream.events)
     except StopAsyncIteration:

@@ -11,21 +11,39 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from prism import PrismError
 
+from ..apis.operation import Operation
 from ..providers.upstream_http import CONTEXT_LENGTH_EXCEEDED
 from .health import Admission
 from .hedge import hedge_delay
 from .retry import CLIENT_ERROR, RATE_LIMITED, SERVER_ERROR, backoff, classify, retry_after
 from .targets import Plan, Routed, Target
 
-if TYPE_CHECKING:
-    from ..apis.operation import Operation
-    from .router import Router
+__all__ = ["Attempts", "RouteRequest"]
 
-__all__ = ["RouteRequest"]
+
+class Attempts(Protocol):
+    """What a request's way through its route asks of the router (``origin.routing.router``,
+    which depends on this module, never the other way round)."""
+
+    clock: Callable[[], float]  # monotonic seconds
+    jitter: Callable[[], float]  # in [0, 1): spreads retry backoffs
+
+    async def attempt(
+        self, target: Target, body: dict[str, Any], stream: bool, op: Operation
+    ) -> Any:
+        """One upstream call, recorded; every failure leaves as a ``PrismError``."""
+        ...
+
+    def count_hedge(self, target: Target) -> None: ...
+
+    def discard(self, task: asyncio.Task[Any]) -> None:
+        """Stop a losing attempt; close what it opened if it won the race too late."""
+        ...
 
 
 class RouteRequest:
@@ -46,12 +64,7 @@ class RouteRequest:
     )
 
     def __init__(
-        self,
-        router: Router,
-        plan: Plan,
-        body: dict[str, Any],
-        stream: bool,
-        op: Operation | None = None,
+        self, router: Attempts, plan: Plan, body: dict[str, Any], stream: bool, op: Operation
     ) -> None:
         self.router = router
         self.op = op

@@ -81,15 +81,14 @@ class Router:
     # -- the public interface (the flight's) ---------------------------------------------
 
     async def complete(
-        self, body: dict[str, Any], model: str, op: Operation | None = None
+        self, body: dict[str, Any], model: str, op: Operation
     ) -> Routed[UpstreamCompletion]:
-        """A complete answer from the model's first working target (``op``: another API's
-        call than chat completions)."""
+        """A complete answer from the model's first working target (``op``: the API's call)."""
         request = RouteRequest(self, self._plan(model), body, False, op)
         return cast("Routed[UpstreamCompletion]", await request.run())  # no runtime generic
 
     async def stream(
-        self, body: dict[str, Any], model: str, op: Operation | None = None
+        self, body: dict[str, Any], model: str, op: Operation
     ) -> Routed[UpstreamStream]:
         """A stream whose first bytes have arrived; failover happens only before them."""
         request = RouteRequest(self, self._plan(model), body, True, op)
@@ -165,7 +164,7 @@ class Router:
     # -- one attempt ---------------------------------------------------------------------
 
     async def attempt(
-        self, target: Target, body: dict[str, Any], stream: bool, op: Operation | None = None
+        self, target: Target, body: dict[str, Any], stream: bool, op: Operation
     ) -> Any:
         """One upstream call, recorded; every failure leaves as a ``PrismError``."""
         if self.telemetry is not None:  # a span around it, current while the call is made
@@ -173,22 +172,20 @@ class Router:
         return await self._attempt(target, body, stream, op)
 
     async def _attempt(
-        self, target: Target, body: dict[str, Any], stream: bool, op: Operation | None = None
+        self, target: Target, body: dict[str, Any], stream: bool, op: Operation
     ) -> Any:
         started = self.clock()
         try:
             if stream:
                 async with asyncio.timeout(target.spec.first_token_limit):
                     value: Any = await open_started(
+                        op,
                         target.provider,
                         body,
                         target.model,
                         lambda e: self._broken(target, e),
                         lambda: self._whole(target, started),
-                        op,
                     )
-            elif op is None:
-                value = await target.provider.complete(body, target.model)
             else:
                 value = await op.complete(target.provider, body, target.model)
         except PrismError as error:

@@ -16,6 +16,8 @@ from typing import Any, cast
 import orjson
 import pytest
 
+from origin.apis.chat import ChatOperation
+from origin.apis.operation import Operation
 from origin.providers.base import UpstreamCompletion, UpstreamStream
 from origin.routing.coalescing import Call, ClientStream, FlightTable, Storage, Subscription
 from origin.routing.router import Routed, Router
@@ -36,6 +38,7 @@ ANSWER = {
     ],
 }
 END = object()  # the provider closes the body cleanly
+CHAT = ChatOperation()
 
 
 def event(delta: dict[str, Any] | None = None, finish: str | None = None, **extra: Any) -> bytes:
@@ -66,7 +69,9 @@ class FakeRouter:
         self.closed = 0  # streams released with aclose()
         self.feed: asyncio.Queue[bytes | BaseException | object] = asyncio.Queue()
 
-    async def complete(self, body: dict[str, Any], model: str) -> Routed[UpstreamCompletion]:
+    async def complete(
+        self, body: dict[str, Any], model: str, op: Operation
+    ) -> Routed[UpstreamCompletion]:
         self.calls += 1
         try:
             await self.answer.wait()
@@ -79,7 +84,9 @@ class FakeRouter:
             UpstreamCompletion(orjson.dumps(ANSWER), ANSWER), "fake", "Fake", self.fallback
         )
 
-    async def stream(self, body: dict[str, Any], model: str) -> Routed[UpstreamStream]:
+    async def stream(
+        self, body: dict[str, Any], model: str, op: Operation
+    ) -> Routed[UpstreamStream]:
         self.calls += 1
 
         async def close() -> None:
@@ -154,7 +161,14 @@ def table(router: FakeRouter, stores: Stores) -> FlightTable:
 def call(
     stream: bool, store: bool = True, body: dict[str, Any] = BODY, request_id: str = "req-1"
 ) -> Call:
-    return Call(body, "demo", stream, request_id, Storage(KEY, 3600) if store else None)
+    return Call(
+        op=CHAT,
+        body=body,
+        model="demo",
+        stream=stream,
+        request_id=request_id,
+        storage=Storage(KEY, 3600) if store else None,
+    )
 
 
 async def read_all(stream: ClientStream) -> bytes:

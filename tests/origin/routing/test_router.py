@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from origin.apis.chat import ChatOperation
 from origin.metrics import Metrics
 from origin.providers.base import ProviderSpec, UpstreamCompletion, UpstreamStream
 from origin.providers.config import ModelTarget, ProviderConfig, Route, load_provider_config
@@ -32,6 +33,7 @@ from prism import (
 from tests.polling import async_wait_for
 
 BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+CHAT = ChatOperation()
 
 # A behaviour is what one call does: answer, raise, or run a coroutine first.
 Behaviour = Callable[[], Awaitable[None]] | PrismError | BaseException | None
@@ -162,7 +164,7 @@ async def test_healthy_primary_answers_with_one_call_and_no_extra_task() -> None
         seen.append(len(asyncio.all_tasks()))
 
     f.providers["a"].script.append(count_tasks)
-    routed = await f.router.complete(BODY, "m")
+    routed = await f.router.complete(BODY, "m", CHAT)
     assert (routed.provider, routed.label, routed.fallback) == ("a", "a", False)
     assert routed.value.completion["by"] == "a:m"
     assert f.providers["a"].calls == 1
@@ -173,7 +175,7 @@ async def test_healthy_primary_answers_with_one_call_and_no_extra_task() -> None
 async def test_unknown_model_is_404() -> None:
     f = make("a")
     with pytest.raises(NotFoundError) as caught:
-        await f.router.complete(BODY, "other")
+        await f.router.complete(BODY, "other", CHAT)
     assert caught.value.code == "model_not_found"
 
 
@@ -183,7 +185,7 @@ async def test_unknown_model_is_404() -> None:
 async def test_a_500_is_retried_once_on_the_same_provider() -> None:
     f = make("a", "b")
     f.providers["a"].script.append(UpstreamError("boom"))
-    routed = await f.router.complete(BODY, "m")
+    routed = await f.router.complete(BODY, "m", CHAT)
     assert (routed.provider, routed.fallback, routed.attempts) == ("a", False, 2)
     assert f.providers["b"].calls == 0
     assert f.attempts("a", "server_error") == 1 and f.attempts("a", "ok") == 1
@@ -192,7 +194,7 @@ async def test_a_500_is_retried_once_on_the_same_provider() -> None:
 async def test_a_second_503_fails_over_and_the_answer_is_a_fallback() -> None:
     f = make("a", "b")
     f.providers["a"].script.extend([UpstreamUnavailableError("x"), UpstreamUnavailableError("x")])
-    routed = await f.router.complete(BODY, "m")
+    routed = await f.router.complete(BODY, "m", CHAT)
     assert (routed.provider, routed.fallback) == ("b", True)
     assert f.providers["a"].calls == 2 and f.providers["b"].calls == 1
 
@@ -202,7 +204,7 @@ async def test_the_attempt_budget_bounds_upstream_calls() -> None:
     for name in "abc":
         f.providers[name].script.extend([UpstreamError("boom")] * 2)
     with pytest.raises(UpstreamError):
-        await f.router.complete(BODY, "m")
+        await f.router.complete(BODY, "m", CHAT)
     calls = [f.providers[n].calls for n in "abc"]
     assert calls == [2, 1, 0]  # a, its retry, then b: three in all
 
@@ -213,7 +215,7 @@ async def test_a_400_is_the_callers_answer_and_never_retried() -> None:
         InvalidRequestError("bad", code="content_policy_violation", param="messages")
     )
     with pytest.raises(InvalidRequestError) as caught:
-        await f.router.complete(BODY, "m")
+        await f.router.complete(BODY, "m", CHAT)
     assert (caught.value.code, caught.value.param) == ("content_policy_violation", "messages")
     assert f.providers["a"].calls == 1 and f.providers["b"].calls == 0
     # the provider answered: a caller's error is not held against it
@@ -224,7 +226,7 @@ async def test_a_400_is_the_callers_answer_and_never_retried() -> None:
 async def test_a_429_fails_over_at_once_when_another_target_is_healthy() -> None:
     f = make("a", "b")
     f.providers["a"].script.append(RateLimitError("slow down", headers={"retry-after": "1"}))
-    routed = await f.router.complete(BODY, "m")
+    routed = await f.router.complete(BODY, "m", CHAT)
     assert routed.provider == "b"
     assert f.providers["a"].calls == 1
     assert f.attempts("a", "rate_limited") == 1
@@ -233,7 +235,7 @@ async def test_a_429_fails_over_at_once_when_another_target_is_healthy() -> None
 async def test_a_429_with_a_short_retry_after_waits_when_no_other_target_can_answer() -> None:
     f = make("a")
     f.providers["a"].script.append(RateLimitError("slow down", headers={"retry-after": "0.01"}))
-    routed = await f.router.complete(BODY, "m")
+    routed = await f.router.complete(BODY, "m", CHAT)
     assert routed.provider == "a" and f.providers["a"].calls == 2
 
 
@@ -241,7 +243,7 @@ async def test_a_429_with_a_long_retry_after_is_passed_on() -> None:
     f = make("a")
     f.providers["a"].script.append(RateLimitError("slow down", headers={"retry-after": "7"}))
     with pytest.raises(RateLimitError) as caught:
-        await f.router.complete(BODY, "m")
+        await f.router.complete(BODY, "m", CHAT)
     assert caught.value.headers == {"retry-after": "7"}
     assert f.providers["a"].calls == 1
 
@@ -249,13 +251,13 @@ async def test_a_429_with_a_long_retry_after_is_passed_on() -> None:
 async def test_a_bug_in_an_adapter_becomes_a_500_and_fails_over() -> None:
     f = make("a", "b")
     f.providers["a"].script.append(RuntimeError("adapter bug"))
-    routed = await f.router.complete(BODY, "m")
+    routed = await f.router.complete(BODY, "m", CHAT)
     assert routed.provider == "b"
     assert f.attempts("a", "adapter_error") == 1
     f.providers["a"].script.append(KeyError("again"))
     f.providers["b"].script.append(KeyError("and here"))
     with pytest.raises(PrismError) as caught:
-        await f.router.complete(BODY, "m")
+        await f.router.complete(BODY, "m", CHAT)
     assert (caught.value.status, caught.value.code) == (500, "internal_error")
 
 
@@ -270,7 +272,7 @@ async def test_context_length_exceeded_goes_to_the_routes_larger_target() -> Non
     route = Route((ModelTarget("a", "small"),), context_fallback=ModelTarget("b", "large"))
     f = make("a", "b", route=route)
     f.providers["a"].script.append(context_error())
-    routed = await f.router.complete(BODY, "m")
+    routed = await f.router.complete(BODY, "m", CHAT)
     assert (routed.provider, routed.model, routed.fallback) == ("b", "large", True)
     assert routed.value.completion["by"] == "b:large"
 
@@ -279,7 +281,7 @@ async def test_context_length_exceeded_without_a_fallback_passes_through() -> No
     f = make("a", "b")
     f.providers["a"].script.append(context_error())
     with pytest.raises(InvalidRequestError) as caught:
-        await f.router.complete(BODY, "m")
+        await f.router.complete(BODY, "m", CHAT)
     assert caught.value.code == "context_length_exceeded"
     assert f.providers["b"].calls == 0
 
@@ -295,20 +297,20 @@ async def test_a_failing_target_is_demoted_skipped_probed_and_restored(
     a, b = f.providers["a"], f.providers["b"]
     a.script.extend([UpstreamError("down")] * 3)
     for _ in range(3):
-        assert (await f.router.complete(BODY, "m")).provider == "b"
+        assert (await f.router.complete(BODY, "m", CHAT)).provider == "b"
     snapshot = f.router.snapshot()["a"]
     assert snapshot["state"] == "demoted"
     assert "3 failures in a row" in str(snapshot["reason"])
     assert snapshot["targets"]["m"]["state"] == "demoted"  # type: ignore[index]
     assert f.metrics.registry.get_sample_value("prism_provider_state", {"provider": "a"}) == 2
     # demoted: skipped while b is healthy, straight away (no hedge delay, no call to a)
-    routed = await f.router.complete(BODY, "m")
+    routed = await f.router.complete(BODY, "m", CHAT)
     assert (routed.provider, routed.fallback, a.calls) == ("b", True, 3)
     # a second later one request probes a, in its own place; two good probes restore it
     f.clock.now += 1.0
-    assert (await f.router.complete(BODY, "m")).provider == "a"
+    assert (await f.router.complete(BODY, "m", CHAT)).provider == "a"
     assert f.router.snapshot()["a"]["state"] != "healthy"
-    assert (await f.router.complete(BODY, "m")).provider == "a"
+    assert (await f.router.complete(BODY, "m", CHAT)).provider == "a"
     assert f.router.snapshot()["a"]["state"] == "healthy"
     assert f.metrics.registry.get_sample_value("prism_provider_state", {"provider": "a"}) == 0
     messages = [r.getMessage() for r in caplog.records]
@@ -324,11 +326,11 @@ async def test_a_failed_probe_keeps_the_target_demoted_until_the_next_probe() ->
     a = f.providers["a"]
     a.script.extend([UpstreamError("down")] * 4)
     for _ in range(3):
-        await f.router.complete(BODY, "m")
+        await f.router.complete(BODY, "m", CHAT)
     f.clock.now += 1.0
-    assert (await f.router.complete(BODY, "m")).provider == "b"  # a's probe failed over
+    assert (await f.router.complete(BODY, "m", CHAT)).provider == "b"  # a's probe failed over
     assert a.calls == 4
-    assert (await f.router.complete(BODY, "m")).provider == "b"  # no probe due yet
+    assert (await f.router.complete(BODY, "m", CHAT)).provider == "b"  # no probe due yet
     assert a.calls == 4
     assert f.router.snapshot()["a"]["state"] == "demoted"
 
@@ -339,9 +341,9 @@ async def test_when_every_target_is_demoted_they_are_still_tried() -> None:
         f.providers[name].script.extend([UpstreamError("down")] * 3)
     for _ in range(3):
         with pytest.raises(UpstreamError):
-            await f.router.complete(BODY, "m")
+            await f.router.complete(BODY, "m", CHAT)
     assert {n: f.router.snapshot()[n]["state"] for n in "ab"} == {"a": "demoted", "b": "demoted"}
-    routed = await f.router.complete(BODY, "m")  # both recovered meanwhile: tried anyway
+    routed = await f.router.complete(BODY, "m", CHAT)  # both recovered meanwhile: tried anyway
     assert routed.provider == "a"
 
 
@@ -402,7 +404,7 @@ def test_hedge_budget_allows_about_one_hedge_per_ten_requests() -> None:
 async def test_a_slow_target_is_hedged_and_the_loser_is_cancelled() -> None:
     f = make("a", "b", specs={"a": {"hedge_delay": 0.01}})
     f.providers["a"].script.append(forever())
-    routed = await f.router.complete(BODY, "m")
+    routed = await f.router.complete(BODY, "m", CHAT)
     assert (routed.provider, routed.fallback, routed.hedged) == ("b", True, True)
     await async_wait_for(lambda: f.providers["a"].cancelled == 1)  # the loser, cancelled
     assert f.attempts("a", "cancelled") == 1 and f.attempts("b", "ok") == 1
@@ -420,7 +422,7 @@ async def test_no_task_is_made_for_a_hedge_before_its_delay_passes() -> None:
         seen.append(asyncio.all_tasks() - before)
 
     f.providers["a"].script.append(new_tasks)
-    routed = await f.router.complete(BODY, "m")
+    routed = await f.router.complete(BODY, "m", CHAT)
     assert (routed.provider, routed.hedged) == ("a", False)
     assert seen == [set()] and f.providers["b"].calls == 0
 
@@ -430,7 +432,7 @@ async def test_a_client_that_leaves_mid_race_cancels_both_calls() -> None:
     a, b = f.providers["a"], f.providers["b"]
     a.script.append(forever())
     b.script.append(forever())
-    request = asyncio.ensure_future(f.router.complete(BODY, "m"))
+    request = asyncio.ensure_future(f.router.complete(BODY, "m", CHAT))
     await async_wait_for(lambda: b.calls == 1)
     request.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -442,7 +444,7 @@ async def test_the_primary_still_wins_when_it_answers_first() -> None:
     f = make("a", "b", specs={"a": {"hedge_delay": 0.01}})
     f.providers["a"].script.append(after(0.05))
     f.providers["b"].script.append(forever())
-    routed = await f.router.complete(BODY, "m")
+    routed = await f.router.complete(BODY, "m", CHAT)
     assert (routed.provider, routed.fallback, routed.hedged) == ("a", False, True)
     await async_wait_for(lambda: f.providers["b"].cancelled == 1)
 
@@ -451,7 +453,7 @@ async def test_a_bug_in_a_hedge_task_is_mapped_and_counted_not_raised() -> None:
     f = make("a", "b", specs={"a": {"hedge_delay": 0.001}})
     f.providers["a"].script.append(after(0.05))
     f.providers["b"].script.append(RuntimeError("adapter bug in the hedge"))
-    routed = await f.router.complete(BODY, "m")
+    routed = await f.router.complete(BODY, "m", CHAT)
     assert (routed.provider, routed.hedged) == ("a", True)
     assert f.attempts("b", "adapter_error") == 1
     assert f.router.health["b"].last_error == "500 internal_error"
@@ -463,7 +465,7 @@ async def test_hedges_are_rationed_by_the_budget() -> None:
     for _ in range(10):
         a.script.append(after(0.05))
         b.script.append(forever())
-        assert (await f.router.complete(BODY, "m")).provider == "a"
+        assert (await f.router.complete(BODY, "m", CHAT)).provider == "a"
     # five from the burst, then 0.1 token per request: not enough for a sixth in ten
     assert b.calls == 5
 
@@ -478,7 +480,7 @@ async def test_hedging_can_be_switched_off_per_route() -> None:
         await asyncio.sleep(0.02)
 
     f.providers["a"].script.append(slow)
-    assert (await f.router.complete(BODY, "m")).provider == "a"
+    assert (await f.router.complete(BODY, "m", CHAT)).provider == "a"
     assert f.providers["b"].calls == 0 and seen == [1]
 
 
@@ -491,7 +493,7 @@ async def drain(routed: Routed[UpstreamStream]) -> list[bytes]:
 
 async def test_a_stream_is_returned_only_with_its_first_bytes() -> None:
     f = make("a")
-    routed = await f.router.stream(BODY, "m")
+    routed = await f.router.stream(BODY, "m", CHAT)
     assert await drain(routed) == [b"data: 1\n\n", b"data: 2\n\n"]
 
 
@@ -499,7 +501,7 @@ async def test_headers_then_silence_fail_over_within_the_first_token_limit() -> 
     f = make("a", "b", specs={"a": {"first_token_timeout": 0.05, "hedge": False}})
     a = f.providers["a"]
     a.script.extend([None, forever()])  # the stream opens, then no first byte
-    routed = await f.router.stream(BODY, "m")
+    routed = await f.router.stream(BODY, "m", CHAT)
     assert (routed.provider, routed.fallback) == ("b", True)
     assert await drain(routed) == [b"data: 1\n\n", b"data: 2\n\n"]
     assert a.cancelled == 1 and a.closed == 1  # its connection was closed
@@ -511,7 +513,7 @@ async def test_a_stream_hedge_closes_the_losing_stream() -> None:
     f = make("a", "b", specs={"a": {"hedge_delay": 0.01}})
     a = f.providers["a"]
     a.script.extend([None, forever()])
-    routed = await f.router.stream(BODY, "m")
+    routed = await f.router.stream(BODY, "m", CHAT)
     assert (routed.provider, routed.hedged) == ("b", True)
     await async_wait_for(lambda: a.cancelled == 1 and a.closed == 1)
 
@@ -520,7 +522,7 @@ async def test_a_stream_broken_mid_way_is_not_retried_but_counts_once() -> None:
     f = make("a", "b")
     a = f.providers["a"]
     a.mid_stream_error = UpstreamError("cut", code="upstream_truncated")
-    routed = await f.router.stream(BODY, "m")
+    routed = await f.router.stream(BODY, "m", CHAT)
     with pytest.raises(UpstreamError):
         await drain(routed)
     f.router.stream_failed(routed, UpstreamError("cut", code="upstream_truncated"))
@@ -534,7 +536,7 @@ async def test_a_failure_after_the_stream_was_declared_whole_does_not_count() ->
     f = make("a")
     a = f.providers["a"]
     a.mid_stream_error = UpstreamError("reset after [DONE]", code="upstream_truncated")
-    routed = await f.router.stream(BODY, "m")
+    routed = await f.router.stream(BODY, "m", CHAT)
     f.router.stream_finished(routed)  # the consumer saw [DONE] and reads on only to free it
     with pytest.raises(UpstreamError):
         await drain(routed)
@@ -563,7 +565,7 @@ def test_only_calls_begun_after_a_demotion_can_restore_it() -> None:
 
 async def test_a_stream_failure_the_flight_detects_counts_against_the_target() -> None:
     f = make("a")
-    routed = await f.router.stream(BODY, "m")
+    routed = await f.router.stream(BODY, "m", CHAT)
     await drain(routed)
     f.router.stream_failed(routed, UpstreamError("bad", code="upstream_malformed"))
     target = f.router.health["a"].targets["m"]
@@ -574,7 +576,7 @@ async def test_a_stream_failure_the_flight_detects_counts_against_the_target() -
 async def test_a_timeout_is_not_retried_on_the_same_provider() -> None:
     f = make("a", "b")
     f.providers["a"].script.append(UpstreamTimeoutError("slow"))
-    routed = await f.router.complete(BODY, "m")
+    routed = await f.router.complete(BODY, "m", CHAT)
     assert routed.provider == "b" and f.providers["a"].calls == 1
 
 
@@ -729,11 +731,11 @@ async def test_a_streamed_probe_restores_its_target_only_once_the_stream_is_whol
     a = f.providers["a"]
     a.script.extend([UpstreamError("down")] * 3)
     for _ in range(3):
-        await f.router.complete(BODY, "m")
+        await f.router.complete(BODY, "m", CHAT)
     assert f.router.snapshot()["a"]["state"] == "demoted"
     for _ in range(2):  # two probes, each a stream
         f.clock.now += 1.0
-        routed = await f.router.stream(BODY, "m")
+        routed = await f.router.stream(BODY, "m", CHAT)
         assert routed.provider == "a"
         await drain(routed)
         assert f.router.snapshot()["a"]["state"] != "healthy"  # its first bytes prove nothing
