@@ -35,6 +35,7 @@ dev: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports  # the layers and no import circles ([tool.importlinter] in pyproject.toml)
 
 typecheck: setup
 	$(BIN)/mypy

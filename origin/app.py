@@ -28,7 +28,8 @@ from .dashboard import Dashboard, History, dashboard_off_routes
 from .gateway import Gateway
 from .governance.project_policies import ProjectPolicies
 from .http.access_log import AccessLog
-from .http.asgi import Request, Route, Routes
+from .http.asgi import Route, Routes
+from .http.request import Request
 from .http.responses import Reply, json_reply
 from .providers.upstream_http import ConnectorFactory
 from .settings import Settings

@@ -21,7 +21,7 @@ from prism.routes import EMBEDDINGS_PATH
 from ..governance.token_bounds import embeddings_token_bound, no_completion
 from ..providers.base import ChatProvider, UpstreamCompletion, UpstreamStream
 from ..providers.openai import OpenAICompatibleProvider
-from .operation import StreamBuilder
+from ..routing.operation import StreamBuilder
 from .pipeline import Api
 
 __all__ = ["EMBEDDINGS", "EmbeddingsOperation"]

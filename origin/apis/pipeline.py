@@ -51,12 +51,13 @@ from ..governance.audit import audit_record
 from ..governance.billing import Charge
 from ..governance.project_policies import ProjectPolicies
 from ..governance.rate_limiter import TokenCharge
-from ..http.asgi import Request, disconnected, read_body
-from ..http.asgi import StageTimer as _Timer
+from ..http.asgi import disconnected, read_body
+from ..http.request import Request
+from ..http.request import StageTimer as _Timer
 from ..http.responses import RawHeaders, Reply
 from ..routing.coalescing import Call, ClientStream, Storage
+from ..routing.operation import Operation
 from ..store.semantic import Pending, Question, SemanticCache
-from .operation import Operation
 
 __all__ = ["CLIENT_GONE", "JSON", "SSE", "Api", "ApiRoute"]
 

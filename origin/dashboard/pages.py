@@ -23,7 +23,8 @@ from urllib.parse import parse_qs
 
 from prism import AuthenticationError, NotFoundError
 
-from ..http.asgi import Handler, Request, Route, read_body
+from ..http.asgi import Handler, Route, read_body
+from ..http.request import Request
 from ..http.responses import Reply, json_reply
 from .access import AdminAccess
 from .history import History

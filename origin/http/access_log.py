@@ -25,7 +25,7 @@ from prism import headers as h
 
 from ..providers.token_counts import tokens_of
 from ..settings import Settings
-from .asgi import Request
+from .request import Request
 from .responses import Reply
 
 __all__ = ["ACCESS_LOGGER", "AccessLog", "print_access_log"]

@@ -31,6 +31,7 @@ from prism import (
 from prism import headers as h
 
 from ..metrics import Metrics
+from .request import Request, StageTimer
 from .responses import RawHeaders, Reply, error_reply
 
 if TYPE_CHECKING:
@@ -40,10 +41,8 @@ if TYPE_CHECKING:
 __all__ = [
     "CancelOnce",
     "Handler",
-    "Request",
     "Route",
     "Routes",
-    "StageTimer",
     "disconnected",
     "read_body",
     "request_headers",
@@ -51,38 +50,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("prism.origin")
-
-
-class StageTimer:
-    """Milliseconds per named stage, for Server-Timing, and when the request arrived."""
-
-    __slots__ = ("_last", "stages", "started")
-
-    def __init__(self) -> None:
-        self.started = self._last = time.perf_counter()
-        self.stages: list[tuple[str, float]] = []
-
-    def mark(self, stage: str) -> None:
-        now = time.perf_counter()
-        self.stages.append((stage, (now - self._last) * 1000))
-        self._last = now
-
-
-@dataclass(slots=True)
-class Request:
-    method: str
-    path: str
-    headers: dict[str, str]  # lower-case names
-    receive: Receive
-    id: str
-    timer: StageTimer
-    # What the route learned, for the access log and the trace (``origin.http.access_log``):
-    # set by the handler as it goes, read once the response has been sent.
-    project: str = ""
-    chat: Any = None  # the parsed request (prism.ChatRequest)
-    usage: Any = None  # a hit: the stored answer's usage
-    charge: Any = None  # a miss: its bill (origin.governance.billing.Charge), settled when it ends
-    error: str = ""  # the error code answered, if any
 
 
 Handler = Callable[[Request], Awaitable[Reply]]

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -52,17 +52,39 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from prism import headers as h
 from prism.trace_context import EDGE_SPAN, EDGE_TIMING, TRACEPARENT, parse_edge_span
 
-from ..apis.operation import Operation
-from ..providers.base import UpstreamCompletion
+from ..providers.base import ProviderSpec, UpstreamCompletion
 from ..providers.token_counts import tokens_of
-from ..routing.targets import Target
 from ..settings import Settings
-from .asgi import Request
+from .request import Request
 from .responses import Reply
 
 __all__ = ["Telemetry"]
 
 T = TypeVar("T")
+
+
+class AttemptTarget(Protocol):
+    """What a span names of the target an attempt calls (``origin.routing.targets.Target``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def spec(self) -> ProviderSpec: ...
+
+
+class NamedOperation(Protocol):
+    """What a span names of the API an attempt serves (``origin.routing.operation``)."""
+
+    @property
+    def name(self) -> str: ...
+
+
+Tg = TypeVar("Tg", bound=AttemptTarget)
+Op = TypeVar("Op", bound=NamedOperation)
 
 _SCOPE = "prism.origin"
 # The GenAI conventions' advised buckets (seconds; tokens).
@@ -282,11 +304,11 @@ class Telemetry:
 
     async def attempt(
         self,
-        call: Callable[[Target, dict[str, Any], bool, Operation], Awaitable[T]],
-        target: Target,
+        call: Callable[[Tg, dict[str, Any], bool, Op], Awaitable[T]],
+        target: Tg,
         body: dict[str, Any],
         stream: bool,
-        op: Operation,
+        op: Op,
     ) -> T:
         """``call`` (the router's attempt) inside its ``CLIENT`` span."""
         operation = _OPERATIONS.get(op.name, "chat")
@@ -336,7 +358,7 @@ class Telemetry:
             self._operation_duration.record(time.perf_counter() - started, metric)
             return value
 
-    def hedged(self, target: Target) -> None:
+    def hedged(self, target: AttemptTarget) -> None:
         """A hedge started (called where the request's span is current)."""
         trace.get_current_span().add_event(
             "prism.hedge", {"prism.provider": target.name, "gen_ai.request.model": target.model}

@@ -34,9 +34,9 @@ from typing import Any, NamedTuple, NoReturn
 
 from prism import PrismError, SSEDecoder, UpstreamError
 
-from ..apis.operation import Operation, StreamBuilder
 from ..http.asgi import CancelOnce
 from ..providers.base import UpstreamCompletion, UpstreamStream
+from .operation import Operation, StreamBuilder
 from .router import Routed, Router
 
 __all__ = ["Call", "ClientStream", "Flight", "FlightTable", "Storage", "Store", "Subscription"]

@@ -13,8 +13,8 @@ from typing import Any
 
 from prism import PrismError, UpstreamError, UpstreamTimeoutError
 
-from ..apis.operation import Operation
 from ..providers.base import ChatProvider, UpstreamStream
+from .operation import Operation
 
 __all__ = ["StartedEvents", "first_token_timeout", "open_started"]
 

@@ -16,10 +16,10 @@ from typing import Any, Protocol
 
 from prism import PrismError
 
-from ..apis.operation import Operation
 from ..providers.upstream_http import CONTEXT_LENGTH_EXCEEDED
 from .health import Admission
 from .hedge import hedge_delay
+from .operation import Operation
 from .retry import CLIENT_ERROR, RATE_LIMITED, SERVER_ERROR, backoff, classify, retry_after
 from .targets import Plan, Routed, Target
 

@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 from prism import NotFoundError, PrismError
 
-from ..apis.operation import Operation
 from ..metrics import Metrics
 from ..providers.base import ChatProvider, UpstreamCompletion, UpstreamStream
 from ..providers.config import ProviderConfig
 from ..providers.upstream_http import redact
 from .first_byte import StartedEvents, first_token_timeout, open_started
 from .health import Health, HealthPolicy, ProviderHealth, State
+from .operation import Operation
 from .retry import CLIENT_ERROR, classify
 from .route_request import RouteRequest
 from .targets import Plan, Routed, Target

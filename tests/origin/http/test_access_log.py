@@ -12,7 +12,7 @@ import httpx
 from deploy.local.provider import ProviderServer
 from origin import Settings
 from origin.http.access_log import ACCESS_LOGGER, AccessLog
-from origin.http.asgi import Request, StageTimer
+from origin.http.request import Request, StageTimer
 from origin.http.responses import Reply
 from prism import headers as h
 from tests.fixtures.origin import AccessLines, OriginFactory, RunningOrigin, origin_env

@@ -17,9 +17,9 @@ import orjson
 import pytest
 
 from origin.apis.chat import ChatOperation
-from origin.apis.operation import Operation
 from origin.providers.base import UpstreamCompletion, UpstreamStream
 from origin.routing.coalescing import Call, ClientStream, FlightTable, Storage, Subscription
+from origin.routing.operation import Operation
 from origin.routing.router import Routed, Router
 from prism import PrismError, UpstreamError, UpstreamTimeoutError
 from tests.polling import async_wait_for
