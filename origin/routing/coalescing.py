@@ -30,7 +30,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, NamedTuple, NoReturn, Protocol
 
 import orjson
 
@@ -40,12 +40,39 @@ from prism.sse import DONE
 from ..apis.operation import Operation
 from ..http.asgi import CancelOnce
 from ..providers.base import UpstreamCompletion, UpstreamStream
-from .router import Routed, Router
+from .router import Routed
 
-__all__ = ["Call", "ClientStream", "Flight", "FlightTable", "Storage", "Store", "Subscription"]
+__all__ = [
+    "Call",
+    "ClientStream",
+    "Flight",
+    "FlightRouter",
+    "FlightTable",
+    "Storage",
+    "Store",
+    "Subscription",
+]
 
 _DRAIN_SECONDS = 1.0  # after [DONE]: how long the rest of a body may take to end
 log = logging.getLogger("prism.origin")
+
+
+class FlightRouter(Protocol):
+    """What a flight calls on the router: ``origin.routing.router.Router`` (or a stand-in)."""
+
+    async def complete(
+        self, body: dict[str, Any], model: str, op: Operation | None = None
+    ) -> Routed[UpstreamCompletion]: ...
+
+    async def stream(
+        self, body: dict[str, Any], model: str, op: Operation | None = None
+    ) -> Routed[UpstreamStream]: ...
+
+    def stream_failed(self, routed: Routed[UpstreamStream], error: PrismError) -> None: ...
+
+    def stream_finished(self, routed: Routed[UpstreamStream]) -> None: ...
+
+    def redact(self, routed: Routed[Any], message: str) -> str: ...
 
 
 class Storage(NamedTuple):
@@ -104,7 +131,7 @@ class Flight:
         self,
         key: str | None,
         call: Call,
-        router: Router,
+        router: FlightRouter,
         on_end: Callable[[Flight], None],
         on_abandon: Callable[[Flight], None],
     ) -> None:
@@ -313,7 +340,9 @@ class Flight:
         return None
 
 
-def _stream_error(router: Router, routed: Routed[UpstreamStream], chunk: Any) -> UpstreamError:
+def _stream_error(
+    router: FlightRouter, routed: Routed[UpstreamStream], chunk: Any
+) -> UpstreamError:
     """The provider's own mid-stream error, with its message (redacted) when it gave one."""
     error = chunk.get("error") if isinstance(chunk, dict) else None
     message = error.get("message") if isinstance(error, dict) else error
@@ -493,7 +522,7 @@ class FlightTable:
     """The flights running now, by key; identical concurrent requests share one."""
 
     def __init__(
-        self, router: Router, store: Store, on_join: Callable[[], None] | None = None
+        self, router: FlightRouter, store: Store, on_join: Callable[[], None] | None = None
     ) -> None:
         self._router = router
         self._store = store
