@@ -6,7 +6,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Literal, TypeVar, overload
 
 __all__ = ["async_wait_for", "wait_for"]
 
@@ -14,8 +14,13 @@ __all__ = ["async_wait_for", "wait_for"]
 T = TypeVar("T")
 
 
-def wait_for(predicate: Callable[[], T], timeout: float = 15.0, interval: float = 0.02) -> T:
-    """Poll until ``predicate`` returns something truthy, and return it."""
+def wait_for(
+    predicate: Callable[[], T | Literal[False] | None],
+    timeout: float = 15.0,
+    interval: float = 0.02,
+) -> T:
+    """Poll until ``predicate`` returns something truthy, and return it (never the ``None``
+    or ``False`` it may return meanwhile)."""
     deadline = time.monotonic() + timeout
     while True:
         result = predicate()
@@ -26,9 +31,25 @@ def wait_for(predicate: Callable[[], T], timeout: float = 15.0, interval: float 
         time.sleep(interval)
 
 
+@overload
 async def async_wait_for(
-    predicate: Callable[[], Awaitable[T] | T], within: float = 15.0, interval: float = 0.02
-) -> T:
+    predicate: Callable[[], Awaitable[T | Literal[False] | None]],
+    within: float = 15.0,
+    interval: float = 0.02,
+) -> T: ...
+
+
+@overload
+async def async_wait_for(
+    predicate: Callable[[], T | Literal[False] | None], within: float = 15.0, interval: float = 0.02
+) -> T: ...
+
+
+async def async_wait_for(
+    predicate: Callable[[], Awaitable[object] | object],
+    within: float = 15.0,
+    interval: float = 0.02,
+) -> object:
     """``wait_for`` inside an event loop (the loop runs between polls); ``predicate`` may
     be a plain function or a coroutine function."""
     deadline = time.monotonic() + within

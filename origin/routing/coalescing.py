@@ -30,19 +30,46 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, NamedTuple, NoReturn, Protocol
 
 from prism import PrismError, SSEDecoder, UpstreamError
 
 from ..http.asgi import CancelOnce
 from ..providers.base import UpstreamCompletion, UpstreamStream
 from .operation import Operation, StreamBuilder
-from .router import Routed, Router
+from .router import Routed
 
-__all__ = ["Call", "ClientStream", "Flight", "FlightTable", "Storage", "Store", "Subscription"]
+__all__ = [
+    "Call",
+    "ClientStream",
+    "Flight",
+    "FlightRouter",
+    "FlightTable",
+    "Storage",
+    "Store",
+    "Subscription",
+]
 
 _DRAIN_SECONDS = 1.0  # after [DONE]: how long the rest of a body may take to end
 log = logging.getLogger("prism.origin")
+
+
+class FlightRouter(Protocol):
+    """What a flight calls on the router: ``origin.routing.router.Router`` (or a stand-in)."""
+
+    async def complete(
+        self, body: dict[str, Any], model: str, op: Operation
+    ) -> Routed[UpstreamCompletion]: ...
+
+    async def stream(
+        self, body: dict[str, Any], model: str, op: Operation
+    ) -> Routed[UpstreamStream]: ...
+
+    def stream_failed(self, routed: Routed[UpstreamStream], error: PrismError) -> None: ...
+
+    def stream_finished(self, routed: Routed[UpstreamStream]) -> None: ...
+
+    def redact(self, routed: Routed[Any], message: str) -> str: ...
 
 
 class Storage(NamedTuple):
@@ -101,7 +128,7 @@ class Flight:
         self,
         key: str | None,
         call: Call,
-        router: Router,
+        router: FlightRouter,
         on_end: Callable[[Flight], None],
         on_abandon: Callable[[Flight], None],
     ) -> None:
@@ -423,7 +450,7 @@ class FlightTable:
     """The flights running now, by key; identical concurrent requests share one."""
 
     def __init__(
-        self, router: Router, store: Store, on_join: Callable[[], None] | None = None
+        self, router: FlightRouter, store: Store, on_join: Callable[[], None] | None = None
     ) -> None:
         self._router = router
         self._store = store

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from deploy.bench.profiler import summarize_collapsed
 from deploy.local.asgi_thread import ThreadedServer
 
 PRISM = [sys.executable, "-m", "deploy.cli"]
+EchoServer = tuple[ThreadedServer, list[bytes]]  # the server, and the bodies it was sent
 
 
 def assert_load_row(row: dict[str, Any], *, expect_2xx: bool = True) -> None:
@@ -114,7 +116,7 @@ def test_quick_bench_writes_every_section_with_sane_numbers(tmp_path: Path) -> N
 
 
 @pytest.fixture
-def echo_server() -> Any:
+def echo_server() -> Iterator[EchoServer]:
     """Records every request body, answers 200 (or 418 for a body containing "teapot")."""
     bodies: list[bytes] = []
 
@@ -138,7 +140,7 @@ def tool(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
 
 
 def test_load_generator_sends_a_new_body_per_request_when_asked(
-    tool: str, echo_server: Any
+    tool: str, echo_server: EchoServer
 ) -> None:
     server, bodies = echo_server
     spec = LoadSpec(
@@ -156,7 +158,9 @@ def test_load_generator_sends_a_new_body_per_request_when_asked(
     assert all(body.startswith(b'{"q":"n1-') for body in bodies)
 
 
-def test_load_generator_counts_non_2xx_apart_from_errors(tool: str, echo_server: Any) -> None:
+def test_load_generator_counts_non_2xx_apart_from_errors(
+    tool: str, echo_server: EchoServer
+) -> None:
     server, _ = echo_server
     spec = LoadSpec(url=server.url + "/v1/x", concurrency=1, duration=0.5, body="teapot")
     result = run_load(spec)

@@ -219,7 +219,9 @@ def test_cut_streams_rebase_the_success_target_on_what_no_failover_can_save() ->
 
 
 def synthetic_result(**scenarios: dict[str, Any]) -> dict[str, Any]:
-    def summary(ok: int = 2000, calls: int = 2000, p99: float = 100.0, **extra: Any) -> Any:
+    def summary(
+        ok: int = 2000, calls: int = 2000, p99: float = 100.0, **extra: Any
+    ) -> dict[str, Any]:
         return {
             "summary": {
                 "requests": 2000,

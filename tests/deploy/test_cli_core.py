@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 from typer.testing import CliRunner
 
@@ -46,7 +47,7 @@ def test_missing_secret_is_one_clear_line() -> None:
     assert "PRISM_KEY_SECRET" in result.output and "Traceback" not in result.output
 
 
-def test_fingerprint_command_matches_across_spellings_and_explains(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_fingerprint_command_matches_across_spellings_and_explains(tmp_path: Path) -> None:
     body = tmp_path / "body.json"
     body.write_text(BODY)
     first = runner.invoke(app, ["fingerprint", "--project", "acme", str(body)])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -76,7 +77,7 @@ def test_origin_serve_port_in_use_is_one_line() -> None:
     assert result.stderr.strip().count("\n") == 0 and "in use" in result.stderr
 
 
-def test_dev_with_unreachable_redis_is_one_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_dev_with_unreachable_redis_is_one_line(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "deploy.cli", "dev", "--state-dir", str(tmp_path),
          "--origin-port", str(free_port()), "--edge-port", str(free_port()), "--kv-port", str(free_port())],

@@ -12,6 +12,7 @@ from deploy.cli import app
 from prism import Budget, Policy, policy_key
 from tests.fixtures.cli import policy
 from tests.fixtures.workers import KVApi
+from tests.redis_replies import reply_as, stream_fields
 
 runner = CliRunner()
 
@@ -19,8 +20,8 @@ runner = CliRunner()
 def in_redis(redis_url: str, project: str = "acme") -> bytes | None:
     client = redis.Redis.from_url(redis_url)
     try:
-        raw: bytes | None = client.get(policy_key(project))
-        return raw
+        raw = client.get(policy_key(project))
+        return None if raw is None else reply_as(bytes, raw)
     finally:
         client.close()
 
@@ -127,7 +128,7 @@ def test_a_budget_is_set_shown_published_and_audited(
 
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
-        records = [fields for _, fields in client.xrange("prism:audit")]
+        records = stream_fields(str, client.xrange("prism:audit"))
     finally:
         client.close()
     sets = [r for r in records if r["action"] == "policy.set"]
@@ -205,7 +206,7 @@ def test_rate_limits_are_set_shown_replaced_and_removed(
     admin.hset("prism:limits:acme", "s.rpm", "1764800000000000")
     assert policy(policy_env, "set", "--project", "acme", "--key-tpm", "1000").exit_code == 0
     assert admin.hgetall("prism:limits:acme") == {"key.tpm": "1000", "s.rpm": "1764800000000000"}
-    last = admin.xrevrange("prism:audit", count=1)[0][1]
+    last = stream_fields(str, admin.xrevrange("prism:audit", count=1))[0]
     assert last["action"] == "policy.set"
     assert json.loads(last["before"])["rate_limits"] == stored.rate_limits.to_dict()
     assert json.loads(last["after"])["rate_limits"] == {"key": {"tpm": 1000}}

@@ -5,7 +5,7 @@ certificate, and a `prism dev` state folder with $REDIS_URL naming another Redis
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ CLEAN_ENV = {
 }
 
 
-def status(*args: str, env: dict[str, str | None] | None = None) -> tuple[int, dict[str, Any]]:
+def status(*args: str, env: Mapping[str, str | None] | None = None) -> tuple[int, dict[str, Any]]:
     result = runner.invoke(app, ["status", *args, "--json"], env={**CLEAN_ENV, **(env or {})})
     assert result.exit_code in (0, 1), result.output
     return result.exit_code, {row["part"]: row for row in json.loads(result.stdout)}

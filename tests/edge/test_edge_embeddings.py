@@ -6,6 +6,7 @@ import json
 import secrets
 
 import httpx
+import httpx2
 import openai
 import pytest
 
@@ -17,7 +18,7 @@ from tests.polling import wait_for
 PATH = "/v1/embeddings"
 
 
-def layer(response: httpx.Response) -> str:
+def layer(response: httpx.Response | httpx2.Response) -> str:
     return response.headers["x-prism-edge-cache-layer"]
 
 

@@ -7,7 +7,9 @@ import secrets
 
 import anthropic
 import httpx
+import httpx2
 import pytest
+from anthropic.types import Message, MessageParam, TextBlock
 
 from tests.fixtures.edge import EdgeStack
 from tests.polling import wait_for
@@ -16,12 +18,19 @@ PATH = "/v1/messages"
 MODEL = "gpt-4o-mini"
 
 
-def layer(response: httpx.Response) -> str:
+def layer(response: httpx2.Response) -> str:
     return response.headers["x-prism-edge-cache-layer"]
 
 
-def question(text: str) -> list[dict[str, str]]:
+def question(text: str) -> list[MessageParam]:
     return [{"role": "user", "content": f"{text} {secrets.token_hex(4)}"}]
+
+
+def text_of(message: Message) -> str:
+    """The text of the message's first block (a ``TextBlock``)."""
+    block = message.content[0]
+    assert isinstance(block, TextBlock), block
+    return block.text
 
 
 def test_the_sdk_misses_then_hits_kv_plain_and_streamed(edge: EdgeStack, api_key: str) -> None:
@@ -47,7 +56,7 @@ def test_the_sdk_misses_then_hits_kv_plain_and_streamed(edge: EdgeStack, api_key
     assert final.stop_reason == "end_turn" and final.usage.output_tokens > 0
     bearer = anthropic.Anthropic(base_url=edge.url, auth_token=api_key, max_retries=0)
     hit = bearer.messages.with_raw_response.create(model=MODEL, max_tokens=32, messages=messages)
-    assert layer(hit.http_response) == "kv" and hit.parse().content[0].text == text
+    assert layer(hit.http_response) == "kv" and text_of(hit.parse()) == text
     assert edge.origin_requests() == before
     assert edge.provider.control.stats()["chat_requests"] == 1
 

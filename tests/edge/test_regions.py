@@ -72,8 +72,10 @@ class _Unavailable(BaseHTTPRequestHandler):
     """What the proxy in front of a deployed origin (Caddy) says while the origin is down:
     a 503 in the API's format, without the Prism origin's own headers."""
 
+    server: _UnavailableServer
+
     def do_POST(self) -> None:
-        self.server.hits += 1  # type: ignore[attr-defined]
+        self.server.hits += 1
         self.rfile.read(int(self.headers.get("content-length") or 0))
         body = render_error("origin_unavailable")
         self.send_response(503)
@@ -86,6 +88,14 @@ class _Unavailable(BaseHTTPRequestHandler):
         pass
 
 
+class _UnavailableServer(ThreadingHTTPServer):
+    """Serves ``_Unavailable`` on a free port; ``hits`` counts the requests it answered."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Unavailable)
+        self.hits = 0
+
+
 @dataclass
 class Regions:
     runtime: LocalWorkersRuntime
@@ -93,7 +103,7 @@ class Regions:
     eu: RunningOrigin  # eu-west-1 of the main edge
     doomed: RunningOrigin  # eu-west-1 of the "kill" edge, stopped by its test
     stalled: _Stalled  # eu-west-1 of the "stall" edge (0.5 s origin timeout)
-    unavailable: ThreadingHTTPServer  # eu-west-1 of the "bare503" edge
+    unavailable: _UnavailableServer  # eu-west-1 of the "bare503" edge
     provider: ProviderServer
 
     def url(self, name: str = "edge") -> str:
@@ -123,8 +133,7 @@ def regions(
     ports = {name: free_port() for name in ("us", "eu", "doomed")}
     at = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     stalled = _Stalled()
-    unavailable = ThreadingHTTPServer(("127.0.0.1", 0), _Unavailable)
-    unavailable.hits = 0  # type: ignore[attr-defined]
+    unavailable = _UnavailableServer()
     threading.Thread(target=unavailable.serve_forever, daemon=True).start()
     common = {"PRISM_KEY_SECRET": KEY_SECRET, "PRISM_FORWARD_SECRET": FORWARD_SECRET}
 
@@ -271,14 +280,14 @@ def test_a_stalled_origin_fails_over_after_the_timeout_and_is_avoided_after(
 def test_a_503_from_the_proxy_in_front_of_an_origin_fails_over(
     fresh: Regions, api_key: str
 ) -> None:
-    hits = fresh.unavailable.hits  # type: ignore[attr-defined]
+    hits = fresh.unavailable.hits
     response, _ = chat(fresh.url("bare503"), api_key, EUROPE)
     assert response.status_code == 200, response.text
     assert response.headers[REGION] == "us-west-1"
-    assert fresh.unavailable.hits == hits + 1  # type: ignore[attr-defined]
+    assert fresh.unavailable.hits == hits + 1
     response, _ = chat(fresh.url("bare503"), api_key, EUROPE)
     assert response.headers[REGION] == "us-west-1"
-    assert fresh.unavailable.hits == hits + 1  # type: ignore[attr-defined]
+    assert fresh.unavailable.hits == hits + 1
 
 
 @pytest.mark.parametrize("status", [400, 503])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -12,7 +14,7 @@ import redis
 from deploy.local.provider import ProviderServer
 from prism import REVOKED_KEY, KeyRing, canonical_document, parse_chat_request, sign_forward
 from prism import fingerprint as prism_fingerprint
-from tests.fixtures.origin import FORWARD_SECRET, RunningOrigin
+from tests.fixtures.origin import FORWARD_SECRET, OriginFactory, RunningOrigin
 
 CHAT = "/v1/chat/completions"
 BODY = {"model": "demo", "messages": [{"role": "user", "content": "auth test"}]}
@@ -175,10 +177,10 @@ def test_values_no_provider_accepts_get_a_400_not_a_hang(
     assert provider.control.stats()["chat_requests"] == 0
 
 
-def test_chunked_upload_over_the_limit_is_413(origin_factory, api_key: str) -> None:  # type: ignore[no-untyped-def]
+def test_chunked_upload_over_the_limit_is_413(origin_factory: OriginFactory, api_key: str) -> None:
     origin = origin_factory(PRISM_MAX_BODY_BYTES="1000")
 
-    def body():  # type: ignore[no-untyped-def]
+    def body() -> Iterator[bytes]:
         for _ in range(20):
             yield b"x" * 100
 
@@ -191,8 +193,8 @@ def test_chunked_upload_over_the_limit_is_413(origin_factory, api_key: str) -> N
 
 
 def test_unknown_model_is_404(
-    origin_factory, api_key: str, provider: ProviderServer, tmp_path
-) -> None:  # type: ignore[no-untyped-def]
+    origin_factory: OriginFactory, api_key: str, provider: ProviderServer, tmp_path: Path
+) -> None:
     config = tmp_path / "p.toml"
     config.write_text(f'[providers.p]\nbase_url = "{provider.url}/v1"\n[models]\n"demo" = ["p"]\n')
     origin = origin_factory(PRISM_PROVIDERS_FILE=str(config))

@@ -5,10 +5,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prism import MIN_TTL, CachePolicy, classify, parse_chat_request
+from prism import MIN_TTL, CachePolicy, ChatRequest, classify, parse_chat_request
 
 
-def request(**fields: Any):  # type: ignore[no-untyped-def]
+def request(**fields: Any) -> ChatRequest:
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}], **fields}
     return parse_chat_request(json.dumps(body).encode())
 

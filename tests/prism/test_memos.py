@@ -3,13 +3,13 @@ never serve an entry past its expiry."""
 
 from __future__ import annotations
 
-from prism import RecentBodies, RecentEntries, encode_envelope, parse_chat_request
+from prism import ChatRequest, RecentBodies, RecentEntries, encode_envelope, parse_chat_request
 
 BODY = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
 
 
 def test_bodies_are_per_project_and_exact() -> None:
-    recent = RecentBodies(size=2)
+    recent: RecentBodies[ChatRequest] = RecentBodies(size=2)
     chat = parse_chat_request(BODY)
     recent.put("acme", BODY, chat, "fp1")
     assert recent.get("acme", BODY) == (chat, "fp1")
@@ -18,7 +18,7 @@ def test_bodies_are_per_project_and_exact() -> None:
 
 
 def test_bodies_stay_bounded_and_skip_large_ones() -> None:
-    recent = RecentBodies(size=2)
+    recent: RecentBodies[ChatRequest] = RecentBodies(size=2)
     chat = parse_chat_request(BODY)
     for i in range(5):
         recent.put("acme", BODY + b" " * i, chat, f"fp{i}")
@@ -48,7 +48,7 @@ def test_entries_reject_what_decode_rejects() -> None:
 
 
 def test_size_limits_count_what_a_str_can_take_in_memory() -> None:
-    recent = RecentBodies()
+    recent: RecentBodies[ChatRequest] = RecentBodies()
     chat = parse_chat_request(BODY)
     wide = "é" + "x" * (RecentBodies.MAX_BODY // 2)  # half the limit in chars, ~2x it in memory
     recent.put("acme", wide, chat, "fp")

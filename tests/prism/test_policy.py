@@ -36,8 +36,11 @@ def test_a_refused_model_is_a_403_model_not_allowed_in_the_openai_shape() -> Non
 
 def test_encode_is_canonical_and_parses_back_to_an_equal_policy() -> None:
     policy = Policy(
-        allow=["b*", "a*", "b*"], deny=("x",), revision=2, updated_at="2026-01-01T00:00:00.000Z"
-    )  # type: ignore[arg-type]
+        allow=["b*", "a*", "b*"],  # type: ignore[arg-type]  # a list on purpose: kept as a tuple
+        deny=("x",),
+        revision=2,
+        updated_at="2026-01-01T00:00:00.000Z",
+    )
     assert policy.allow == ("b*", "a*")  # duplicates dropped, order kept
     raw = policy.encode()
     assert raw == json.dumps(json.loads(raw), sort_keys=True, separators=(",", ":")).encode()

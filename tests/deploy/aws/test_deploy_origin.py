@@ -17,8 +17,9 @@ import stat
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import boto3
 import pytest
 import typer
 from botocore.exceptions import ClientError
@@ -30,6 +31,9 @@ from deploy.aws.stack import DeployConfigError, DeployError, DeployResult, Origi
 from deploy.commands import deploy
 from deploy.release import TARGETS, Release, build_release, compile_lock, lock_key
 from tests.fixtures.aws import MockAws
+
+if TYPE_CHECKING:
+    from mypy_boto3_ec2.type_defs import InstanceTypeDef
 
 REPO = Path(__file__).resolve().parents[3]
 AMI = "ami-0123456789abcdef0"
@@ -144,7 +148,7 @@ def run(
     return result, log
 
 
-def live_instances(aws: MockAws, region: str | None = None) -> list[dict[str, Any]]:
+def live_instances(aws: MockAws, region: str | None = None) -> list[InstanceTypeDef]:
     ec2 = aws.client("ec2", region)
     filters: Any = [
         {"Name": "tag:prism:role", "Values": ["origin"]},
@@ -504,8 +508,11 @@ def test_missing_ami_parameters_fail_with_a_hint(
         run(make_config(ami=None), aws, instances, releases[0])
 
 
-class _NoAws:
-    """A boto3 session stand-in that fails the test on any client."""
+class _NoAws(boto3.Session):
+    """A boto3 session that fails the test on any client."""
+
+    def __init__(self) -> None:  # no session behind it: client() is all that may be called
+        pass
 
     def client(self, *args: Any, **kwargs: Any) -> Any:
         raise AssertionError(f"an AWS client was made: {args}")
@@ -528,9 +535,14 @@ def test_a_missing_required_secret_is_refused_before_any_aws_call(
     secrets: dict[str, str], named: str
 ) -> None:
     built: list[str | None] = []
+
+    def build(lock: str | None) -> Release:
+        built.append(lock)
+        raise AssertionError("a release was built")
+
     with pytest.raises(DeployConfigError, match=named):
         config = make_config(secrets=secrets)
-        apply(config, _NoAws(), release=built.append, lock_key="k")  # type: ignore[arg-type]
+        apply(config, _NoAws(), release=build, lock_key="k")
     assert built == []
 
 
@@ -730,8 +742,7 @@ def test_cli_access_denied_is_one_line_with_secrets_masked(
 ) -> None:
     def denied(*_: Any, **__: Any) -> DeployResult:
         message = f"not allowed\nto use {SECRETS['PRISM_KEY_SECRET']}"
-        error = {"Error": {"Code": "AccessDenied", "Message": message}}
-        raise ClientError(error, "PutParameter")  # type: ignore[arg-type]
+        raise ClientError({"Error": {"Code": "AccessDenied", "Message": message}}, "PutParameter")
 
     monkeypatch.setattr(deploy, "apply", denied)
     result = CliRunner().invoke(cli, ["deploy", "origin", "--ami", AMI], env=cli_env())

@@ -314,7 +314,7 @@ class _Server:
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
         if tls is not None:
-            tls.sni_callback = lambda _sock, name, _ctx: self.sni.append(name)  # type: ignore[assignment,misc]
+            tls.sni_callback = lambda _sock, name, _ctx: self.sni.append(name)
             self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 

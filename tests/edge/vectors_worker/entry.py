@@ -1,6 +1,7 @@
 """A test-only Worker: runs the shared vectors through `prism` inside the Workers runtime."""
 
 import json
+from typing import Any
 
 from js import Response
 
@@ -8,7 +9,7 @@ from prism import KeyRing, PrismError, fingerprint, parse_chat_request
 from prism.parsers import parse_for_path
 
 
-async def on_fetch(request, env, ctx):
+async def on_fetch(request: Any, env: Any, ctx: Any) -> Any:  # JS objects, as edge.workers
     if request.method != "POST":
         return Response.new("send the vectors file as the body")
     vectors = json.loads(await request.text())

@@ -5,24 +5,28 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+from collections.abc import Callable
 
 import httpx
+import httpx2
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 from deploy.local.asgi_thread import ThreadedServer
-from deploy.local.provider import ProviderServer
+from deploy.local.provider import ProviderServer, ProviderSettings
 from origin import Settings, create_app
+from prism import KeyRing
 from tests.fixtures.origin import OriginFactory, RunningOrigin, origin_env
 from tests.polling import wait_for
 
-MESSAGES = [{"role": "user", "content": "Tell me about prisms."}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me about prisms."}]
 
 
 def sdk(origin: RunningOrigin, api_key: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=origin.url + "/v1", api_key=api_key, max_retries=0)
 
 
-def layer(response: httpx.Response) -> str:
+def layer(response: httpx2.Response) -> str:
     return response.headers["x-prism-edge-cache-layer"]
 
 
@@ -60,7 +64,7 @@ def test_streamed_miss_then_stream_and_json_hits(
     expected = plain.choices[0].message.content
     provider.control.reset()
 
-    body = [{"role": "user", "content": "stream me"}]
+    body: list[ChatCompletionMessageParam] = [{"role": "user", "content": "stream me"}]
     with client.chat.completions.with_streaming_response.create(
         model="demo", messages=body, stream=True, stream_options={"include_usage": True}
     ) as response:
@@ -87,7 +91,7 @@ def test_streamed_miss_then_stream_and_json_hits(
 
 async def test_async_sdk_miss_and_hit(origin: RunningOrigin, api_key: str) -> None:
     client = openai.AsyncOpenAI(base_url=origin.url + "/v1", api_key=api_key, max_retries=0)
-    body = [{"role": "user", "content": "async please"}]
+    body: list[ChatCompletionMessageParam] = [{"role": "user", "content": "async please"}]
     first = await client.chat.completions.with_raw_response.create(model="demo", messages=body)
     origin.wait_stored()
     second = await client.chat.completions.with_raw_response.create(model="demo", messages=body)
@@ -100,11 +104,11 @@ async def test_async_sdk_miss_and_hit(origin: RunningOrigin, api_key: str) -> No
 
 def test_two_projects_never_share_an_entry(
     origin: RunningOrigin,
-    key_ring,
-    provider: ProviderServer,  # type: ignore[no-untyped-def]
+    key_ring: KeyRing,
+    provider: ProviderServer,
 ) -> None:
     acme, globex = key_ring.mint("acme"), key_ring.mint("globex")
-    body = [{"role": "user", "content": "shared question"}]
+    body: list[ChatCompletionMessageParam] = [{"role": "user", "content": "shared question"}]
     a1 = sdk(origin, acme).chat.completions.with_raw_response.create(model="demo", messages=body)
     g1 = sdk(origin, globex).chat.completions.with_raw_response.create(model="demo", messages=body)
     origin.wait_stored()
@@ -122,10 +126,8 @@ def test_two_projects_never_share_an_entry(
 def test_fifty_concurrent_identical_misses_make_one_provider_call(
     origin_factory: OriginFactory,
     api_key: str,
-    provider_factory,  # type: ignore[no-untyped-def]
+    provider_factory: Callable[[ProviderSettings], ProviderServer],
 ) -> None:
-    from deploy.local.provider import ProviderSettings
-
     slow = provider_factory(ProviderSettings(latency_ms=300))
     origin = origin_factory(OPENAI_BASE_URL=slow.url + "/v1")
 

@@ -7,13 +7,16 @@ import asyncio
 import base64
 import secrets
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import httpx2
 import openai
 import pytest
 
 from deploy.local.provider import ProviderServer, ProviderSettings
+from prism import KeyRing
 from tests.fixtures.origin import OriginFactory, RunningOrigin
 from tests.fixtures.provider import claude_and_local
 
@@ -24,7 +27,7 @@ def sdk(origin: RunningOrigin, api_key: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=origin.url + "/v1", api_key=api_key, max_retries=0)
 
 
-def layer(response: httpx.Response) -> str:
+def layer(response: httpx.Response | httpx2.Response) -> str:
     return response.headers["x-prism-edge-cache-layer"]
 
 
@@ -135,7 +138,7 @@ def test_bad_json_and_bad_keys_and_methods(client: httpx.Client, origin: Running
 def test_identical_concurrent_batches_make_one_provider_call(
     origin_factory: OriginFactory,
     api_key: str,
-    provider_factory,  # type: ignore[no-untyped-def]
+    provider_factory: Callable[[ProviderSettings], ProviderServer],
 ) -> None:
     slow = provider_factory(ProviderSettings(latency_ms=300))
     origin = origin_factory(OPENAI_BASE_URL=slow.url + "/v1")
@@ -172,7 +175,7 @@ def test_provider_faults_keep_their_meaning_and_are_never_cached(
 
 def test_two_projects_never_share_an_entry(
     origin: RunningOrigin,
-    key_ring,  # type: ignore[no-untyped-def]
+    key_ring: KeyRing,
     provider: ProviderServer,
 ) -> None:
     body = {"model": "m", "input": unique()}

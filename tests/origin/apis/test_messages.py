@@ -11,11 +11,14 @@ from typing import Any
 
 import anthropic
 import httpx
+import httpx2
 import pytest
+from anthropic.types import DocumentBlockParam, Message, TextBlock
 
 from deploy.local.provider import ProviderServer
 from tests.fixtures.origin import OriginFactory, RunningOrigin
 from tests.fixtures.provider import claude_and_local
+from tests.redis_replies import stream_fields
 
 PATH = "/v1/messages"
 OPENAI_MODEL = "gpt-4o-mini"  # routed to the OpenAI-compatible provider
@@ -38,8 +41,21 @@ def sdk(origin: RunningOrigin, api_key: str) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=origin.url, api_key=api_key, max_retries=0)
 
 
-def layer(response: httpx.Response) -> str:
+def layer(response: httpx.Response | httpx2.Response) -> str:
     return response.headers["x-prism-edge-cache-layer"]
+
+
+def text_of(message: Message) -> str:
+    """The text of the message's first block (a ``TextBlock``)."""
+    block = message.content[0]
+    assert isinstance(block, TextBlock), block
+    return block.text
+
+
+def body_of(error: anthropic.APIStatusError) -> dict[str, Any]:
+    """The JSON body of the error (the SDK types it ``object``)."""
+    assert isinstance(error.body, dict), error.body
+    return error.body
 
 
 def upstream_calls(provider: ProviderServer) -> dict[str, int]:
@@ -105,11 +121,11 @@ def test_a_streamed_miss_then_stream_and_plain_hits_from_the_same_entry(
     with client.messages.stream(model=model, max_tokens=64, messages=messages) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
-    assert text.startswith("Echo: stream me") and final.content[0].text == text
+    assert text.startswith("Echo: stream me") and text_of(final) == text
     assert final.stop_reason == "end_turn" and final.usage.output_tokens > 0
     plain = client.messages.with_raw_response.create(model=model, max_tokens=64, messages=messages)
     assert layer(plain.http_response) == "redis"
-    assert plain.parse().content[0].text == text
+    assert text_of(plain.parse()) == text
     assert sum(upstream_calls(provider).values()) == 1
 
 
@@ -164,7 +180,7 @@ def test_the_key_as_a_bearer_token_and_bad_keys_in_anthropic_format(
         "type": "error",
         "error": {
             "type": "authentication_error",
-            "message": refused.value.body["error"]["message"],
+            "message": body_of(refused.value)["error"]["message"],
         },
     }
 
@@ -212,7 +228,7 @@ def test_wrong_method_unsupported_content_and_provider_faults_in_anthropic_forma
     wrong = httpx.get(origin.url + PATH, headers={"x-api-key": api_key})
     assert wrong.status_code == 405 and wrong.json()["type"] == "error"
     client = sdk(origin, api_key)
-    document = {
+    document: DocumentBlockParam = {
         "type": "document",
         "source": {"type": "text", "media_type": "text/plain", "data": "x"},
     }
@@ -220,12 +236,12 @@ def test_wrong_method_unsupported_content_and_provider_faults_in_anthropic_forma
         client.messages.create(
             model=OPENAI_MODEL, max_tokens=8, messages=[{"role": "user", "content": [document]}]
         )
-    assert "document" in unsupported.value.body["error"]["message"]
+    assert "document" in body_of(unsupported.value)["error"]["message"]
     provider.control.set_fault("malformed_json")
     with pytest.raises(anthropic.InternalServerError) as broken:
         client.messages.create(model=CLAUDE_MODEL, max_tokens=8, messages=question())
     assert broken.value.status_code == 502
-    assert broken.value.body["error"]["type"] == "api_error"
+    assert body_of(broken.value)["error"]["type"] == "api_error"
 
 
 @pytest.mark.parametrize("model", [OPENAI_MODEL, CLAUDE_MODEL])
@@ -289,7 +305,7 @@ def test_a_denied_model_is_a_403_in_anthropic_format_and_audited(
     admin.set(policy_key("acme"), Policy.parse('{"deny": ["gpt-4o*"]}').encode())
     with pytest.raises(anthropic.PermissionDeniedError) as refused:
         sdk(origin, api_key).messages.create(model=OPENAI_MODEL, max_tokens=8, messages=question())
-    assert refused.value.body["error"]["type"] == "permission_error"
+    assert body_of(refused.value)["error"]["type"] == "permission_error"
     assert (
         sdk(origin, api_key)
         .messages.create(model=CLAUDE_MODEL, max_tokens=8, messages=question())
@@ -298,7 +314,9 @@ def test_a_denied_model_is_a_403_in_anthropic_format_and_audited(
     assert upstream_calls(provider) == {"/v1/messages": 1}
     origin.wait_stored()
     assert b"policy.refuse" in b"".join(
-        value for _, fields in admin.xrange("prism:audit") for value in fields.values()
+        value
+        for fields in stream_fields(bytes, admin.xrange("prism:audit"))
+        for value in fields.values()
     )
     admin.close()
 

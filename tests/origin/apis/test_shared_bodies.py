@@ -13,7 +13,7 @@ from deploy.local.provider import ProviderServer
 from origin.providers.anthropic import AnthropicProvider
 from origin.providers.base import ChatProvider, ProviderSpec
 from origin.providers.openai import OpenAICompatibleProvider
-from prism import RecentBodies, parse_chat_request
+from prism import ChatRequest, RecentBodies, parse_chat_request
 
 RAW = json.dumps(
     {
@@ -51,7 +51,7 @@ def _providers(provider: ProviderServer) -> list[ChatProvider]:
 async def test_providers_leave_a_remembered_body_as_it_was(
     provider: ProviderServer, stream: bool
 ) -> None:
-    recent = RecentBodies()
+    recent: RecentBodies[ChatRequest] = RecentBodies()
     recent.put("acme", RAW, parse_chat_request(RAW), "fp")
     remembered = recent.get("acme", RAW)
     assert remembered is not None

@@ -10,6 +10,8 @@ import random
 import signal
 import ssl
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import redis
@@ -77,7 +79,9 @@ async def test_error_replies_raise_and_the_connection_goes_on(redis_url: str) ->
 
 async def test_url_credentials_and_database_are_used(redis_url: str) -> None:
     admin = redis.Redis.from_url(redis_url)
-    admin.execute_command("ACL", "SETUSER", "piper", "on", ">pipe-secret", "~*", "+@all")
+    admin.acl_setuser(
+        "piper", enabled=True, passwords=["+pipe-secret"], keys=["*"], commands=["+@all"]
+    )
     host_port = redis_url.removeprefix("redis://").split("/")[0]
     pipe = RedisPipe(f"redis://piper:pipe-secret@{host_port}/3")
     try:
@@ -90,7 +94,7 @@ async def test_url_credentials_and_database_are_used(redis_url: str) -> None:
             await refused.execute("PING")
     finally:
         await pipe.close()
-        admin.execute_command("ACL", "DELUSER", "piper")
+        admin.acl_deluser("piper")
         admin.close()
 
 
@@ -99,7 +103,8 @@ async def _until_blocked(url: str) -> None:
     client = redis.asyncio.Redis.from_url(url)
 
     async def blocked() -> bool:
-        return (await client.info("clients"))["blocked_clients"] == 1
+        clients: int = (await client.info("clients"))["blocked_clients"]
+        return clients == 1
 
     try:
         await async_wait_for(blocked, within=5)
@@ -231,9 +236,10 @@ def test_a_server_that_refuses_and_hangs_up_fails_every_command_at_once() -> Non
         pipe = RedisPipe(f"redis://127.0.0.1:{port}/0", timeout=0.3)
         try:
             async with asyncio.timeout(2):
-                return await asyncio.gather(
+                results: list[object] = await asyncio.gather(
                     *(pipe.execute("PING") for _ in range(4)), return_exceptions=True
                 )
+                return results
         finally:
             await pipe.close()
             server.close()
@@ -266,15 +272,20 @@ async def test_close_during_a_connection_attempt_is_no_cancellation_for_the_wait
             writer.close()
 
 
-class FakeTransport:
-    """Records writes; the test plays the socket's part (pause/resume, replies)."""
+class FakeTransport(asyncio.Transport):
+    """Records writes; the test plays the socket's part (pause/resume, replies), and
+    ``on_write`` what the socket does when written to."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.writes: list[bytes] = []
         self.closing = False
+        self.on_write: Callable[[], None] | None = None
 
-    def write(self, data: bytes) -> None:
-        self.writes.append(data)
+    def write(self, data: bytes | bytearray | memoryview[Any]) -> None:
+        self.writes.append(bytes(data))
+        if self.on_write is not None:
+            self.on_write()
 
     def is_closing(self) -> bool:
         return self.closing
@@ -285,7 +296,7 @@ class FakeTransport:
 
 def _connected(timeout: float = 30.0) -> tuple[_Protocol, FakeTransport]:
     protocol, transport = _Protocol(timeout), FakeTransport()
-    protocol.connection_made(transport)  # type: ignore[arg-type]
+    protocol.connection_made(transport)
     return protocol, transport
 
 
@@ -325,13 +336,7 @@ async def test_a_pause_during_a_flush_keeps_later_commands_queued() -> None:
     """The transport pauses from inside write() (as asyncio's do): what follows waits."""
     protocol, transport = _connected()
     loop = asyncio.get_running_loop()
-    real_write = transport.write
-
-    def write_then_pause(data: bytes) -> None:
-        real_write(data)
-        protocol.pause_writing()
-
-    transport.write = write_then_pause  # type: ignore[method-assign]
+    transport.on_write = protocol.pause_writing
     try:
         protocol.send(pack(("SET", "big", b"x" * 100)), loop)
         await _next_turns()
@@ -339,7 +344,7 @@ async def test_a_pause_during_a_flush_keeps_later_commands_queued() -> None:
         later = protocol.send(pack(("PING",)), loop)
         await _next_turns()
         assert len(transport.writes) == 1
-        transport.write = real_write  # type: ignore[method-assign]
+        transport.on_write = None
         protocol.resume_writing()
         assert transport.writes[1] == pack(("PING",))
         protocol.data_received(b"+OK\r\n+PONG\r\n")

@@ -12,6 +12,7 @@ import math
 import secrets
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from prism import Budget, Policy, RateLimits, policy_key
 from tests.fixtures.origin import OriginFactory, RunningOrigin, budget_totals
 from tests.fixtures.provider import claude_and_local
 from tests.polling import wait_for
+from tests.redis_replies import reply_as, stream_fields
 
 EMBEDDINGS = "/v1/embeddings"
 MESSAGES = "/v1/messages"
@@ -111,7 +113,7 @@ def test_an_embeddings_budget_refuses_what_does_not_fit_and_settles_to_the_real_
     assert provider.control.stats()["paths"].get(EMBEDDINGS, 0) == 0  # refused before a call
 
     def audited() -> dict[str, Any] | None:
-        for _, fields in admin.xrange(AUDIT_STREAM):
+        for fields in stream_fields(bytes, admin.xrange(AUDIT_STREAM)):
             if fields[b"action"] == b"budget.refuse":
                 detail: dict[str, Any] = json.loads(fields[b"detail"])
                 return detail
@@ -124,7 +126,9 @@ def test_an_embeddings_budget_refuses_what_does_not_fit_and_settles_to_the_real_
     assert admitted.status_code == 200, admitted.text
     used = admitted.json()["usage"]["prompt_tokens"]
     origin.wait_stored()
-    spent = cost_micros(EMBED_PRICE, tokens_of(admitted.json()["usage"]))  # type: ignore[arg-type]
+    tokens = tokens_of(admitted.json()["usage"])
+    assert tokens is not None
+    spent = cost_micros(EMBED_PRICE, tokens)
     assert spent == used * 100 > 0
     assert wait_for(lambda: budget_totals(admin) == {"spent": spent, "reserved": 0, "held": 0})
 
@@ -196,7 +200,7 @@ def _times_out(send: Any) -> None:
 
 
 @pytest.fixture
-def store(redis_url: str) -> Any:
+def store(redis_url: str) -> Iterator[PolicyStore]:
     policies = PolicyStore.from_url(redis_url)
     yield policies
     policies.close()
@@ -275,7 +279,7 @@ def usage_rows(admin: redis.Redis, model: str) -> dict[str, int]:
     raw = admin.hgetall(f"prism:usage:acme:{day}")
     rows: dict[str, int] = {}
     for field, value in raw.items():
-        counter, _, row_model = field.decode().split("|")
+        counter, _, row_model = reply_as(bytes, field).decode().split("|")
         if row_model == model:
             rows[counter] = int(value)
     return rows

@@ -26,6 +26,7 @@ from origin.governance.audit import (
     record_hash,
     seal,
 )
+from prism import KeyRing
 from tests.fixtures.origin import KEY_SECRET, RunningOrigin
 from tests.polling import wait_for
 
@@ -197,8 +198,8 @@ def test_concurrent_writers_never_fork_the_chain(redis_url: str, admin: redis.Re
 
 
 def test_the_origin_records_a_policy_refusal_off_the_request_path(
-    origin: RunningOrigin, api_key: str, key_ring, admin: redis.Redis, env: dict[str, str]
-) -> None:  # type: ignore[no-untyped-def]
+    origin: RunningOrigin, api_key: str, key_ring: KeyRing, admin: redis.Redis, env: dict[str, str]
+) -> None:
     assert cli(env, "policy", "set", "-p", "acme", "--deny", "o1*", "--no-kv").exit_code == 0
     model = f"o1-{secrets.token_hex(3)}"
     refused = httpx.post(
@@ -247,10 +248,14 @@ def test_follow_prints_records_as_they_arrive(redis_url: str, admin: redis.Redis
         env={"REDIS_URL": redis_url, "PATH": "/usr/bin:/bin"},
     )
     lines: queue.Queue[str] = queue.Queue()
-    assert process.stdout is not None
-    reader = threading.Thread(
-        target=lambda: [lines.put(line) for line in process.stdout], daemon=True
-    )  # type: ignore[union-attr]
+    stdout = process.stdout
+    assert stdout is not None
+
+    def read() -> None:
+        for line in stdout:
+            lines.put(line)
+
+    reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
         assert json.loads(lines.get(timeout=30))["actor"] == "before-follow"

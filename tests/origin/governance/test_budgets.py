@@ -28,6 +28,7 @@ from origin.providers.token_counts import tokens_of
 from prism import Budget, Policy, decode_envelope, parse_chat_request, policy_key
 from tests.fixtures.origin import OriginFactory, RunningOrigin, budget_totals, settled_budget
 from tests.polling import async_wait_for, wait_for
+from tests.redis_replies import reply_as, stream_fields
 
 CHAT = "/v1/chat/completions"
 MODEL = "gpt-4o-mini"
@@ -201,7 +202,7 @@ def test_a_request_that_does_not_fit_is_refused_before_any_call_and_audited(
     assert small.status_code == 200
 
     def refusal() -> dict[bytes, bytes] | None:
-        for _, fields in admin.xrange("prism:audit"):
+        for fields in stream_fields(bytes, admin.xrange("prism:audit")):
             if fields[b"action"] == b"budget.refuse":
                 return fields
         return None
@@ -256,7 +257,7 @@ def test_a_hit_costs_nothing_and_records_what_it_saved(
 
     def flushed() -> dict[str, int] | None:
         raw = admin.hgetall(f"prism:usage:acme:{day}")
-        found = {k.decode().split("|")[0]: int(v) for k, v in raw.items()}
+        found = {reply_as(bytes, k).decode().split("|")[0]: int(v) for k, v in raw.items()}
         return found if found.get("requests.redis") == 3 else None
 
     usage = wait_for(flushed, 10)

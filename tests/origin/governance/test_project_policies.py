@@ -15,7 +15,7 @@ import redis
 from deploy.local.provider import ProviderServer
 from origin.governance.project_policies import ProjectPolicies
 from origin.store.redis_cache import Lookup
-from prism import PermissionDeniedError, Policy, policy_key
+from prism import KeyRing, PermissionDeniedError, Policy, policy_key
 from tests.fixtures.origin import OriginFactory, RunningOrigin
 
 CHAT = "/v1/chat/completions"
@@ -86,8 +86,8 @@ def test_an_allow_list_refuses_everything_else_and_deny_wins(
 
 
 def test_a_policy_is_per_project(
-    origin: RunningOrigin, api_key: str, admin: redis.Redis, key_ring
-) -> None:  # type: ignore[no-untyped-def]
+    origin: RunningOrigin, api_key: str, admin: redis.Redis, key_ring: KeyRing
+) -> None:
     set_policy(admin, "globex", deny=["*"])
     assert post(origin, api_key, body("demo")).status_code == 200  # acme: no policy
     assert post(origin, key_ring.mint("globex"), body("demo")).status_code == 403

@@ -5,6 +5,7 @@ the answer's usage, refusals in /metrics and (batched) in the audit log."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import secrets
 import subprocess
@@ -40,6 +41,7 @@ from tests.fixtures.origin import (
     redis_now_us,
 )
 from tests.polling import async_wait_for, wait_for
+from tests.redis_replies import stream_fields
 
 CHAT = "/v1/chat/completions"
 PRICED = "gpt-4o-mini"  # a model with a price, for budgets
@@ -161,7 +163,7 @@ def test_two_origin_processes_hold_one_limit_exactly(
 
     try:
         for url in urls:
-            wait_for(lambda url=url: up(url), timeout=30, interval=0.05)  # type: ignore[misc]
+            wait_for(functools.partial(up, url), timeout=30, interval=0.05)
         limit(store, project={"rpm": 30})
         payload = body()
         headers = {"authorization": f"Bearer {api_key}"}
@@ -340,7 +342,7 @@ def test_refusals_reach_the_audit_log_batched(
     assert statuses.count(429) == 19
 
     def refusals() -> list[dict[str, str]]:
-        records = [fields for _, fields in admin.xrange(AUDIT_STREAM)]
+        records = stream_fields(str, admin.xrange(AUDIT_STREAM))
         return [r for r in records if r["action"] == "ratelimit.refuse"]
 
     logged = wait_for(refusals, timeout=5)
@@ -403,7 +405,7 @@ async def test_refusals_after_the_first_become_one_record_with_their_count(
 ) -> None:
     pipe = RedisPipe(redis_url, 2.0)
     writer = AuditWriter(pipe)
-    tasks: list[object] = []
+    tasks: list[asyncio.Future[None]] = []
     log = RefusalLog(writer, lambda work: tasks.append(asyncio.ensure_future(work)), 0.05)
     for _ in range(500):
         log.record("acme", "keyaaaa1", "requests", "key")
@@ -411,10 +413,10 @@ async def test_refusals_after_the_first_become_one_record_with_their_count(
     admin = redis.Redis.from_url(redis_url, decode_responses=True)
 
     def details() -> list[dict[str, object]]:
-        return [json.loads(f["detail"]) for _, f in admin.xrange(AUDIT_STREAM)]
+        return [json.loads(f["detail"]) for f in stream_fields(str, admin.xrange(AUDIT_STREAM))]
 
     await async_wait_for(lambda: len(details()) >= 3, within=5)
-    await asyncio.gather(*tasks)  # type: ignore[arg-type]
+    await asyncio.gather(*tasks)
 
     def canonical(items: list[dict[str, object]]) -> list[str]:
         return sorted(json.dumps(item, sort_keys=True) for item in items)

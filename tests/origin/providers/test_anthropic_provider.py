@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol, TypedDict, Unpack
 
 import aiohttp
 import orjson
@@ -38,7 +38,7 @@ from tests.polling import wait_for
 
 MODEL = "claude-sonnet-4-5"
 CREATED = 1_700_000_000
-WEATHER_TOOL = {
+WEATHER_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -169,7 +169,7 @@ def test_tool_calls_and_results_become_alternating_anthropic_turns() -> None:
             {
                 "name": "get_weather",
                 "description": "Weather for a city",
-                "input_schema": WEATHER_TOOL["function"]["parameters"],  # type: ignore[index]
+                "input_schema": WEATHER_TOOL["function"]["parameters"],
             },
             {"name": "get_time", "input_schema": {"type": "object", "properties": {}}},
         ],
@@ -497,14 +497,29 @@ def test_delta_for_a_block_that_never_started_is_malformed() -> None:
 
 # ---------------------------------------------------------------- over real HTTP
 
-ProviderFactory = Callable[..., AnthropicProvider]
+
+class Timeouts(TypedDict, total=False):
+    """The timeouts of a ``ProviderSpec`` a test may shorten."""
+
+    connect_timeout: float
+    first_byte_timeout: float
+    total_timeout: float
+    first_token_timeout: float | None
+
+
+class ProviderFactory(Protocol):
+    def __call__(
+        self, base_url: str, api_key: str = ..., **timeouts: Unpack[Timeouts]
+    ) -> AnthropicProvider: ...
 
 
 @pytest.fixture
 async def make_provider() -> AsyncIterator[ProviderFactory]:
     made: list[AnthropicProvider] = []
 
-    def make(base_url: str, api_key: str = "test-key", **timeouts: float) -> AnthropicProvider:
+    def make(
+        base_url: str, api_key: str = "test-key", **timeouts: Unpack[Timeouts]
+    ) -> AnthropicProvider:
         spec = ProviderSpec(
             name="anthropic", kind="anthropic", base_url=base_url, api_key=api_key, **timeouts
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from origin.providers.messages_translate import (
@@ -128,7 +130,7 @@ def test_answers_and_streams_become_the_same_message() -> None:
 
     translator = ChunkTranslator("m")
     base = {"id": "c1", "model": "m"}
-    chunks = [
+    chunks: list[dict[str, Any]] = [
         {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
         {**base, "choices": [{"index": 0, "delta": {"content": "H"}}]},
         {**base, "choices": [{"index": 0, "delta": {"content": "i"}}]},

@@ -9,11 +9,18 @@ import pytest
 from origin.providers.anthropic_answer import to_chat_completion
 from origin.providers.config import load_provider_config
 from origin.providers.pricing import Price, cost_micros, default_prices
-from origin.providers.token_counts import tokens_of
+from origin.providers.token_counts import Tokens, tokens_of
 from origin.settings import Settings, SettingsError
 
 MINI = Price(input=0.15, output=0.60, cached_input=0.075, cache_write=0.15)
 SONNET = Price(input=3.0, output=15.0, cached_input=0.30, cache_write=3.75)
+
+
+def counted(usage: object) -> Tokens:
+    """``tokens_of(usage)``, which finds the counts."""
+    tokens = tokens_of(usage)
+    assert tokens is not None, usage
+    return tokens
 
 
 def test_the_table_prices_the_models_the_docs_and_routes_name() -> None:
@@ -45,8 +52,8 @@ def test_openai_counts_cached_tokens_inside_prompt_tokens() -> None:
         "prompt_tokens_details": {"cached_tokens": 800},
     }
     # 200 uncached x 0.15 + 800 cached x 0.075 + 200 out x 0.60 = 30 + 60 + 120
-    assert cost_micros(MINI, tokens_of(usage)) == 210  # type: ignore[arg-type]
-    assert cost_micros(MINI, tokens_of({"prompt_tokens": 3, "completion_tokens": 1})) == 1  # type: ignore[arg-type]
+    assert cost_micros(MINI, counted(usage)) == 210
+    assert cost_micros(MINI, counted({"prompt_tokens": 3, "completion_tokens": 1})) == 1
     assert tokens_of(None) is None and tokens_of({"foo": 1}) is None
 
 
@@ -59,14 +66,14 @@ def test_anthropic_cache_reads_and_writes_cost_the_same_raw_or_translated() -> N
     }
     # 100 x 3 + 10,000 x 0.30 + 2,000 x 3.75 + 500 x 15 = 300 + 3,000 + 7,500 + 7,500
     expected = 18_300
-    assert cost_micros(SONNET, tokens_of(raw)) == expected  # type: ignore[arg-type]
+    assert cost_micros(SONNET, counted(raw)) == expected
     message = {
         "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5",
         "content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn", "usage": raw,
     }  # fmt: skip
     translated = to_chat_completion(message, "claude-sonnet-4-5", created=0)["usage"]
     assert translated["prompt_tokens"] == 12_100
-    assert cost_micros(SONNET, tokens_of(translated)) == expected  # type: ignore[arg-type]
+    assert cost_micros(SONNET, counted(translated)) == expected
 
 
 def test_the_providers_file_overrides_prices_per_provider(tmp_path: Path) -> None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
-from typing import Any, cast
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any
 
 import orjson
 import pytest
@@ -20,7 +20,7 @@ from origin.apis.chat import ChatOperation
 from origin.providers.base import UpstreamCompletion, UpstreamStream
 from origin.routing.coalescing import Call, ClientStream, FlightTable, Storage, Subscription
 from origin.routing.operation import Operation
-from origin.routing.router import Routed, Router
+from origin.routing.router import Routed
 from prism import PrismError, UpstreamError, UpstreamTimeoutError
 from tests.polling import async_wait_for
 
@@ -155,7 +155,7 @@ def stores() -> Stores:
 
 @pytest.fixture
 def table(router: FakeRouter, stores: Stores) -> FlightTable:
-    return FlightTable(cast(Router, router), stores)
+    return FlightTable(router, stores)
 
 
 def call(
@@ -375,7 +375,7 @@ async def test_an_upstream_error_reaches_every_waiter_and_frees_the_key(
         table.subscribe(KEY, call(stream=False, request_id=f"req-{i}")) for i in range(5)
     ]
     streaming = table.subscribe(KEY, call(stream=True))  # a stream joining a JSON call
-    waiters = [asyncio.ensure_future(s.answer()) for s in subscriptions]
+    waiters: list[Awaitable[object]] = [asyncio.ensure_future(s.answer()) for s in subscriptions]
     waiters.append(asyncio.ensure_future(streaming.started()))
     router.answer.set()
     results = await asyncio.gather(*waiters, return_exceptions=True)

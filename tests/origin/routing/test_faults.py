@@ -8,7 +8,7 @@ import json
 import logging
 import re
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from origin import Settings, create_app
 from tests.fixtures.origin import OriginFactory, RunningOrigin, origin_env
 from tests.polling import async_wait_for, wait_for
 
-BODY = {"model": "demo", "messages": [{"role": "user", "content": "fault test"}]}
+BODY: dict[str, object] = {"model": "demo", "messages": [{"role": "user", "content": "fault test"}]}
 
 
 @pytest.fixture
@@ -54,15 +54,12 @@ def timed_origin(origin_factory: OriginFactory, fast_timeouts: dict[str, str]) -
     return origin_factory(fast_timeouts)
 
 
-def post(
-    origin: RunningOrigin, api_key: str, body: dict[str, object] = BODY, **kw: object
-) -> httpx.Response:
+def post(origin: RunningOrigin, api_key: str, body: dict[str, object] = BODY) -> httpx.Response:
     return httpx.post(
         origin.url + "/v1/chat/completions",
         json=body,
         headers={"authorization": f"Bearer {api_key}"},
         timeout=30,
-        **kw,  # type: ignore[arg-type]
     )
 
 
@@ -92,7 +89,7 @@ def test_provider_faults_become_openai_errors_and_store_nothing(
     provider: ProviderServer,
     redis_url: str,
     mode: str,
-    params: dict[str, object],
+    params: dict[str, Any],
     status: int,
     code: str,
 ) -> None:
@@ -385,6 +382,7 @@ def test_a_stream_nobody_reads_any_more_is_cancelled_even_with_json_joiners(
                 await joiner
             # ...and the leader has not: the call goes on for it
             assert slow.control.stats()["open_streams"] == 1
+            assert isinstance(chunks, AsyncGenerator)  # what httpx types an AsyncIterator
             await chunks.aclose()
 
     asyncio.run(run())

@@ -171,7 +171,8 @@ def test_a_failing_provider_is_demoted_skipped_and_restored_by_probes(
     first = health(origin)["first"]
     assert first["state"] == "demoted"
     assert "3 failures in a row (last: 502 bad_gateway)" in str(first["reason"])
-    assert first["targets"]["demo"]["state"] == "demoted"  # type: ignore[index]
+    targets = first["targets"]
+    assert isinstance(targets, dict) and targets["demo"]["state"] == "demoted"
     assert origin.metric("prism_provider_state", provider="first") == 2
     # while demoted it sees one probe a second at most, not the traffic
     before, started = provider.control.stats()["chat_requests"], time.monotonic()

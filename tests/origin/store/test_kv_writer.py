@@ -7,6 +7,7 @@ import asyncio
 import json
 import secrets
 import time
+from typing import TypedDict, Unpack
 
 import httpx
 
@@ -23,13 +24,22 @@ def sample(metrics: Metrics, name: str) -> float:
     return metrics.registry.get_sample_value(name) or 0.0
 
 
-def settings_for(kv: KVApi, **overrides: float) -> KVSettings:
+class Tuning(TypedDict, total=False):
+    """The writer's settings a test may change."""
+
+    flush_interval: float
+    max_batch: int
+    max_queue: int
+    max_attempts: int
+
+
+def settings_for(kv: KVApi, **overrides: Unpack[Tuning]) -> KVSettings:
     return KVSettings(
         api_url=kv.url,
         account_id=kv.account_id,
         namespace_id=kv.namespace_id,
         api_token=kv.api_token,
-        **overrides,  # type: ignore[arg-type]
+        **overrides,
     )
 
 
@@ -77,10 +87,12 @@ class FakeKV:
             200, json={"success": True, "result": {"successful_key_count": len(pairs)}}
         )
 
-    def writer(self, metrics: Metrics, **settings: float) -> tuple[KVWriter, httpx.AsyncClient]:
+    def writer(
+        self, metrics: Metrics, **settings: Unpack[Tuning]
+    ) -> tuple[KVWriter, httpx.AsyncClient]:
         client = httpx.AsyncClient(transport=httpx.MockTransport(self.handle))
         kv = KVSettings(api_url="https://kv.test/client/v4", account_id="a", namespace_id="n",
-                        api_token="token", **settings)  # type: ignore[arg-type]  # fmt: skip
+                        api_token="token", **settings)  # fmt: skip
         return KVWriter(kv, client, metrics), client
 
 
@@ -91,7 +103,11 @@ async def test_a_partial_batch_is_flushed_by_the_interval() -> None:
     for wave in range(3):
         for i in range(50):  # far below max_batch: only the interval can flush it
             writer.submit(f"k{wave}-{i}", b"{}", 60)
-        await async_wait_for(lambda n=wave + 1: len(fake.calls) == n)
+
+        def flushed(n: int = wave + 1) -> bool:
+            return len(fake.calls) == n
+
+        await async_wait_for(flushed)
     await writer.stop()
     await client.aclose()
     assert [len(call) for call in fake.calls] == [50, 50, 50]  # one call per flush

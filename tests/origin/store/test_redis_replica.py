@@ -236,7 +236,7 @@ def test_the_replica_lag_is_on_the_admin_healthz_and_comes_back_to_nothing(
         health = replica_health(far)
         return health if health is not None and health["lag_bytes"] == 0 else None
 
-    health = wait_for(settled, 5)
+    health: dict[str, object] | None = wait_for(settled, 5)
     assert health is not None
     assert health["ok"] is True and health["link"] == "up"
     assert 0 <= int(str(health["last_io_seconds_ago"])) <= 10

@@ -19,6 +19,7 @@ from prism import Policy, entry_key, policy_key
 from tests.fixtures.origin import OriginFactory, RunningOrigin
 from tests.fixtures.semantic import CHAT, LAYER, QUESTION, ask, calls, first, opt_in
 from tests.polling import wait_for
+from tests.redis_replies import reply_as, stream_fields
 
 pytest.importorskip("numpy", reason="the semantic extra is not installed")
 
@@ -121,10 +122,10 @@ def test_a_project_without_the_opt_in_never_gets_semantic_hits(
     assert not origin.gateway.semantic.embedder.loaded and not admin.keys(INDEX_KEY_PREFIX + "*")
 
 
-def indexed(admin: redis.Redis, key: bytes) -> dict[str, int]:
+def indexed(admin: redis.Redis, key: bytes | str) -> dict[str, int]:
     """The partition's live records as its stream says: fingerprint -> expiry."""
     live: dict[str, int] = {}
-    for _, fields in admin.xrange(key):
+    for fields in stream_fields(bytes, admin.xrange(key)):
         fingerprint, expires = fields[b"f"].decode(), int(fields[b"e"])
         if expires:
             live[fingerprint] = expires
@@ -238,7 +239,7 @@ def test_a_conversation_that_is_not_a_question_never_qualifies(
 def entry_key_of(admin: redis.Redis, prefix: str) -> str:
     """The entry whose fingerprint starts with the x-prism-cache-key ``prefix``."""
     (key,) = admin.keys(entry_key(prefix) + "*")
-    return str(key.decode())
+    return reply_as(bytes, key).decode()
 
 
 def test_without_a_model_an_opted_in_project_is_served_as_before(

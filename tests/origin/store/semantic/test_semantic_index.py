@@ -24,8 +24,8 @@ def unit(seed: int, dimensions: int = 384) -> object:
 
 def near(vector: object, cosine: float, seed: int) -> object:
     """A unit vector at ``cosine`` from ``vector``."""
-    other = np.asarray(unit(seed, len(vector)))  # type: ignore[arg-type]
     base = np.asarray(vector)
+    other = np.asarray(unit(seed, len(base)))
     other = other - (other @ base) * base
     other /= np.linalg.norm(other)
     out = cosine * base + np.sqrt(1 - cosine**2) * other

@@ -10,13 +10,13 @@ import pytest
 
 from origin.store.semantic.guard import agree, words
 from origin.store.semantic.partition import MAX_TEXT_CHARS, normalized, question
-from prism import parse_chat_request
+from prism import ChatRequest, parse_chat_request
 from prism.routes import CHAT_PATH
 
 np = pytest.importorskip("numpy", reason="the semantic extra is not installed")
 
 
-def chat(*messages: dict[str, Any], **extra: Any) -> Any:
+def chat(*messages: dict[str, Any], **extra: Any) -> ChatRequest:
     body = {"model": "demo", "messages": list(messages), **extra}
     return parse_chat_request(__import__("json").dumps(body).encode())
 
@@ -53,7 +53,8 @@ def test_only_short_text_questions_qualify() -> None:
     assert question("p", CHAT_PATH, chat(*turn, user("q"))) is not None  # 2 earlier turns
     assert question("p", CHAT_PATH, chat(*turn, *turn, user("q"))) is None  # 4: a conversation
     text_parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
-    assert question("p", CHAT_PATH, chat(user(text_parts))).text == "a\nb"  # type: ignore[union-attr]
+    parted = question("p", CHAT_PATH, chat(user(text_parts)))
+    assert parted is not None and parted.text == "a\nb"
     refused = [
         chat(user([{"type": "image_url", "image_url": {"url": "data:,x"}}])),
         chat(user("q"), {"role": "assistant", "content": "a"}),  # not ending with the user
