@@ -33,6 +33,7 @@ from starlette.types import Receive, Scope, Send
 
 from deploy.local.asgi_thread import ThreadedServer
 from deploy.local.ports import free_port
+from deploy.local.provider_anthropic import anthropic_message, anthropic_stream
 from deploy.local.provider_faults import (
     Api,
     Fault,
@@ -44,22 +45,16 @@ from deploy.local.provider_faults import (
     header_fault,
     json_response,
 )
-from deploy.local.provider_formats import (
+from deploy.local.provider_openai import openai_completion, openai_embeddings, openai_stream
+from deploy.local.provider_replies import Reply, anthropic_reply, openai_reply
+from deploy.local.provider_settings import DEFAULT_MODELS, ProviderSettings
+from deploy.local.provider_sse import (
     MALFORMED_JSON,
-    Reply,
     StreamPlan,
-    anthropic_message,
-    anthropic_reply,
-    anthropic_stream,
     error_event,
     malformed_stream,
-    openai_completion,
-    openai_embeddings,
-    openai_reply,
-    openai_stream,
     without_done,
 )
-from deploy.local.provider_settings import DEFAULT_MODELS, ProviderSettings
 
 __all__ = [
     "DEFAULT_MODELS",
