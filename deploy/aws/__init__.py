@@ -6,7 +6,7 @@ Layers, each importing only those below it:
   ``health``: the pre-traffic ``/healthz`` check of a new instance.
 - ``stack``: one stack's configuration, release reference, result and errors.
 - ``access`` (security group, instance role) and ``releases`` (the region's release bucket):
-  the steps over one AWS service each.
-- ``deployer``: one ``apply`` run, the steps in order and the blue/green instance swap.
+  the steps over one AWS service each; ``instances``: the blue/green instance swap.
+- ``deployer``: one ``apply`` run, the steps in order (secrets, release, address).
 - ``origin``: ``plan`` and ``apply``, what ``prism deploy origin`` calls.
 """

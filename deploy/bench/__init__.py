@@ -1,6 +1,7 @@
 """`prism bench`: every layer of the gateway against its floor, in one run, on loopback.
 
-- ``runner``: starts the stack and the floors, drives the load, collects the result.
+- ``runner``: drives the load against each row and its floor, collects the result;
+  ``bench_stack``: starts the stack, the floors and the ceiling, and checks every path.
 - ``loadgen``: wrk with a generated Lua script (or a labelled Python fallback).
 - ``floor_app``: the minimal ASGI app that does one Redis GET (the Redis-hit floor).
 - ``workers/trivial``: the trivial Python Worker (the edge's floor in the same runtime).

@@ -1,9 +1,7 @@
 """`prism bench`: every layer of the stack against its floor, in one run, on loopback.
 
-One process tree: the local stack (Redis, demo provider, origin, the Workers
-runtime with the edge, the KV REST stand-in and the trivial floor Worker), the
-floor ASGI app, and a constant Node HTTP server that shows the load
-generator's own ceiling. Each measured row is paired with its floor and run
+One process tree: the local stack, the floors and the load generator's ceiling
+(``deploy.bench.bench_stack``). Each measured row is paired with its floor and run
 next to it in time, so load from elsewhere on the machine hits both alike.
 """
 
@@ -11,59 +9,34 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import os
 import secrets
 import shutil
-import sys
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
 
-from deploy.local.ports import free_port
 from deploy.local.processes import process_tree
 from deploy.local.redis import find_redis_server
-from deploy.local.stack import LocalStack, StackConfig, StackInfo
-from deploy.local.workers import ExtraWorker, find_node_toolchain
+from deploy.local.workers import find_node_toolchain
 from deploy.policy_store import PolicyStore
-from prism import Budget, RateLimits, parse_key_secrets
-from prism import headers as h
+from prism import Budget, RateLimits
 
-from .ladder import ladder_worker, measure_ladder
+from .bench_stack import KV_FLUSH, BenchContext, BenchStack, Step
+from .ladder import measure_ladder
 from .loadgen import FALLBACK_TOOL, UNIQUE, LoadSpec, run_load, wrk_path, wrk_version
 from .machine import CpuClock, load_average, machine_info, rss_mb, versions
 from .probes import StreamTarget, measure_ttfb
 from .profiler import PySpy, find_py_spy
 from .replication import measure_replication, wait_writer_idle
-from .servers import BenchError, HelperServer, RssSampler
+from .servers import BenchError, RssSampler
 from .targets import evaluate_targets
-from .workload import CHAT_PATH, chat_body, plant_entry
+from .workload import CHAT_PATH, chat_body
 
 __all__ = ["BenchConfig", "BenchError", "BenchRunner"]
-
-TRIVIAL_WORKER = Path(__file__).with_name("workers") / "trivial"
-FORWARD_WORKER = Path(__file__).with_name("workers") / "forward"
-# Replies padded to about 1 KB, a typical short completion.
-_PROVIDER_ARGS = ("--reply-words", "150")
-_NODE_CEILING = (
-    "const http=require('http');"
-    "http.createServer((q,s)=>{q.resume();q.on('end',()=>{s.writeHead(200,"
-    "{'content-type':'application/json'});s.end('{\"ok\":true}')})})"
-    ".listen(+process.argv[1],'127.0.0.1')"
-)
-_KV_FLUSH = 1.0  # the KV writer's production flush interval (prism dev uses 0.1 s)
-_SCRUBBED_ENV = (
-    "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "PRISM_PROVIDERS_FILE", "REDIS_URL", "PRISM_REDIS_URL",
-)  # fmt: skip
-
-_FLOOR_KEY = "prism-bench:floor"
-_STACK_PARTS = ("origin", "provider", "workers runtime")
-
-Step = Callable[[str], None]
 
 # The rate-limited hit row: limits high enough never to refuse, both a project and a
 # per-key one, so the row measures the whole check riding in the lookup script.
@@ -87,20 +60,6 @@ class BenchConfig:
         return cls(duration=duration, warmup=0.0, stream_requests=8, quick=True)
 
 
-@dataclass(frozen=True, slots=True)
-class _Context:
-    """What every phase needs: where things are, who they are, what to send."""
-
-    info: StackInfo
-    urls: Mapping[str, str]  # trivial, floor, floor_redis_py, ceiling, provider
-    pids: Mapping[str, int]  # origin, provider, workers runtime, floors, ceiling
-    auth: Mapping[str, str]
-    bad: Mapping[str, str]  # the same headers with a forged key
-    hit_body: str
-    hit_key: str  # the planted entry's Redis / KV key
-    miss_body: str
-
-
 class BenchRunner:
     """``BenchRunner(config, on_step).run()`` → the result dict (also what the JSON holds)."""
 
@@ -108,16 +67,11 @@ class BenchRunner:
         self.config = config
         self._on_step = on_step or (lambda label: None)
         self._state = Path(tempfile.mkdtemp(prefix="prism-bench-"))
-        self._stack: LocalStack | None = None
-        self._children: list[HelperServer] = []
         self._nonce = secrets.token_hex(4)
         self._runs = 0
-        # Fresh secrets each run, handed to the stack, so nothing of `prism dev`'s is reused.
-        self._secrets = {
-            "PRISM_KEY_SECRET": secrets.token_urlsafe(32),
-            "PRISM_FORWARD_SECRET": secrets.token_urlsafe(32),
-            "PRISM_LOCAL_API_TOKEN": secrets.token_urlsafe(24),
-        }
+        self._stack = BenchStack(
+            self._state, self._nonce, ladder=config.profile, on_step=self._on_step
+        )
 
     @property
     def _ladder_rounds(self) -> int:
@@ -151,69 +105,8 @@ class BenchRunner:
         return result
 
     def _stop(self) -> None:
-        for child in reversed(self._children):
-            child.stop()
-        self._children.clear()
-        if self._stack is not None:
-            self._stack.stop()
-            self._stack = None
+        self._stack.stop()
         shutil.rmtree(self._state, ignore_errors=True)
-
-    def _start(self) -> tuple[StackInfo, dict[str, str]]:
-        self._on_step("starting the stack (Redis, provider, origin, Workers runtime)")
-        logs = self._state / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        urls: dict[str, str] = {}
-        # The ceiling first: the ladder Worker's fetch probe is pointed at it.
-        port = free_port()
-        node = find_node_toolchain().node
-        self._children.append(
-            HelperServer("ceiling", [str(node), "-e", _NODE_CEILING, str(port)], logs / "ceil.log")
-        )
-        urls["ceiling"] = f"http://127.0.0.1:{port}"
-        env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV} | self._secrets
-        origin_port = free_port()
-        workers = [
-            ExtraWorker("trivial", TRIVIAL_WORKER, kv_binding="PRISM_KV"),
-            ExtraWorker(
-                "forward", FORWARD_WORKER, vars={"ORIGIN_URL": f"http://127.0.0.1:{origin_port}"}
-            ),
-        ]
-        if self.config.profile:
-            edge_secrets = {
-                name: self._secrets[name] for name in ("PRISM_KEY_SECRET", "PRISM_FORWARD_SECRET")
-            }
-            workers.append(ladder_worker(self._state / "ladder", edge_secrets, urls["ceiling"]))
-        self._stack = LocalStack(
-            StackConfig(
-                state_dir=self._state,
-                origin_port=origin_port,
-                edge_port=0,
-                kv_api_port=0,
-                env=env,
-                kv_flush_interval=_KV_FLUSH,
-                extra_workers=tuple(workers),
-                provider_args=_PROVIDER_ARGS,
-            )
-        )
-        info = self._stack.start()
-        urls.update(self._stack.extra_urls)
-        for name, client in (("floor", "pipe"), ("floor_redis_py", "redis-py")):
-            port = free_port()
-            self._children.append(
-                HelperServer(
-                    name,
-                    [sys.executable, "-m", "deploy.bench.floor_app", "--port", str(port),
-                     "--redis-url", info.redis_url, "--key", _FLOOR_KEY, "--client", client],
-                    logs / f"{name}.log",
-                )
-            )  # fmt: skip
-            urls[name] = f"http://127.0.0.1:{port}"
-        urls["provider"] = next(c.url for c in info.components if c.name == "provider")
-        self._on_step("planting cache entries and checking every path answers as expected")
-        for child in self._children:
-            child.wait_ready(urls[child.name])
-        return info, urls
 
     def _timed(
         self, spec: LoadSpec, server_pids: list[int], rss: RssSampler | None = None
@@ -237,42 +130,14 @@ class BenchRunner:
         return row
 
     def _run(self) -> dict[str, Any]:
-        info, urls = self._start()
-        assert self._stack is not None
-        planted = plant_entry(
-            project=info.project,
-            provider_url=urls["provider"],
-            redis_url=info.redis_url,
-            kv_bulk_url=f"{info.kv_api_url}/accounts/local/storage/kv/namespaces/prism-local/bulk",
-            kv_token=self._secrets["PRISM_LOCAL_API_TOKEN"],
-        )
-        # The floor app reads the same envelope from its own key.
-        with contextlib.closing(redis.Redis.from_url(info.redis_url)) as client:
-            client.set(_FLOOR_KEY, planted.envelope)
-        auth = {"content-type": "application/json", "authorization": f"Bearer {info.api_key}"}
-        # Well-formed, right project and key id, signed with another secret: only the
-        # signature check can reject it.
-        forged = parse_key_secrets("not-" + secrets.token_hex(16)).mint(
-            info.project, key_id="devkey0000000001"
-        )
-        ctx = _Context(
-            info=info,
-            urls=urls,
-            pids={name: self._stack.pid(name) or 0 for name in _STACK_PARTS}
-            | {child.name: child.pid for child in self._children},
-            auth=auth,
-            bad=auth | {"authorization": f"Bearer {forged}"},
-            hit_body=planted.body,
-            hit_key=planted.key,
-            miss_body=chat_body(UNIQUE),
-        )
-        layers = self._check_paths(ctx)
+        ctx = self._stack.start()
+        layers = self._stack.check_paths(ctx)
         # Idle: started, and each path answered once, before any load.
         idle_rss = rss_mb(ctx.pids["origin"])
         high = max(self.config.concurrency)
         self._on_step(f"load generator ceiling (constant Node server, c{high})")
         ceiling = self._timed(
-            self._spec(urls["ceiling"], ctx.hit_body, auth, high), [ctx.pids["ceiling"]]
+            self._spec(ctx.urls["ceiling"], ctx.hit_body, ctx.auth, high), [ctx.pids["ceiling"]]
         )
         edge = self._edge(ctx)
         edge["layers"] = {"kv_hit": layers["edge_hit"], "bad_key_status": layers["bad_key"]}
@@ -301,7 +166,7 @@ class BenchRunner:
         return LoadSpec(url=url + CHAT_PATH, concurrency=c, duration=self.config.duration,
                         body=body, headers=headers)  # fmt: skip
 
-    def _edge(self, ctx: _Context) -> dict[str, Any]:
+    def _edge(self, ctx: BenchContext) -> dict[str, Any]:
         """KV hit and bad key through the Prism Worker, next to the trivial Worker (c1)."""
         edge: dict[str, Any] = {}
         trivial = ctx.urls["trivial"] + CHAT_PATH
@@ -317,7 +182,7 @@ class BenchRunner:
             edge[name] = self._timed(load, [ctx.pids["workers runtime"]])
         return edge
 
-    def _origin(self, ctx: _Context) -> tuple[dict[str, Any], dict[str, Any], float]:
+    def _origin(self, ctx: BenchContext) -> tuple[dict[str, Any], dict[str, Any], float]:
         """Each origin case right after its floor, at every concurrency; then the KV writer."""
         pids, origin_url = ctx.pids, ctx.info.origin_url
         origin: dict[str, Any] = {"concurrency": list(self.config.concurrency)}
@@ -347,13 +212,13 @@ class BenchRunner:
                     if name == "miss" and c == max(self.config.concurrency):
                         self._on_step("KV writer: waiting for the new entries to replicate")
                         ran = row["duration_s"] + self.config.warmup
-                        kv = measure_replication(ctx.info.origin_admin_url, before, ran, _KV_FLUSH)
+                        kv = measure_replication(ctx.info.origin_admin_url, before, ran, KV_FLUSH)
         finally:
             rss.close()
         return origin, kv, rss.peak
 
     @contextlib.contextmanager
-    def _rate_limited(self, ctx: _Context, on: bool) -> Iterator[None]:
+    def _rate_limited(self, ctx: BenchContext, on: bool) -> Iterator[None]:
         """With ``on``, the project has rate limits and a budget (that never refuse) while
         inside."""
         if not on:
@@ -372,7 +237,7 @@ class BenchRunner:
             store.clear(ctx.info.project, actor="bench")
             store.close()
 
-    def _streaming(self, ctx: _Context) -> dict[str, Any]:
+    def _streaming(self, ctx: BenchContext) -> dict[str, Any]:
         self._on_step("streaming: time to first byte (provider, origin, forward, edge + origin)")
         headers = {**ctx.auth, "accept": "text/event-stream"}
         return measure_ttfb(
@@ -387,42 +252,7 @@ class BenchRunner:
             self._nonce + "s",
         )
 
-    def _check_paths(self, ctx: _Context) -> dict[str, Any]:
-        """One request per path: the numbers mean nothing if a "hit" was not a hit."""
-        chat, info, hit, auth = CHAT_PATH, ctx.info, ctx.hit_body, ctx.auth
-        miss = chat_body(f"check-{self._nonce}")
-        with httpx.Client(timeout=30) as http:
-            edge_hit = http.post(info.edge_url + chat, content=hit, headers=auth)
-            origin_hit = http.post(info.origin_url + chat, content=hit, headers=auth)
-            origin_miss = http.post(info.origin_url + chat, content=miss, headers=auth)
-            bad_key = http.post(info.edge_url + chat, content=hit, headers=ctx.bad)
-            others = [
-                http.post(ctx.urls[name] + chat, content=hit, headers=auth)
-                for name in ("trivial", "forward", "floor", "floor_redis_py", "provider")
-            ]
-        checks = {
-            "edge_hit": edge_hit.headers.get(h.CACHE_LAYER),
-            "edge_hit_timing": edge_hit.headers.get(h.SERVER_TIMING, ""),
-            "origin_hit": origin_hit.headers.get(h.CACHE_LAYER),
-            "origin_miss": origin_miss.headers.get(h.CACHE_LAYER),
-            "bad_key": bad_key.status_code,
-        }
-        problems = [
-            f"{what} answered {got}"
-            for what, got, want in (
-                ("edge hit", (edge_hit.status_code, checks["edge_hit"]), (200, "kv")),
-                ("origin hit", (origin_hit.status_code, checks["origin_hit"]), (200, "redis")),
-                ("origin miss", (origin_miss.status_code, checks["origin_miss"]), (200, "miss")),
-                ("bad key", bad_key.status_code, 401),
-                ("floors", [r.status_code for r in others], [200] * 5),
-            )
-            if got != want
-        ]
-        if problems:
-            raise BenchError("path check failed: " + "; ".join(problems))
-        return checks
-
-    def _profile(self, ctx: _Context, high: int) -> dict[str, Any]:
+    def _profile(self, ctx: BenchContext, high: int) -> dict[str, Any]:
         """Where the time goes: the edge hit step by step, and py-spy on the origin."""
         seconds = max(2, round(self.config.duration))
         found: dict[str, Any] = {

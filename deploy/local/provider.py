@@ -1,4 +1,4 @@
-"""A local stand-in for OpenAI and Anthropic, with fault injection.
+"""A local stand-in for OpenAI and Anthropic, with fault injection: running it.
 
 Real HTTP, deterministic and fast: the floor in benchmarks, the provider in
 the test suite and the "local demo provider" of ``prism dev``.
@@ -8,57 +8,25 @@ short hash of the request body minus transport-only fields (``stream``,
 ``stream_options``, ``user``, ``metadata``). The same body always gets the
 same content, streamed or not; different bodies get different content.
 
-Run it: ``python -m deploy.local.provider --host 127.0.0.1 --port 9100``.
+Run it: ``python -m deploy.local.provider --host 127.0.0.1 --port 9100``, or in-process
+as a ``ProviderServer`` (a background thread on a free port). The app itself is in
+``deploy.local.provider_app``, its replies in ``provider_replies``, the wire formats in
+``provider_openai``, ``provider_anthropic`` and ``provider_sse``, the faults and control
+endpoints in ``provider_faults``, the settings in ``provider_settings``.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import hmac
-import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from types import TracebackType
-from typing import Any
 
-import orjson
 import uvicorn
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
 
 from deploy.local.asgi_thread import ThreadedServer
 from deploy.local.ports import free_port
-from deploy.local.provider_faults import (
-    Api,
-    Fault,
-    ProviderControl,
-    ProviderState,
-    control_routes,
-    error_response,
-    fault_error_response,
-    header_fault,
-    json_response,
-)
-from deploy.local.provider_formats import (
-    MALFORMED_JSON,
-    Reply,
-    StreamPlan,
-    anthropic_message,
-    anthropic_reply,
-    anthropic_stream,
-    error_event,
-    malformed_stream,
-    openai_completion,
-    openai_embeddings,
-    openai_reply,
-    openai_stream,
-    without_done,
-)
+from deploy.local.provider_app import create_provider_app
+from deploy.local.provider_faults import Fault, ProviderControl
 from deploy.local.provider_settings import DEFAULT_MODELS, ProviderSettings
 
 __all__ = [
@@ -71,274 +39,6 @@ __all__ = [
     "create_provider_app",
     "main",
 ]
-
-# ---------------------------------------------------------------- the app
-
-
-class _Provider:
-    """Request handlers over one settings object and one per-app state."""
-
-    def __init__(self, settings: ProviderSettings, state: ProviderState) -> None:
-        self.settings = settings
-        self.state = state
-
-    async def models(self, request: Request) -> Response:
-        self.state.stats.paths[request.url.path] += 1
-        key = self.settings.api_key
-        if key is not None:
-            bearer = request.headers.get("authorization", "").removeprefix("Bearer ")
-            given = request.headers.get("x-api-key", bearer)
-            if not hmac.compare_digest(given.encode(), key.encode()):
-                return error_response("openai", 401, "Incorrect API key provided.")
-        data = [
-            {"id": m, "object": "model", "created": 0, "owned_by": "prism-local"}
-            for m in self.settings.models
-        ]
-        return json_response({"object": "list", "data": data})
-
-    async def chat_completions(self, request: Request) -> Response:
-        return await self._chat(request, "openai")
-
-    async def messages(self, request: Request) -> Response:
-        return await self._chat(request, "anthropic")
-
-    async def embeddings(self, request: Request) -> Response:
-        """Deterministic vectors (``openai_embeddings``); the same faults as chat, but
-        those of streams (an embedding is never streamed)."""
-        state = self.state
-        state.stats.paths[request.url.path] += 1
-        raw = await request.body()
-        denied = self._denied(request, "openai")
-        if denied is not None:
-            return denied
-        try:
-            body = orjson.loads(raw)
-            if not isinstance(body, dict):
-                raise ValueError("The request body must be a JSON object.")
-            answer = openai_embeddings(body)
-            fault = header_fault(request.headers) or state.faults.take()
-        except (orjson.JSONDecodeError, ValueError) as exc:
-            return error_response("openai", 400, str(exc))
-        state.recent.append({"method": "POST", "path": request.url.path, "body": body})
-        state.record(fault, False)
-        delay = self.settings.latency_ms / 1000 + _fault_delay(fault, False)
-        if delay > 0:
-            await asyncio.sleep(delay)
-        if fault is not None and fault.mode in ("status", "rate_limit"):
-            return fault_error_response("openai", fault)
-        return _plain(orjson.dumps(answer), fault)
-
-    def _denied(self, request: Request, api: Api) -> Response | None:
-        headers, key = request.headers, self.settings.api_key
-        if api == "anthropic":
-            given = headers.get("x-api-key")
-            if given is None or (key is not None and not _same(given, key)):
-                return error_response(api, 401, "invalid x-api-key")
-            if "anthropic-version" not in headers:
-                return error_response(api, 400, "anthropic-version: header is required")
-        elif key is not None and not _same(headers.get("authorization", ""), f"Bearer {key}"):
-            return error_response(api, 401, "Incorrect API key provided.")
-        return None
-
-    async def _chat(self, request: Request, api: Api) -> Response:
-        state, settings = self.state, self.settings
-        state.stats.chat_requests += 1
-        state.stats.paths[request.url.path] += 1
-        raw = await request.body()
-        denied = self._denied(request, api)
-        if denied is not None:
-            return denied
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            return error_response(api, 400, "The request body is not valid JSON.")
-        if not isinstance(body, dict):
-            return error_response(api, 400, "The request body must be a JSON object.")
-        state.recent.append(
-            {
-                "method": request.method,
-                "path": request.url.path,
-                "headers": dict(request.headers),
-                "body": body,
-            }
-        )
-        try:
-            reply = (openai_reply if api == "openai" else anthropic_reply)(settings, body)
-            fault = header_fault(request.headers) or state.faults.take()
-        except ValueError as exc:
-            return error_response(api, 400, str(exc))
-        stream = body.get("stream") is True
-        state.record(fault, stream)
-        delay = settings.latency_ms / 1000 + _fault_delay(fault, stream)
-        if delay > 0:
-            await asyncio.sleep(delay)
-        if fault is not None and fault.mode in ("status", "rate_limit"):
-            return fault_error_response(api, fault)
-        return self._answer(api, body, reply, fault, stream)
-
-    def _answer(
-        self, api: Api, body: dict[str, Any], reply: Reply, fault: Fault | None, stream: bool
-    ) -> Response:
-        """The reply as JSON or as an event stream, spoiled as the fault says."""
-        settings = self.settings
-        created = int(time.time())
-        mode = fault.mode if fault is not None else None
-        if not stream:
-            data = (
-                openai_completion(reply, created) if api == "openai" else anthropic_message(reply)
-            )
-            return _plain(orjson.dumps(data), fault)
-        if api == "openai":
-            options = body.get("stream_options")
-            include_usage = isinstance(options, dict) and options.get("include_usage") is True
-            plan = openai_stream(settings, reply, created, include_usage)
-        else:
-            plan = anthropic_stream(settings, reply)
-        if mode == "malformed_json":
-            plan = malformed_stream(api, plan)
-        elif mode == "no_done":
-            plan = without_done(plan)
-        elif mode == "error_event":
-            assert fault is not None
-            plan = error_event(api, fault.message)
-        events = self._emit(plan, fault)
-        if mode == "truncated_stream" and fault is not None and fault.abort:
-            return _CutResponse(events, "text/event-stream")
-        return StreamingResponse(events, media_type="text/event-stream", headers=_SSE_HEADERS)
-
-    async def _emit(self, plan: StreamPlan, fault: Fault | None) -> AsyncIterator[bytes]:
-        """Yield each event as its own write, paced by tokens_per_second."""
-        stop_at = stall_at = -1
-        if fault is not None and fault.mode == "truncated_stream":
-            stop_at = min(fault.after_chunks, plan.terminal)
-        elif fault is not None and fault.mode == "stall_mid_stream":
-            stall_at = min(fault.after_chunks, len(plan.events) - 1)
-        elif fault is not None and fault.mode == "stall_after_headers":
-            stall_at = 0  # the headers are already out: silence before the first event
-        rate = self.settings.tokens_per_second
-        # Bound once: a reset while this stream is open must not skew the new counters.
-        stats = self.state.stats
-        stats.open_streams += 1
-        finished = False
-        try:
-            started, words = time.monotonic(), 0
-            for i, (event, weight) in enumerate(plan.events):
-                if i == stop_at:
-                    break
-                if i == stall_at:
-                    assert fault is not None
-                    with contextlib.suppress(TimeoutError):  # else released early
-                        await asyncio.wait_for(self.state.release.wait(), fault.seconds)
-                    started = time.monotonic() - words / rate if rate else started
-                if rate and weight:
-                    # Pace against a schedule, not per chunk, so sleeps do not drift.
-                    words += weight
-                    wait = started + words / rate - time.monotonic()
-                    if wait > 0:
-                        await asyncio.sleep(wait)
-                yield event
-            finished = True
-        finally:
-            stats.open_streams -= 1
-            if finished:
-                stats.streams_completed += 1
-            else:
-                stats.streams_aborted += 1
-
-
-_SSE_HEADERS = {"cache-control": "no-cache"}
-
-
-class _CutResponse(Response):
-    """Headers and part of a body, then the connection drops (the body never ends).
-
-    Returning without the final ``more_body=False`` message makes the server close the
-    connection, which is what a provider crashing mid-answer looks like on the wire.
-    """
-
-    def __init__(
-        self, parts: AsyncIterator[bytes], media_type: str, *, content_length: int | None = None
-    ) -> None:
-        self.status_code = 200
-        self.background = None
-        self.raw_headers = [(b"content-type", media_type.encode())]
-        if content_length is not None:
-            self.raw_headers.append((b"content-length", str(content_length).encode()))
-        self._parts = parts
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        async for part in self._parts:
-            await send({"type": "http.response.body", "body": part, "more_body": True})
-
-
-def _plain(payload: bytes, fault: Fault | None) -> Response:
-    """A JSON answer, spoiled as the fault says."""
-    mode = fault.mode if fault is not None else None
-    if mode == "malformed_json":
-        payload = MALFORMED_JSON
-    elif mode == "truncated_stream":
-        assert fault is not None
-        if fault.abort:
-            # Promise the whole body, send half, hang up.
-            half = _once(payload[: len(payload) // 2])
-            return _CutResponse(half, "application/json", content_length=len(payload))
-        payload = payload[: len(payload) // 2]
-    elif mode == "stall_after_headers":
-        assert fault is not None
-        return StreamingResponse(_after(fault.seconds, payload), media_type="application/json")
-    return Response(payload, media_type="application/json")
-
-
-async def _once(payload: bytes) -> AsyncIterator[bytes]:
-    yield payload
-
-
-async def _after(seconds: float, payload: bytes) -> AsyncIterator[bytes]:
-    """``payload`` after ``seconds`` of silence (the headers have gone out already)."""
-    await asyncio.sleep(seconds)
-    yield payload
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    """Unknown routes and methods, in OpenAI's error format rather than plain text."""
-    status = exc.status_code if isinstance(exc, HTTPException) else 500
-    return error_response("openai", status, f"{request.method} {request.url.path}: {exc}")
-
-
-def _same(given: str, expected: str) -> bool:
-    return hmac.compare_digest(given.encode(), expected.encode())
-
-
-def _fault_delay(fault: Fault | None, stream: bool) -> float:
-    """Seconds a fault adds before the first byte."""
-    if fault is None:
-        return 0.0
-    if fault.mode == "latency":
-        return fault.ms / 1000
-    if fault.mode == "stall_before_first_byte" or (fault.mode == "stall_mid_stream" and not stream):
-        return fault.seconds
-    return 0.0
-
-
-def create_provider_app(settings: ProviderSettings | None = None) -> Starlette:
-    """The provider as an ASGI app; all mutable state lives on this instance."""
-    settings = settings or ProviderSettings()
-    state = ProviderState()
-    provider = _Provider(settings, state)
-    routes = [
-        Route("/v1/chat/completions", provider.chat_completions, methods=["POST"]),
-        Route("/v1/messages", provider.messages, methods=["POST"]),
-        Route("/v1/embeddings", provider.embeddings, methods=["POST"]),
-        Route("/v1/models", provider.models, methods=["GET"]),
-        *control_routes(state),
-    ]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
-    app.state.provider = state  # for in-process tests that want to look inside
-    return app
-
-
-# ---------------------------------------------------------------- running it
 
 
 def closed_port(host: str = "127.0.0.1") -> int:

@@ -1,7 +1,8 @@
 """How the local provider stand-in behaves when no fault is injected: its settings and models.
 
-Below both :mod:`deploy.local.provider` (the server) and :mod:`deploy.local.provider_formats`
-(its replies), which read them.
+Below :mod:`deploy.local.provider` (the server), :mod:`deploy.local.provider_replies` (its
+replies) and the wire formats (:mod:`deploy.local.provider_openai`,
+:mod:`deploy.local.provider_anthropic`), which read them.
 """
 
 from __future__ import annotations

@@ -1,0 +1,180 @@
+"""What the local provider answers, before it is put in either API's format.
+
+A chat request of either API (``openai_reply``, ``anthropic_reply``) is checked and read
+into a ``Reply``: the echo of the last user text, the tag that makes it depend on the
+whole body, a tool call when the request asks for one, and the token counts. Apart from
+the wire formats (``provider_openai``, ``provider_anthropic``, ``provider_sse``) because
+the one reply is put in each of them: the same body always gets the same content,
+streamed or not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from deploy.local.provider_settings import ProviderSettings
+
+__all__ = ["Reply", "anthropic_reply", "openai_reply", "require"]
+
+_TRANSPORT_KEYS = frozenset({"stream", "stream_options", "user", "metadata"})
+_FILLER = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
+_WORDS = re.compile(r"\s*\S+\s*")
+_MAX_N = 16
+
+
+@dataclass(frozen=True, slots=True)
+class _ToolCall:
+    name: str
+    input: dict[str, Any]
+    arguments: str  # the same input as JSON text
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One answer to a chat request, before it is put in either API's format."""
+
+    tag: str
+    model: str
+    texts: tuple[str, ...]  # one per choice; unused when the choices are tool calls
+    tool_call: _ToolCall | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def _digest(body: dict[str, Any]) -> str:
+    kept = {k: v for k, v in body.items() if k not in _TRANSPORT_KEYS}
+    return hashlib.sha256(orjson.dumps(kept, option=orjson.OPT_SORT_KEYS)).hexdigest()[:10]
+
+
+def _text_of(content: Any) -> str:
+    """Text of a message content: a string, or OpenAI parts / Anthropic blocks."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(
+            str(part.get("text", ""))
+            for part in content
+            if isinstance(part, dict) and part.get("type") == "text"
+        )
+    return ""
+
+
+def _sample_input(schema: Any, text: str, tag: str) -> dict[str, Any]:
+    """Deterministic arguments that fit a JSON schema's top-level properties."""
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(props, dict):
+        return {}
+    snippet = text[:40] or tag
+    out: dict[str, Any] = {}
+    for key, spec in props.items():
+        spec = spec if isinstance(spec, dict) else {}
+        enum = spec.get("enum")
+        kind = spec.get("type")
+        if isinstance(kind, list):
+            kind = next((k for k in kind if k != "null"), "string")
+        if isinstance(enum, list) and enum:
+            out[key] = enum[0]
+        else:
+            samples = {"integer": len(text), "number": len(text) / 2, "boolean": True}
+            out[key] = {"array": [], "object": {}, **samples}.get(str(kind), snippet)
+    return out
+
+
+def _build_reply(
+    settings: ProviderSettings,
+    body: dict[str, Any],
+    texts_in: list[str],
+    last_user: str,
+    tool: tuple[str, Any] | None,
+    n: int,
+) -> Reply:
+    tag = _digest(body)
+    prompt_tokens = max(1, sum(len(t.split()) for t in texts_in))
+    snippet = " ".join(last_user.split())[: settings.echo_chars]
+    if tool is not None:
+        tool_input = _sample_input(tool[1], snippet, tag)
+        arguments = orjson.dumps(tool_input).decode()
+        call = _ToolCall(tool[0], tool_input, arguments)
+        completion = n * max(1, len(arguments) // 4)
+        return Reply(tag, str(body["model"]), ("",) * n, call, prompt_tokens, completion)
+    words = ["Echo:", *snippet.split()]
+    filler = max(0, settings.reply_words - len(words) - 1)
+    words += [_FILLER[i % len(_FILLER)] for i in range(filler)]
+    base = " ".join(words)
+    # Each choice gets its own tag so n > 1 yields distinct, still deterministic, choices.
+    texts = tuple(f"{base} [{tag if i == 0 else f'{tag}.{i}'}]" for i in range(n))
+    completion = sum(len(t.split()) for t in texts)
+    return Reply(tag, str(body["model"]), texts, None, prompt_tokens, completion)
+
+
+def _mentioned(tools: list[tuple[str, Any]], text: str) -> tuple[str, Any] | None:
+    return next((t for t in tools if t[0] and t[0] in text), None)
+
+
+def _named(tools: list[tuple[str, Any]], name: Any) -> tuple[str, Any]:
+    return next((t for t in tools if t[0] == name), (str(name), {}))
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def openai_reply(settings: ProviderSettings, body: dict[str, Any]) -> Reply:
+    messages = body.get("messages")
+    require(isinstance(body.get("model"), str) and bool(body["model"]), "'model' is required")
+    require(isinstance(messages, list) and bool(messages), "'messages' must be a non-empty list")
+    assert isinstance(messages, list)
+    require(all(isinstance(m, dict) for m in messages), "each message must be an object")
+    n = 1 if body.get("n") is None else body["n"]
+    require(isinstance(n, int) and 1 <= n <= _MAX_N, f"'n' must be an integer in 1..{_MAX_N}")
+    texts = [_text_of(m.get("content")) for m in messages]
+    users = [t for m, t in zip(messages, texts, strict=True) if m.get("role") == "user"]
+    last_user = users[-1] if users else ""
+    tools = [
+        (str(t["function"].get("name", "")), t["function"].get("parameters"))
+        for t in body.get("tools") or []
+        if isinstance(t, dict) and isinstance(t.get("function"), dict)
+    ]
+    choice = body.get("tool_choice")
+    tool: tuple[str, Any] | None = None
+    if tools and choice == "required":
+        tool = tools[0]
+    elif tools and isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        tool = _named(tools, choice["function"].get("name"))
+    elif tools and choice in (None, "auto") and messages[-1].get("role") == "user":
+        tool = _mentioned(tools, last_user)
+    return _build_reply(settings, body, texts, last_user, tool, n)
+
+
+def anthropic_reply(settings: ProviderSettings, body: dict[str, Any]) -> Reply:
+    messages = body.get("messages")
+    require(isinstance(body.get("model"), str) and bool(body["model"]), "model: Field required")
+    require(isinstance(body.get("max_tokens"), int), "max_tokens: Field required")
+    require(isinstance(messages, list) and bool(messages), "messages: must be a non-empty list")
+    assert isinstance(messages, list)
+    require(all(isinstance(m, dict) for m in messages), "messages: each must be an object")
+    texts = [_text_of(body.get("system")), *(_text_of(m.get("content")) for m in messages)]
+    users = [t for m, t in zip(messages, texts[1:], strict=True) if m.get("role") == "user"]
+    last_user = users[-1] if users else ""
+    tools = [
+        (str(t.get("name", "")), t.get("input_schema"))
+        for t in body.get("tools") or []
+        if isinstance(t, dict)
+    ]
+    choice = body.get("tool_choice") or {"type": "auto"}
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    tool: tuple[str, Any] | None = None
+    if tools and kind == "any":
+        tool = tools[0]
+    elif tools and kind == "tool":
+        tool = _named(tools, choice.get("name"))
+    elif tools and kind == "auto" and messages[-1].get("role") == "user":
+        # A tool_result turn has no text blocks, so the conversation can end with text.
+        tool = _mentioned(tools, last_user)
+    return _build_reply(settings, body, texts, last_user, tool, 1)
