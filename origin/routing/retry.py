@@ -25,7 +25,7 @@ __all__ = [
     "RATE_LIMITED",
     "SERVER_ERROR",
     "backoff",
-    "classify",
+    "outcome_of",
     "retry_after",
 ]
 
@@ -42,7 +42,7 @@ _BY_CODE = {
 }
 
 
-def classify(error: PrismError) -> str:
+def outcome_of(error: PrismError) -> str:
     """The attempt's outcome, as counted in ``prism_provider_attempts_total``."""
     if isinstance(error, RateLimitError):
         return RATE_LIMITED

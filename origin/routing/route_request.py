@@ -20,7 +20,7 @@ from ..providers.upstream_http import CONTEXT_LENGTH_EXCEEDED
 from .health import Admission
 from .hedge import hedge_delay
 from .operation import Operation
-from .retry import CLIENT_ERROR, RATE_LIMITED, SERVER_ERROR, backoff, classify, retry_after
+from .retry import CLIENT_ERROR, RATE_LIMITED, SERVER_ERROR, backoff, outcome_of, retry_after
 from .targets import Plan, Routed, Target
 
 __all__ = ["Attempts", "RouteRequest"]
@@ -146,7 +146,7 @@ class RouteRequest:
     def failed(self, target: Target, error: PrismError) -> None:
         """Decide what the failure means for the next attempt (or answer with it)."""
         self.last_error = error
-        outcome = classify(error)
+        outcome = outcome_of(error)
         spec = target.spec
         if outcome == CLIENT_ERROR:
             fallback = self.plan.context_fallback

@@ -31,7 +31,7 @@ from ..providers.upstream_http import redact
 from .first_byte import StartedEvents, first_token_timeout, open_started
 from .health import Health, HealthPolicy, ProviderHealth, State
 from .operation import Operation
-from .retry import CLIENT_ERROR, classify
+from .retry import CLIENT_ERROR, outcome_of
 from .route_request import RouteRequest
 from .targets import Plan, Routed, Target
 
@@ -216,7 +216,7 @@ class Router:
         if error is None:
             outcome, ok, detail = "ok", True, None
         else:
-            outcome = classify(error)
+            outcome = outcome_of(error)
             ok = outcome == CLIENT_ERROR  # the provider answered; the request was wrong
             detail = None if ok else _detail(error)
         first_byte = seconds if error is None else None

@@ -19,7 +19,7 @@ from origin.providers.config import ModelTarget, ProviderConfig, Route, load_pro
 from origin.providers.upstream_http import redact
 from origin.routing.health import Admission, Health, HealthPolicy, State
 from origin.routing.hedge import HEDGE_CEILING, HEDGE_FLOOR, HedgeBudget, hedge_delay
-from origin.routing.retry import classify
+from origin.routing.retry import outcome_of
 from origin.routing.router import Routed, Router
 from prism import (
     InvalidRequestError,
@@ -674,7 +674,7 @@ def test_bad_routing_settings_are_refused_at_start_up(
     ],
 )
 def test_each_failure_is_classified_for_retry_and_metrics(error: PrismError, outcome: str) -> None:
-    assert classify(error) == outcome
+    assert outcome_of(error) == outcome
 
 
 def test_a_provider_message_never_shows_any_part_of_the_gateways_key() -> None:
