@@ -386,7 +386,7 @@ async def test_a_stall_before_the_first_byte_ends_when_released(
         held = [asyncio.ensure_future(http.post(path, json=body)) for path, body in bodies]
 
         def received() -> bool:
-            paths = provider.control.stats()["paths"]
+            paths: dict[str, int] = provider.control.stats()["paths"]
             return paths.get("/v1/chat/completions") == 2 and paths.get("/v1/embeddings") == 1
 
         await asyncio.to_thread(wait_for, received)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -88,10 +89,13 @@ def bound_of(origin: RunningOrigin, payload: dict[str, Any]) -> int:
     return bound
 
 
-def decided(provider: ProviderServer, sent: list[asyncio.Future[Any]], joined: float = 0) -> int:
+def decided(
+    provider: ProviderServer, sent: Sequence[asyncio.Future[Any]], joined: float = 0
+) -> int:
     """Requests decided: their call held at the provider (stalled until released), refused
     (answered: no call can answer while the stall holds), or ``joined`` to a held call."""
-    return provider.control.stats()["chat_requests"] + sum(f.done() for f in sent) + int(joined)
+    held = int(provider.control.stats()["chat_requests"])
+    return held + sum(f.done() for f in sent) + int(joined)
 
 
 def joined(origin: RunningOrigin) -> float:
