@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from deploy.local.ports import free_port
-from tests.fixtures.stacks import PRISM, prism_dev, read_line, stack_env
+from tests.fixtures.stacks import CLI_START, PRISM, prism_dev, read_line, stack_env
 
 pytest.importorskip("numpy", reason="the semantic extra is not installed")
 
@@ -28,13 +28,13 @@ def test_prism_dev_offline_serves_a_semantic_hit(tmp_path: Path) -> None:
         info = json.loads(read_line(dev, timeout=120))
         policy = subprocess.run(
             [*PRISM, "policy", "set", "--project", info["project"], "--semantic", "--no-kv"],
-            capture_output=True, text=True, timeout=60, env=env | {"REDIS_URL": info["redis_url"]},
+            capture_output=True, text=True, timeout=CLI_START, env=env | {"REDIS_URL": info["redis_url"]},
         )  # fmt: skip
         assert policy.returncode == 0, policy.stdout + policy.stderr
         smoke = subprocess.run(
             [*PRISM, "smoke", info["edge_url"], "--key", info["api_key"], "--json",
              "--pause", "1.5", "--semantic"],
-            capture_output=True, text=True, timeout=120, env=env,
+            capture_output=True, text=True, timeout=CLI_START, env=env,
         )  # fmt: skip
         rows = json.loads(smoke.stdout)
         assert smoke.returncode == 0, rows

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from deploy.local.ports import free_port
 from deploy.local.processes import process_tree
-from tests.fixtures.stacks import PRISM, prism_dev, read_line, stack_env
+from tests.fixtures.stacks import CLI_START, PRISM, prism_dev, read_line, stack_env
 from tests.polling import wait_for
 
 
@@ -38,7 +38,7 @@ def test_prism_dev_serves_miss_then_kv_and_stops_cleanly_on_sigint(tmp_path: Pat
 
         smoke = subprocess.run(
             [*PRISM, "smoke", info["edge_url"], "--key", info["api_key"], "--json", "--pause", "1.5"],
-            capture_output=True, text=True, timeout=60, env=env,
+            capture_output=True, text=True, timeout=CLI_START, env=env,
         )  # fmt: skip
         assert smoke.returncode == 0, smoke.stderr
         rows = json.loads(smoke.stdout)
@@ -48,7 +48,7 @@ def test_prism_dev_serves_miss_then_kv_and_stops_cleanly_on_sigint(tmp_path: Pat
 
         status = subprocess.run(
             [*PRISM, "status", "--state-dir", str(tmp_path / "state"), "--json"],
-            capture_output=True, text=True, timeout=60, env=env,
+            capture_output=True, text=True, timeout=CLI_START, env=env,
         )  # fmt: skip
         assert status.returncode == 0, status.stdout + status.stderr
         # the path row: the dev key (derived from the state folder) got through to the origin
@@ -73,7 +73,7 @@ def test_port_in_use_is_one_clear_line(tmp_path: Path) -> None:
         result = subprocess.run(
             [*PRISM, "dev", "--edge-port", port, "--origin-port", str(free_port()),
              "--kv-port", str(free_port()), "--state-dir", str(tmp_path)],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True, text=True, timeout=CLI_START,
         )  # fmt: skip
     assert result.returncode == 1
     assert f"port {port} (edge) is in use" in result.stderr

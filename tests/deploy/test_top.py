@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from deploy.local.ports import free_port
-from tests.fixtures.stacks import PRISM, prism_dev, read_line, stack_env
+from tests.fixtures.stacks import CLI_START, PRISM, prism_dev, read_line, stack_env
 from tests.polling import wait_for
 
 ROOT = Path(__file__).parents[2]
@@ -77,14 +77,14 @@ def test_json_frame_shows_rates_providers_and_spend_today(
     def frame() -> dict[str, Any] | None:
         run = subprocess.run(
             [*PRISM, "top", "--json", "--interval", "0.5", "--state-dir", str(dev_stack.state_dir)],
-            capture_output=True, text=True, timeout=60, env=dev_stack.env, cwd=ROOT,
+            capture_output=True, text=True, timeout=CLI_START, env=dev_stack.env, cwd=ROOT,
         )  # fmt: skip
         assert run.returncode == 0, run.stderr
         found: dict[str, Any] = json.loads(run.stdout)
         spend = found["spend"]["projects"]
         return found if found["requests"]["redis"]["per_second"] and spend else None
 
-    found = wait_for(frame, timeout=30, interval=0.2)
+    found = wait_for(frame, timeout=CLI_START, interval=0.2)  # a `prism top` each try
     assert found["url"] == dev_stack.info["origin_admin_url"]
     assert found["requests"]["kv"] is None
     assert found["providers"]["openai"]["state"] == "healthy"
@@ -97,7 +97,7 @@ def test_an_origin_that_cannot_be_reached_is_one_line_and_exit_1() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     run = subprocess.run(
         [*PRISM, "top", "--once", "--url", url, "--interval", "0.2"],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True, text=True, timeout=CLI_START,
     )  # fmt: skip
     assert run.returncode == 1
     assert run.stderr.strip() == f"Error: cannot reach {url}/metrics: ConnectError"
@@ -140,7 +140,7 @@ def test_top_refreshes_in_a_real_terminal_and_quits_cleanly(
 
     try:
         try:
-            shown = wait_for(moving, timeout=45, interval=0.25)
+            shown = wait_for(moving, timeout=CLI_START, interval=0.25)  # its start-up
         except AssertionError:
             size = subprocess.run(
                 [*tmux, "display-message", "-p", "-t", "top", "#{window_width}x#{window_height}"],
