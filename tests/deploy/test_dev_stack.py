@@ -8,9 +8,20 @@ import socket
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from deploy.local.ports import free_port
 from deploy.local.processes import process_tree
-from tests.fixtures.stacks import CLI_START, PRISM, prism_dev, read_line, stack_env
+from tests.fixtures.stacks import (
+    CLI_START,
+    PRISM,
+    STACK_START,
+    STACK_STOP,
+    STACK_TEST_TIMEOUT,
+    prism_dev,
+    read_line,
+    stack_env,
+)
 from tests.polling import wait_for
 
 
@@ -27,11 +38,12 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.timeout(STACK_TEST_TIMEOUT)
 def test_prism_dev_serves_miss_then_kv_and_stops_cleanly_on_sigint(tmp_path: Path) -> None:
     env = stack_env()
     dev = prism_dev(tmp_path / "state", env)
     try:
-        info = json.loads(read_line(dev, timeout=120))
+        info = json.loads(read_line(dev, timeout=STACK_START))
         assert info["provider"] == "demo (local)"
         children = descendants(dev.pid)
         assert len(children) >= 4  # redis, provider, origin, runtime (+ workerd)
@@ -60,7 +72,7 @@ def test_prism_dev_serves_miss_then_kv_and_stops_cleanly_on_sigint(tmp_path: Pat
         }
     finally:
         dev.send_signal(signal.SIGINT)
-        dev.wait(timeout=60)
+        dev.wait(timeout=STACK_STOP)
     assert dev.returncode == 0
     wait_for(lambda: not any(alive(pid) for pid in children), timeout=20, interval=0.1)
 

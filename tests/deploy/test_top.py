@@ -21,10 +21,23 @@ import httpx
 import pytest
 
 from deploy.local.ports import free_port
-from tests.fixtures.stacks import CLI_START, PRISM, prism_dev, read_line, stack_env
+from tests.fixtures.stacks import (
+    CLI_START,
+    PRISM,
+    STACK_START,
+    STACK_STOP,
+    STACK_TEST_TIMEOUT,
+    prism_dev,
+    read_line,
+    stack_env,
+)
 from tests.polling import wait_for
 
 ROOT = Path(__file__).parents[2]
+
+
+# The module's stack starts in the first test's setup and stops in the last's teardown.
+pytestmark = pytest.mark.timeout(STACK_TEST_TIMEOUT)
 
 
 @dataclass
@@ -40,11 +53,11 @@ def dev_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
     env = stack_env("PRISM_ADMIN_KEY")
     dev = prism_dev(state, env)
     try:
-        info = json.loads(read_line(dev, timeout=120))
+        info = json.loads(read_line(dev, timeout=STACK_START))
         yield DevStack(info, state, env)
     finally:
         dev.send_signal(signal.SIGINT)
-        dev.wait(timeout=60)
+        dev.wait(timeout=STACK_STOP)
 
 
 @pytest.fixture
