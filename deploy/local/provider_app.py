@@ -84,6 +84,7 @@ class _Provider:
         those of streams (an embedding is never streamed)."""
         state = self.state
         state.stats.paths[request.url.path] += 1
+        release = state.release  # a release from now on ends this request's stall
         raw = await request.body()
         denied = self._denied(request, "openai")
         if denied is not None:
@@ -98,9 +99,7 @@ class _Provider:
             return error_response("openai", 400, str(exc))
         state.recent.append({"method": "POST", "path": request.url.path, "body": body})
         state.record(fault, False)
-        delay = self.settings.latency_ms / 1000 + _fault_delay(fault, False)
-        if delay > 0:
-            await asyncio.sleep(delay)
+        await self._before_first_byte(fault, False, release)
         if fault is not None and fault.mode in ("status", "rate_limit"):
             return fault_error_response("openai", fault)
         return _plain(orjson.dumps(answer), fault)
@@ -121,6 +120,7 @@ class _Provider:
         state, settings = self.state, self.settings
         state.stats.chat_requests += 1
         state.stats.paths[request.url.path] += 1
+        release = state.release  # a release from now on ends this request's stall
         raw = await request.body()
         denied = self._denied(request, api)
         if denied is not None:
@@ -146,12 +146,26 @@ class _Provider:
             return error_response(api, 400, str(exc))
         stream = body.get("stream") is True
         state.record(fault, stream)
-        delay = settings.latency_ms / 1000 + _fault_delay(fault, stream)
-        if delay > 0:
-            await asyncio.sleep(delay)
+        await self._before_first_byte(fault, stream, release)
         if fault is not None and fault.mode in ("status", "rate_limit"):
             return fault_error_response(api, fault)
         return self._answer(api, body, reply, fault, stream)
+
+    async def _before_first_byte(
+        self, fault: Fault | None, stream: bool, release: asyncio.Event
+    ) -> None:
+        """The wait before the answer's first byte: the settings' latency and a ``latency``
+        fault are waited out; a stall before the first byte lasts its ``seconds`` or until
+        ``release`` is set (``/_control/release``), whichever comes first."""
+        latency = self.settings.latency_ms / 1000
+        if fault is not None and fault.mode == "latency":
+            latency += fault.ms / 1000
+        if latency > 0:
+            await asyncio.sleep(latency)
+        stall = _stall_before_first_byte(fault, stream)
+        if stall > 0:
+            with contextlib.suppress(TimeoutError):  # else released early
+                await asyncio.wait_for(release.wait(), stall)
 
     def _answer(
         self, api: Api, body: dict[str, Any], reply: Reply, fault: Fault | None, stream: bool
@@ -287,12 +301,11 @@ def _same(given: str, expected: str) -> bool:
     return hmac.compare_digest(given.encode(), expected.encode())
 
 
-def _fault_delay(fault: Fault | None, stream: bool) -> float:
-    """Seconds a fault adds before the first byte."""
+def _stall_before_first_byte(fault: Fault | None, stream: bool) -> float:
+    """Seconds a fault stalls the answer before its first byte (a mid-stream stall asked
+    of a JSON answer stalls it before its first byte)."""
     if fault is None:
         return 0.0
-    if fault.mode == "latency":
-        return fault.ms / 1000
     if fault.mode == "stall_before_first_byte" or (fault.mode == "stall_mid_stream" and not stream):
         return fault.seconds
     return 0.0

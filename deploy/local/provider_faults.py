@@ -14,8 +14,10 @@ Modes: ``status`` (an error status), ``rate_limit`` (429 with ``Retry-After``),
 ``error_event`` (a 200 stream whose first event is the API's error event, as Anthropic
 reports an overload), ``malformed_json`` and ``latency``. A queued fault with
 ``probability`` hits that share of requests, drawn from a generator seeded with ``seed``.
-A stream's stall (``stall_after_headers``, ``stall_mid_stream``) lasts ``seconds`` or until
-``/_control/release``, whichever comes first.
+A stall before the first byte (``stall_before_first_byte``) and a stream's stall
+(``stall_after_headers``, ``stall_mid_stream``) last ``seconds`` or until ``/_control/release``,
+whichever comes first; a release ends the stall before the first byte of every request
+received before it, even one that had not reached its stall yet.
 """
 
 from __future__ import annotations
@@ -223,8 +225,8 @@ class ProviderState:
     recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=_RECENT_REQUESTS))
     # One record per chat request, for timelines: [unix time, outcome, streamed].
     log: deque[tuple[float, str, bool]] = field(default_factory=lambda: deque(maxlen=_LOG_REQUESTS))
-    # Set to end every stream stall in progress before its ``seconds`` (``/_control/release``):
-    # a test holds a stream still for as long as it needs, not for a guessed time.
+    # Set to end every stall in progress before its ``seconds`` (``/_control/release``): a
+    # test holds a call or a stream still for as long as it needs, not for a guessed time.
     release: asyncio.Event = field(default_factory=asyncio.Event)
 
     def release_stalls(self) -> None:
@@ -371,8 +373,9 @@ class ProviderControl:
         self._call("POST", "/_control/reset")
 
     def release(self) -> None:
-        """End every stream stall in progress now (``stall_mid_stream``,
-        ``stall_after_headers``): the streams go on."""
+        """End every stall in progress now (``stall_before_first_byte`` of any request
+        received so far, a stream's ``stall_mid_stream`` or ``stall_after_headers``): the
+        answers go on."""
         self._call("POST", "/_control/release")
 
     def requests(self) -> list[dict[str, Any]]:

@@ -28,6 +28,7 @@ from deploy.bench.fault_metrics import (
 from deploy.bench.faults import FaultBenchConfig, providers_toml
 from deploy.bench.servers import BenchError
 from origin.providers.config import load_provider_config
+from tests.fixtures.stacks import CLI_START
 
 PRISM = [sys.executable, "-m", "deploy.cli"]
 
@@ -90,7 +91,7 @@ def test_smoke_run_records_every_request_and_the_counts_add_up(tmp_path: Path) -
 def test_unknown_scenario_is_one_line_and_exit_2() -> None:
     run = subprocess.run(
         [*PRISM, "bench", "faults", "--scenario", "meteor"], capture_output=True, text=True,
-        timeout=60,
+        timeout=CLI_START,
     )  # fmt: skip
     assert run.returncode == 2
     assert "unknown scenario meteor" in run.stderr

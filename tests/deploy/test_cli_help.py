@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from deploy.cli import app
 from deploy.local.ports import free_port
+from tests.fixtures.stacks import CLI_START
 
 runner = CliRunner()
 
@@ -66,7 +67,7 @@ def test_origin_serve_port_in_use_is_one_line() -> None:
             [sys.executable, "-m", "deploy.cli", "origin", "serve", "--port", str(port)],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=CLI_START,
             env={
                 "PRISM_KEY_SECRET": "x" * 32,
                 "PRISM_FORWARD_SECRET": "y" * 32,
@@ -83,7 +84,7 @@ def test_dev_with_unreachable_redis_is_one_line(tmp_path: Path) -> None:
          "--origin-port", str(free_port()), "--edge-port", str(free_port()), "--kv-port", str(free_port())],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=CLI_START,
         env={"REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
     assert result.returncode == 1

@@ -12,11 +12,21 @@ from pathlib import Path
 import pytest
 
 from deploy.local.ports import free_port
-from tests.fixtures.stacks import PRISM, prism_dev, read_line, stack_env
+from tests.fixtures.stacks import (
+    CLI_START,
+    PRISM,
+    STACK_START,
+    STACK_STOP,
+    STACK_TEST_TIMEOUT,
+    prism_dev,
+    read_line,
+    stack_env,
+)
 
 pytest.importorskip("numpy", reason="the semantic extra is not installed")
 
 
+@pytest.mark.timeout(STACK_TEST_TIMEOUT)
 def test_prism_dev_offline_serves_a_semantic_hit(tmp_path: Path) -> None:
     env = stack_env("PRISM_SEMANTIC_MODEL")
     # Offline: the hub libraries' switches, and any HTTP(S) client pointed at a dead proxy.
@@ -25,21 +35,21 @@ def test_prism_dev_offline_serves_a_semantic_hit(tmp_path: Path) -> None:
     env |= {"HTTP_PROXY": dead, "HTTPS_PROXY": dead, "NO_PROXY": "127.0.0.1,localhost"}
     dev = prism_dev(tmp_path / "state", env)
     try:
-        info = json.loads(read_line(dev, timeout=120))
+        info = json.loads(read_line(dev, timeout=STACK_START))
         policy = subprocess.run(
             [*PRISM, "policy", "set", "--project", info["project"], "--semantic", "--no-kv"],
-            capture_output=True, text=True, timeout=60, env=env | {"REDIS_URL": info["redis_url"]},
+            capture_output=True, text=True, timeout=CLI_START, env=env | {"REDIS_URL": info["redis_url"]},
         )  # fmt: skip
         assert policy.returncode == 0, policy.stdout + policy.stderr
         smoke = subprocess.run(
             [*PRISM, "smoke", info["edge_url"], "--key", info["api_key"], "--json",
              "--pause", "1.5", "--semantic"],
-            capture_output=True, text=True, timeout=120, env=env,
+            capture_output=True, text=True, timeout=CLI_START, env=env,
         )  # fmt: skip
         rows = json.loads(smoke.stdout)
         assert smoke.returncode == 0, rows
         assert [row["layer"] for row in rows[3:]] == ["miss", "semantic"]
     finally:
         dev.send_signal(signal.SIGINT)
-        dev.wait(timeout=60)
+        dev.wait(timeout=STACK_STOP)
     assert dev.returncode == 0

@@ -8,9 +8,20 @@ import socket
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from deploy.local.ports import free_port
 from deploy.local.processes import process_tree
-from tests.fixtures.stacks import PRISM, prism_dev, read_line, stack_env
+from tests.fixtures.stacks import (
+    CLI_START,
+    PRISM,
+    STACK_START,
+    STACK_STOP,
+    STACK_TEST_TIMEOUT,
+    prism_dev,
+    read_line,
+    stack_env,
+)
 from tests.polling import wait_for
 
 
@@ -27,18 +38,19 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.timeout(STACK_TEST_TIMEOUT)
 def test_prism_dev_serves_miss_then_kv_and_stops_cleanly_on_sigint(tmp_path: Path) -> None:
     env = stack_env()
     dev = prism_dev(tmp_path / "state", env)
     try:
-        info = json.loads(read_line(dev, timeout=120))
+        info = json.loads(read_line(dev, timeout=STACK_START))
         assert info["provider"] == "demo (local)"
         children = descendants(dev.pid)
         assert len(children) >= 4  # redis, provider, origin, runtime (+ workerd)
 
         smoke = subprocess.run(
             [*PRISM, "smoke", info["edge_url"], "--key", info["api_key"], "--json", "--pause", "1.5"],
-            capture_output=True, text=True, timeout=60, env=env,
+            capture_output=True, text=True, timeout=CLI_START, env=env,
         )  # fmt: skip
         assert smoke.returncode == 0, smoke.stderr
         rows = json.loads(smoke.stdout)
@@ -48,7 +60,7 @@ def test_prism_dev_serves_miss_then_kv_and_stops_cleanly_on_sigint(tmp_path: Pat
 
         status = subprocess.run(
             [*PRISM, "status", "--state-dir", str(tmp_path / "state"), "--json"],
-            capture_output=True, text=True, timeout=60, env=env,
+            capture_output=True, text=True, timeout=CLI_START, env=env,
         )  # fmt: skip
         assert status.returncode == 0, status.stdout + status.stderr
         # the path row: the dev key (derived from the state folder) got through to the origin
@@ -60,7 +72,7 @@ def test_prism_dev_serves_miss_then_kv_and_stops_cleanly_on_sigint(tmp_path: Pat
         }
     finally:
         dev.send_signal(signal.SIGINT)
-        dev.wait(timeout=60)
+        dev.wait(timeout=STACK_STOP)
     assert dev.returncode == 0
     wait_for(lambda: not any(alive(pid) for pid in children), timeout=20, interval=0.1)
 
@@ -73,7 +85,7 @@ def test_port_in_use_is_one_clear_line(tmp_path: Path) -> None:
         result = subprocess.run(
             [*PRISM, "dev", "--edge-port", port, "--origin-port", str(free_port()),
              "--kv-port", str(free_port()), "--state-dir", str(tmp_path)],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True, text=True, timeout=CLI_START,
         )  # fmt: skip
     assert result.returncode == 1
     assert f"port {port} (edge) is in use" in result.stderr

@@ -369,6 +369,41 @@ def test_stall_before_first_byte_trips_a_client_read_timeout(
         http.post("/v1/chat/completions", json=body, timeout=httpx.Timeout(5, read=0.2))
 
 
+async def test_a_stall_before_the_first_byte_ends_when_released(
+    provider: ProviderServer,
+) -> None:
+    """``release`` ends the stall of every request received before it, JSON or streamed,
+    chat or embeddings, even one still on its way to its stall (the minute is never
+    waited out); a request received afterwards stalls again."""
+    provider.control.set_fault("stall_before_first_byte", count=4, seconds=60)
+    chat_body = {"model": "gpt-4o-mini", "messages": MESSAGES}
+    bodies = [
+        ("/v1/chat/completions", chat_body),
+        ("/v1/chat/completions", {**chat_body, "stream": True}),
+        ("/v1/embeddings", {"model": "m", "input": "a prism"}),
+    ]
+    async with httpx.AsyncClient(base_url=provider.url, timeout=30, trust_env=False) as http:
+        held = [asyncio.ensure_future(http.post(path, json=body)) for path, body in bodies]
+
+        def received() -> bool:
+            paths: dict[str, int] = provider.control.stats()["paths"]
+            return paths.get("/v1/chat/completions") == 2 and paths.get("/v1/embeddings") == 1
+
+        await asyncio.to_thread(wait_for, received)
+        assert not any(request.done() for request in held)
+        await asyncio.to_thread(provider.control.release)
+        answers = await asyncio.gather(*held)
+        assert [a.status_code for a in answers] == [200, 200, 200]
+        assert answers[1].text.endswith("data: [DONE]\n\n")
+        # The next stall waits anew: released only by the next release.
+        later = asyncio.ensure_future(http.post("/v1/chat/completions", json=chat_body))
+        await asyncio.to_thread(wait_for, lambda: provider.control.stats()["chat_requests"] == 3)
+        await asyncio.sleep(0.1)  # not a wait for anything: time to answer, were it released
+        assert not later.done()
+        await asyncio.to_thread(provider.control.release)
+        assert (await later).status_code == 200
+
+
 def test_stall_mid_stream_sends_the_first_chunk_before_stalling(
     provider: ProviderServer, http: httpx.Client
 ) -> None:

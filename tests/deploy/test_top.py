@@ -21,10 +21,23 @@ import httpx
 import pytest
 
 from deploy.local.ports import free_port
-from tests.fixtures.stacks import PRISM, prism_dev, read_line, stack_env
+from tests.fixtures.stacks import (
+    CLI_START,
+    PRISM,
+    STACK_START,
+    STACK_STOP,
+    STACK_TEST_TIMEOUT,
+    prism_dev,
+    read_line,
+    stack_env,
+)
 from tests.polling import wait_for
 
 ROOT = Path(__file__).parents[2]
+
+
+# The module's stack starts in the first test's setup and stops in the last's teardown.
+pytestmark = pytest.mark.timeout(STACK_TEST_TIMEOUT)
 
 
 @dataclass
@@ -40,11 +53,11 @@ def dev_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
     env = stack_env("PRISM_ADMIN_KEY")
     dev = prism_dev(state, env)
     try:
-        info = json.loads(read_line(dev, timeout=120))
+        info = json.loads(read_line(dev, timeout=STACK_START))
         yield DevStack(info, state, env)
     finally:
         dev.send_signal(signal.SIGINT)
-        dev.wait(timeout=60)
+        dev.wait(timeout=STACK_STOP)
 
 
 @pytest.fixture
@@ -77,14 +90,14 @@ def test_json_frame_shows_rates_providers_and_spend_today(
     def frame() -> dict[str, Any] | None:
         run = subprocess.run(
             [*PRISM, "top", "--json", "--interval", "0.5", "--state-dir", str(dev_stack.state_dir)],
-            capture_output=True, text=True, timeout=60, env=dev_stack.env, cwd=ROOT,
+            capture_output=True, text=True, timeout=CLI_START, env=dev_stack.env, cwd=ROOT,
         )  # fmt: skip
         assert run.returncode == 0, run.stderr
         found: dict[str, Any] = json.loads(run.stdout)
         spend = found["spend"]["projects"]
         return found if found["requests"]["redis"]["per_second"] and spend else None
 
-    found = wait_for(frame, timeout=30, interval=0.2)
+    found = wait_for(frame, timeout=CLI_START, interval=0.2)  # a `prism top` each try
     assert found["url"] == dev_stack.info["origin_admin_url"]
     assert found["requests"]["kv"] is None
     assert found["providers"]["openai"]["state"] == "healthy"
@@ -97,7 +110,7 @@ def test_an_origin_that_cannot_be_reached_is_one_line_and_exit_1() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     run = subprocess.run(
         [*PRISM, "top", "--once", "--url", url, "--interval", "0.2"],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True, text=True, timeout=CLI_START,
     )  # fmt: skip
     assert run.returncode == 1
     assert run.stderr.strip() == f"Error: cannot reach {url}/metrics: ConnectError"
@@ -140,7 +153,7 @@ def test_top_refreshes_in_a_real_terminal_and_quits_cleanly(
 
     try:
         try:
-            shown = wait_for(moving, timeout=45, interval=0.25)
+            shown = wait_for(moving, timeout=CLI_START, interval=0.25)  # its start-up
         except AssertionError:
             size = subprocess.run(
                 [*tmux, "display-message", "-p", "-t", "top", "#{window_width}x#{window_height}"],

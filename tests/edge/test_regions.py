@@ -262,10 +262,10 @@ def test_a_stalled_origin_fails_over_after_the_timeout_and_is_avoided_after(
     fresh: Regions, api_key: str
 ) -> None:
     us = requests_of(fresh.us)
-    response, took = chat(fresh.url("stall"), api_key, EUROPE)
+    response, waited = chat(fresh.url("stall"), api_key, EUROPE)
     assert response.status_code == 200, response.text
     assert response.headers[REGION] == "us-west-1"
-    assert took >= 0.5
+    assert waited >= 0.5
     assert 'origin-error;desc="eu-west-1"' in response.headers["server-timing"]
     assert fresh.stalled.accepted == 1
 
@@ -273,7 +273,9 @@ def test_a_stalled_origin_fails_over_after_the_timeout_and_is_avoided_after(
     assert response.headers[REGION] == "us-west-1"
     assert "origin-error" not in response.headers["server-timing"]
     assert fresh.stalled.accepted == 1  # not asked again
-    assert took < 0.5
+    # The same request without the 0.5 s wait (compared with the first, not with a
+    # fixed time: on a slow machine the rest of a request takes that long too).
+    assert took < waited
     assert requests_of(fresh.us) == us + 2
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-from collections.abc import Callable
 
 import httpx
 import httpx2
@@ -13,11 +12,11 @@ import openai
 from openai.types.chat import ChatCompletionMessageParam
 
 from deploy.local.asgi_thread import ThreadedServer
-from deploy.local.provider import ProviderServer, ProviderSettings
+from deploy.local.provider import ProviderServer
 from origin import Settings, create_app
 from prism import KeyRing
-from tests.fixtures.origin import OriginFactory, RunningOrigin, origin_env
-from tests.polling import wait_for
+from tests.fixtures.origin import RunningOrigin, origin_env
+from tests.polling import async_wait_for, wait_for
 
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me about prisms."}]
 
@@ -124,28 +123,36 @@ def test_two_projects_never_share_an_entry(
 
 
 def test_fifty_concurrent_identical_misses_make_one_provider_call(
-    origin_factory: OriginFactory,
-    api_key: str,
-    provider_factory: Callable[[ProviderSettings], ProviderServer],
+    origin: RunningOrigin, api_key: str, provider: ProviderServer
 ) -> None:
-    slow = provider_factory(ProviderSettings(latency_ms=300))
-    origin = origin_factory(OPENAI_BASE_URL=slow.url + "/v1")
+    slow = provider
+    # The one call is held until all fifty have joined it (the minute is a backstop).
+    slow.control.set_fault("stall_before_first_byte", seconds=60)
 
     async def run() -> list[httpx.Response]:
         async with httpx.AsyncClient(
             base_url=origin.url,
             headers={"authorization": f"Bearer {api_key}"},
-            timeout=30,
+            timeout=90,
             limits=httpx.Limits(max_connections=100),
         ) as http:
             body = {"model": "demo", "messages": [{"role": "user", "content": "coalesce"}]}
             stream_body = {**body, "stream": True}
-            return await asyncio.gather(
+            requests = asyncio.gather(
                 *[
                     http.post("/v1/chat/completions", json=stream_body if i % 5 == 0 else body)
                     for i in range(50)
                 ]
             )
+            await async_wait_for(
+                lambda: (
+                    slow.control.stats()["chat_requests"] == 1
+                    and origin.metric("prism_origin_coalesced_requests_total") == 49
+                ),
+                within=60,
+            )
+            slow.control.release()
+            return await requests
 
     responses = asyncio.run(run())
     assert [r.status_code for r in responses] == [200] * 50

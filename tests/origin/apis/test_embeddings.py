@@ -7,7 +7,6 @@ import asyncio
 import base64
 import secrets
 import struct
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -15,10 +14,11 @@ import httpx2
 import openai
 import pytest
 
-from deploy.local.provider import ProviderServer, ProviderSettings
+from deploy.local.provider import ProviderServer
 from prism import KeyRing
 from tests.fixtures.origin import OriginFactory, RunningOrigin
 from tests.fixtures.provider import claude_and_local
+from tests.polling import async_wait_for
 
 PATH = "/v1/embeddings"
 
@@ -136,19 +136,27 @@ def test_bad_json_and_bad_keys_and_methods(client: httpx.Client, origin: Running
 
 
 def test_identical_concurrent_batches_make_one_provider_call(
-    origin_factory: OriginFactory,
-    api_key: str,
-    provider_factory: Callable[[ProviderSettings], ProviderServer],
+    origin: RunningOrigin, api_key: str, provider: ProviderServer
 ) -> None:
-    slow = provider_factory(ProviderSettings(latency_ms=300))
-    origin = origin_factory(OPENAI_BASE_URL=slow.url + "/v1")
+    slow = provider
+    # The one call is held until all twenty have joined it (the minute is a backstop).
+    slow.control.set_fault("stall_before_first_byte", seconds=60)
     body = {"model": "m", "input": [unique(), unique()]}
 
     async def run() -> list[httpx.Response]:
         async with httpx.AsyncClient(
-            base_url=origin.url, headers={"authorization": f"Bearer {api_key}"}, timeout=30
+            base_url=origin.url, headers={"authorization": f"Bearer {api_key}"}, timeout=90
         ) as http:
-            return await asyncio.gather(*[http.post(PATH, json=body) for _ in range(20)])
+            requests = asyncio.gather(*[http.post(PATH, json=body) for _ in range(20)])
+            await async_wait_for(
+                lambda: (
+                    calls(slow) == 1
+                    and origin.metric("prism_origin_coalesced_requests_total") == 19
+                ),
+                within=60,
+            )
+            slow.control.release()
+            return await requests
 
     responses = asyncio.run(run())
     assert [r.status_code for r in responses] == [200] * 20

@@ -53,13 +53,17 @@ def data(origin: RunningOrigin) -> dict[str, Any]:
     return result
 
 
-def shows_traffic(origin: RunningOrigin) -> dict[str, Any] | None:
-    """The history once it has a Redis hit rate above 0 and acme's spend today."""
+def shows_traffic(origin: RunningOrigin, hits: int = 3) -> dict[str, Any] | None:
+    """The history once its last snapshot has all of ``send_traffic``'s requests, in the
+    process's counts and in acme's usage today (a snapshot taken while they were under way,
+    or before the usage was flushed to Redis, has only some), with a Redis hit rate above 0."""
     found = data(origin)
     rates = [rate for rate in found["requests"]["redis"] if rate]
     latest = found["latest"] or {}
     acme = (latest.get("projects") or {}).get("acme")
-    return found if rates and acme and acme["cost_usd"] > 0 else None
+    counted = (latest.get("requests") or {}).get("redis") == hits
+    whole = acme is not None and acme["requests"]["redis"] == hits and acme["cost_usd"] > 0
+    return found if rates and counted and whole else None
 
 
 def test_the_dashboard_is_off_without_an_admin_key(origin: RunningOrigin) -> None:

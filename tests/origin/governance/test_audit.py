@@ -28,6 +28,7 @@ from origin.governance.audit import (
 )
 from prism import KeyRing
 from tests.fixtures.origin import KEY_SECRET, RunningOrigin
+from tests.fixtures.stacks import CLI_START
 from tests.polling import wait_for
 
 runner = CliRunner()
@@ -235,6 +236,7 @@ def test_seal_chains_and_hashes_every_field_but_hash() -> None:
     assert record_hash({**second, "project": "q"}) != second["hash"]
 
 
+@pytest.mark.timeout(300)  # a `prism` process's start-up (CLI_START), on a slow machine
 def test_follow_prints_records_as_they_arrive(redis_url: str, admin: redis.Redis) -> None:
     import queue
     import subprocess
@@ -258,7 +260,7 @@ def test_follow_prints_records_as_they_arrive(redis_url: str, admin: redis.Redis
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
-        assert json.loads(lines.get(timeout=30))["actor"] == "before-follow"
+        assert json.loads(lines.get(timeout=CLI_START))["actor"] == "before-follow"
         audit_log.append(admin, audit_record("policy.set", "globex", "elsewhere"))  # filtered
         audit_log.append(admin, audit_record("policy.clear", "acme", "while-following"))
         followed = json.loads(lines.get(timeout=30))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,13 @@ from origin.providers.config import load_provider_config
 from origin.providers.pricing import cost_micros, default_prices
 from origin.providers.token_counts import tokens_of
 from prism import Budget, Policy, decode_envelope, parse_chat_request, policy_key
-from tests.fixtures.origin import OriginFactory, RunningOrigin, budget_totals, settled_budget
+from tests.fixtures.origin import (
+    OriginFactory,
+    RunningOrigin,
+    budget_totals,
+    redis_now_us,
+    settled_budget,
+)
 from tests.polling import async_wait_for, wait_for
 from tests.redis_replies import reply_as, stream_fields
 
@@ -84,6 +91,19 @@ def bound_of(origin: RunningOrigin, payload: dict[str, Any]) -> int:
     return bound
 
 
+def decided(
+    provider: ProviderServer, sent: Sequence[asyncio.Future[Any]], joined: float = 0
+) -> int:
+    """Requests decided: their call held at the provider (stalled until released), refused
+    (answered: no call can answer while the stall holds), or ``joined`` to a held call."""
+    held = int(provider.control.stats()["chat_requests"])
+    return held + sum(f.done() for f in sent) + int(joined)
+
+
+def joined(origin: RunningOrigin) -> float:
+    return origin.metric("prism_origin_coalesced_requests_total")
+
+
 def test_200_concurrent_misses_admit_exactly_what_the_budget_holds(
     origin: RunningOrigin, api_key: str, admin: redis.Redis, provider: ProviderServer
 ) -> None:
@@ -94,17 +114,22 @@ def test_200_concurrent_misses_admit_exactly_what_the_budget_holds(
     assert bound >= 1000 * PRICE.output
     limit = bound * 10 + bound // 2  # room for 10 reservations, not 11
     set_budget(admin, limit / 1_000_000)
-    # Slow answers: every reservation is tried before any call settles and frees money.
-    provider.control.set_fault("latency", count=1000, ms=1500)
+    # The calls are held until every request has been decided (its call held at the
+    # provider, or refused): every reservation is tried before any call settles and frees
+    # money, however slowly the requests arrive.
+    provider.control.set_fault("stall_before_first_byte", count=1000, seconds=60)
 
     async def run() -> list[httpx.Response]:
         async with httpx.AsyncClient(
             base_url=origin.url,
             headers={"authorization": f"Bearer {api_key}"},
-            timeout=30,
+            timeout=90,
             limits=httpx.Limits(max_connections=200),
         ) as http:
-            return await asyncio.gather(*(http.post(CHAT, json=p) for p in payloads))
+            sent = [asyncio.ensure_future(http.post(CHAT, json=p)) for p in payloads]
+            await async_wait_for(lambda: decided(provider, sent) == len(sent), within=60)
+            provider.control.release()
+            return await asyncio.gather(*sent)
 
     responses = asyncio.run(run())
     admitted = [r for r in responses if r.status_code == 200]
@@ -290,14 +315,17 @@ def test_identical_concurrent_misses_make_one_call_paid_once(
     origin: RunningOrigin, api_key: str, admin: redis.Redis, provider: ProviderServer
 ) -> None:
     set_budget(admin, 5)
-    provider.control.set_fault("latency", ms=500)
+    provider.control.set_fault("stall_before_first_byte", seconds=60)  # until all have joined
     payload = body()
 
     async def run() -> list[httpx.Response]:
         async with httpx.AsyncClient(
-            base_url=origin.url, headers={"authorization": f"Bearer {api_key}"}, timeout=30
+            base_url=origin.url, headers={"authorization": f"Bearer {api_key}"}, timeout=90
         ) as http:
-            return await asyncio.gather(*(http.post(CHAT, json=payload) for _ in range(5)))
+            sent = [asyncio.ensure_future(http.post(CHAT, json=payload)) for _ in range(5)]
+            await async_wait_for(lambda: decided(provider, sent, joined(origin)) == 5, within=60)
+            provider.control.release()
+            return await asyncio.gather(*sent)
 
     answers = asyncio.run(run())
     assert [r.status_code for r in answers] == [200] * 5
@@ -316,22 +344,22 @@ def test_a_crashed_process_reservation_is_freed_after_its_hold(
     bounds = (prompt_token_bound(chat), completion_token_bound(chat))
 
     async def run() -> None:
-        crashed = Budgets(RedisPipe(redis_url), config, hold_seconds=0.3)
+        crashed = Budgets(RedisPipe(redis_url), config, hold_seconds=30)
+        before_ms = redis_now_us(admin) // 1000
         held = await crashed.reserve("acme", budget, MODEL, *bounds)  # never settled: it "crashed"
+        after_ms = redis_now_us(admin) // 1000
         assert held is not None
         assert held.amount <= budget.micro_usd < 2 * held.amount
+        # Held for its hold_seconds, by Redis's clock.
+        deadline = admin.zscore(held.held, held.member)
+        assert deadline is not None and before_ms + 30_000 <= deadline <= after_ms + 30_000
         other = Budgets(RedisPipe(redis_url), config, hold_seconds=60)
         with pytest.raises(Exception, match="does not cover this request"):
             await other.reserve("acme", budget, MODEL, *bounds)
-
-        async def admitted() -> bool:
-            try:
-                await other.reserve("acme", budget, MODEL, *bounds)
-            except Exception:
-                return False
-            return True
-
-        await async_wait_for(admitted, 5, interval=0.05)  # the crashed hold expired
+        # The hold runs out (its deadline now just past, rather than waited for): the next
+        # reservation frees it and is admitted.
+        admin.zadd(held.held, {held.member: redis_now_us(admin) // 1000 - 1}, xx=True)
+        assert await other.reserve("acme", budget, MODEL, *bounds)
         # A late settle of the freed reservation still counts what was spent, once.
         assert await crashed.settle(held, 7)
 

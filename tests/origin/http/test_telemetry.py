@@ -198,7 +198,8 @@ api_key = "provider-test-key"
 """
     )
     origin = origin_factory(_telemetry_env(otel_collector), PRISM_PROVIDERS_FILE=str(providers))
-    provider.control.set_fault("stall_before_first_byte", seconds=1)  # the first is slow
+    # The first is slow: it stalls until the hedge has answered (the minute is a backstop).
+    provider.control.set_fault("stall_before_first_byte", seconds=60)
     trace_id = secrets.token_hex(16)
     response = httpx.post(
         origin.url + "/v1/chat/completions",
@@ -209,6 +210,7 @@ api_key = "provider-test-key"
         },
         timeout=30,
     )
+    provider.control.release()  # the loser's stall, left behind by the origin
     assert response.status_code == 200
 
     def both_attempts(spans: list[ReceivedSpan]) -> bool:

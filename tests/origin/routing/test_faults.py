@@ -157,29 +157,65 @@ def test_broken_stream_ends_with_an_error_event_and_stores_nothing(
 
 
 def test_a_shared_call_that_never_answers_ends_every_waiter(
-    timed_origin: RunningOrigin, api_key: str, provider: ProviderServer, redis_url: str
+    redis_url: str, api_key: str, provider: ProviderServer, tmp_path: Path
 ) -> None:
+    """Twelve requests share one call that times out before its first byte (0.5 s). The
+    call's connection is held until all twelve have joined, so none comes after the
+    timeout, however slowly they arrive (each would start a call of its own)."""
+    config = tmp_path / "providers.toml"
+    config.write_text(
+        f'[providers.local]\nbase_url = "{provider.url}/v1"\napi_key = "provider-test-key"\n'
+        'first_byte_timeout = 0.5\nconnect_timeout = 60\n[models]\n"*" = ["local"]\n'
+    )
+    joined = threading.Event()
+
+    class Held(aiohttp.TCPConnector):
+        async def connect(self, *args: Any, **kwargs: Any) -> Any:
+            await asyncio.to_thread(joined.wait)
+            return await super().connect(*args, **kwargs)
+
+    app = create_app(
+        Settings.from_env(origin_env(redis_url, provider.url, PRISM_PROVIDERS_FILE=str(config))),
+        connectors={"local": lambda spec: Held()},
+    )
+    registry = app.gateway.metrics.registry
     provider.control.set_fault("stall_before_first_byte", seconds=5)  # first_byte_timeout 0.5
     body = {**BODY, "messages": [{"role": "user", "content": "never answered"}]}
 
-    async def run() -> list[httpx.Response]:
+    async def run(url: str) -> list[httpx.Response]:
         async with httpx.AsyncClient(
-            base_url=timed_origin.url, headers={"authorization": f"Bearer {api_key}"}, timeout=30
+            base_url=url, headers={"authorization": f"Bearer {api_key}"}, timeout=30
         ) as http:
-            return await asyncio.gather(
+            requests = asyncio.gather(
                 *[
                     http.post("/v1/chat/completions", json={**body, "stream": i % 3 == 0})
                     for i in range(12)
                 ]
             )
+            await async_wait_for(
+                lambda: registry.get_sample_value("prism_origin_coalesced_requests_total") == 11,
+                within=60,
+            )
+            joined.set()
+            return await requests
 
-    responses = asyncio.run(run())
-    assert [r.status_code for r in responses] == [504] * 12
-    assert {r.json()["error"]["code"] for r in responses} == {"upstream_timeout"}
-    assert provider.control.stats()["chat_requests"] == 1  # one shared call
-    assert len(timed_origin.gateway.flights) == 0
-    again = post(timed_origin, api_key, body)  # the next identical request starts afresh
-    assert again.status_code == 200 and again.headers["x-prism-edge-cache-layer"] == "miss"
+    try:
+        with ThreadedServer(app) as server:
+            responses = asyncio.run(run(server.url))
+            assert [r.status_code for r in responses] == [504] * 12
+            assert {r.json()["error"]["code"] for r in responses} == {"upstream_timeout"}
+            assert provider.control.stats()["chat_requests"] == 1  # one shared call
+            assert len(app.gateway.flights) == 0
+            again = httpx.post(  # the next identical request starts afresh
+                server.url + "/v1/chat/completions",
+                json=body,
+                headers={"authorization": f"Bearer {api_key}"},
+                timeout=30,
+            )
+            assert again.status_code == 200
+            assert again.headers["x-prism-edge-cache-layer"] == "miss"
+    finally:
+        joined.set()
 
 
 def test_an_unexpected_failure_in_the_shared_call_is_a_500_for_every_waiter(
