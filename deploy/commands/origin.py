@@ -51,15 +51,17 @@ def serve(
         typer.echo(f"Error: {error}", err=True)
         raise typer.Exit(2) from None
     try:
-        app = create_app(settings)
-    except SettingsError as error:  # e.g. telemetry asked for, its extra not installed
-        typer.echo(f"Error: {error}", err=True)
-        raise typer.Exit(2) from None
-    try:
-        sockets = listen(app, host, port, admin_host, admin_port)
+        sockets = listen(host, port, admin_host, admin_port)
     except OSError as error:
         typer.echo(f"Error: {error}; choose another with --port / --admin-port.", err=True)
         raise typer.Exit(1) from None
+    try:
+        app = create_app(settings, admin_port=sockets[1].getsockname()[1])
+    except SettingsError as error:  # e.g. telemetry asked for, its extra not installed
+        for sock in sockets:
+            sock.close()
+        typer.echo(f"Error: {error}", err=True)
+        raise typer.Exit(2) from None
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     if settings.access_log:
         from origin.http.access_log import print_access_log

@@ -28,14 +28,12 @@ from prism import (
 from prism.routes import CHAT_PATH
 from prism.sse import DONE
 
-from ..gateway import Gateway
-from ..governance.project_policies import ProjectPolicies
 from ..governance.token_bounds import completion_token_bound, prompt_token_bound
 from ..providers.base import ChatProvider, UpstreamCompletion, UpstreamStream
 from ..store.semantic import question
-from .pipeline import CLIENT_GONE, JSON, SSE, Api, ApiRoute
+from .pipeline import CLIENT_GONE, JSON, SSE, Api
 
-__all__ = ["CHAT", "CLIENT_GONE", "JSON", "SSE", "ChatCompletions", "ChatOperation"]
+__all__ = ["CHAT", "CLIENT_GONE", "JSON", "SSE", "ChatOperation"]
 
 
 def _asked_usage(body: dict[str, Any]) -> bool:
@@ -149,8 +147,3 @@ CHAT: Api[ChatRequest] = Api(
     question,
     audit_path=False,
 )
-
-
-class ChatCompletions(ApiRoute[ChatRequest]):
-    def __init__(self, gateway: Gateway, policies: ProjectPolicies | None = None) -> None:
-        super().__init__(gateway, CHAT, policies)

@@ -69,8 +69,9 @@ class Routes:
 
     ``metrics`` counts and times the replies of named routes; ``on_startup`` and
     ``on_shutdown`` run in the ASGI lifespan. With ``admin``, connections to the listener
-    on ``admin_port`` (``origin.http.server.listen`` sets it) get the admin table instead:
-    one check per request, no extra layer on the hot path.
+    on ``admin_port`` (``origin.http.server.listen`` binds it) get the admin table instead:
+    one check per request, no extra layer on the hot path. ``telemetry`` and
+    ``access_log``, when configured, see each request once its response is sent.
     """
 
     def __init__(
@@ -81,16 +82,19 @@ class Routes:
         on_startup: Callable[[], Awaitable[None]] | None = None,
         on_shutdown: Callable[[], Awaitable[None]] | None = None,
         admin: Routes | None = None,
+        admin_port: int | None = None,
+        telemetry: Telemetry | None = None,
+        access_log: AccessLog | None = None,
     ) -> None:
         self._routes = {route.path: route for route in routes}
         self._metrics = metrics
         self._on_startup = on_startup
         self._on_shutdown = on_shutdown
         self.admin = admin
-        self.admin_port: int | None = None  # None: the admin table is not served
-        # Set by ``create_app`` when configured; None costs one check per request.
-        self.telemetry: Telemetry | None = None
-        self.access_log: AccessLog | None = None
+        self.admin_port = admin_port  # None: the admin table is not served
+        # None costs one check per request.
+        self.telemetry = telemetry
+        self.access_log = access_log
         # Request ids need to be unique, not secret: a random prefix and a counter.
         self._id_prefix = secrets.token_hex(4)
         self._ids = itertools.count(1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
 import aiohttp
@@ -38,9 +38,14 @@ def _sse(chunk: dict[str, Any]) -> bytes:
 
 
 class AnthropicProvider:
-    def __init__(self, spec: ProviderSpec, connector: ConnectorFactory | None = None) -> None:
+    def __init__(
+        self,
+        spec: ProviderSpec,
+        connector: ConnectorFactory | None = None,
+        trace_configs: Sequence[aiohttp.TraceConfig] = (),
+    ) -> None:
         self.spec = spec
-        self._http = UpstreamHTTP(spec, connector)
+        self._http = UpstreamHTTP(spec, connector, trace_configs)
         self._headers = {"content-type": "application/json", "anthropic-version": ANTHROPIC_VERSION}
         if spec.api_key:
             self._headers["x-api-key"] = spec.api_key

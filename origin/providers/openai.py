@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import aiohttp
 import orjson
 
 from .base import ProviderSpec, UpstreamCompletion, UpstreamStream
@@ -13,9 +15,14 @@ __all__ = ["OpenAICompatibleProvider"]
 
 
 class OpenAICompatibleProvider:
-    def __init__(self, spec: ProviderSpec, connector: ConnectorFactory | None = None) -> None:
+    def __init__(
+        self,
+        spec: ProviderSpec,
+        connector: ConnectorFactory | None = None,
+        trace_configs: Sequence[aiohttp.TraceConfig] = (),
+    ) -> None:
         self.spec = spec
-        self._http = UpstreamHTTP(spec, connector)
+        self._http = UpstreamHTTP(spec, connector, trace_configs)
         self._headers = {"content-type": "application/json"}
         if spec.api_key:
             self._headers["authorization"] = f"Bearer {spec.api_key}"

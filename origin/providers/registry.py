@@ -6,7 +6,10 @@ own: it is ``kind = "openai"`` with its base URL. Only genuinely different APIs 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Protocol
+
+import aiohttp
 
 from .anthropic import AnthropicProvider
 from .base import ChatProvider, ProviderSpec
@@ -15,13 +18,30 @@ from .upstream_http import ConnectorFactory
 
 __all__ = ["ADAPTERS", "build_provider"]
 
-# kind -> the adapter's constructor, (spec, connector factory) -> provider
-ADAPTERS: dict[str, Callable[[ProviderSpec, ConnectorFactory | None], ChatProvider]] = {
+
+class Adapter(Protocol):
+    """An adapter's constructor: the spec, its connection pool's factory (None: the
+    default), and aiohttp request hooks (tracing's)."""
+
+    def __call__(
+        self,
+        spec: ProviderSpec,
+        connector: ConnectorFactory | None = None,
+        trace_configs: Sequence[aiohttp.TraceConfig] = (),
+    ) -> ChatProvider: ...
+
+
+# kind -> the adapter's constructor
+ADAPTERS: dict[str, Adapter] = {
     "openai": OpenAICompatibleProvider,
     "anthropic": AnthropicProvider,
 }
 
 
-def build_provider(spec: ProviderSpec, connector: ConnectorFactory | None = None) -> ChatProvider:
+def build_provider(
+    spec: ProviderSpec,
+    connector: ConnectorFactory | None = None,
+    trace_configs: Sequence[aiohttp.TraceConfig] = (),
+) -> ChatProvider:
     """The adapter for ``spec.kind`` (checked when the configuration was loaded)."""
-    return ADAPTERS[spec.kind](spec, connector)
+    return ADAPTERS[spec.kind](spec, connector, trace_configs)
