@@ -41,7 +41,7 @@ def _asked_usage(body: dict[str, Any]) -> bool:
     return isinstance(options, dict) and options.get("include_usage") is True
 
 
-class _Builder:
+class _ChatStreamBuilder:
     """Relays each chat chunk as it came and assembles the ``chat.completion``. ``[DONE]``
     is not relayed: ``ChatOperation.done_frame`` ends every whole stream, one that closed
     cleanly without it too."""
@@ -118,8 +118,8 @@ class ChatOperation:
 
     def builder(
         self, provider: str, body: dict[str, Any], redact: Callable[[str], str]
-    ) -> _Builder:
-        return _Builder(provider, body, redact)
+    ) -> _ChatStreamBuilder:
+        return _ChatStreamBuilder(provider, body, redact)
 
     def replay(self, result: UpstreamCompletion, include_usage: bool) -> bytes:
         return replay(result.completion, include_usage)
