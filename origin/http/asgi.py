@@ -188,10 +188,15 @@ async def read_body(receive: Receive, limit: int, declared: str | None) -> bytes
     by the server (``origin.http.server``), which answers a stalled upload with 408."""
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RequestTooLargeError(f"Request body is {declared} bytes; the limit is {limit}.")
+    message = await receive()
+    if message["type"] == "http.request" and not message.get("more_body", False):
+        body: bytes = message.get("body", b"")  # the whole body in one message: most requests
+        if len(body) > limit:
+            raise RequestTooLargeError(f"Request body exceeds the limit of {limit} bytes.")
+        return body
     chunks: list[bytes] = []
     size = 0
     while True:
-        message = await receive()
         if message["type"] == "http.disconnect":
             # Never parse half a body; nobody is left to read the answer anyway.
             raise InvalidRequestError(
@@ -204,7 +209,8 @@ async def read_body(receive: Receive, limit: int, declared: str | None) -> bytes
         chunks.append(chunk)
         if not message.get("more_body", False):
             break
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        message = await receive()
+    return b"".join(chunks)
 
 
 def _raw_headers(reply: Reply, length: int | None) -> RawHeaders:
