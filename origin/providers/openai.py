@@ -2,27 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-import aiohttp
 import orjson
 
 from .base import ProviderSpec, UpstreamCompletion, UpstreamStream
-from .upstream_http import ConnectorFactory, UpstreamHTTP, malformed, parse_body
+from .upstream_http import UpstreamHTTP, malformed, parse_body
 
 __all__ = ["OpenAICompatibleProvider"]
 
 
 class OpenAICompatibleProvider:
-    def __init__(
-        self,
-        spec: ProviderSpec,
-        connector: ConnectorFactory | None = None,
-        trace_configs: Sequence[aiohttp.TraceConfig] = (),
-    ) -> None:
+    def __init__(self, spec: ProviderSpec, http: UpstreamHTTP | None = None) -> None:
+        """``http``: the connection pool to call it through (``build_provider`` makes it)."""
         self.spec = spec
-        self._http = UpstreamHTTP(spec, connector, trace_configs)
+        self._http = http or UpstreamHTTP(spec)
         self._headers = {"content-type": "application/json"}
         if spec.api_key:
             self._headers["authorization"] = f"Bearer {spec.api_key}"

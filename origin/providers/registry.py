@@ -14,21 +14,15 @@ import aiohttp
 from .anthropic import AnthropicProvider
 from .base import ChatProvider, ProviderSpec
 from .openai import OpenAICompatibleProvider
-from .upstream_http import ConnectorFactory
+from .upstream_http import ConnectorFactory, UpstreamHTTP
 
 __all__ = ["ADAPTERS", "build_provider"]
 
 
 class Adapter(Protocol):
-    """An adapter's constructor: the spec, its connection pool's factory (None: the
-    default), and aiohttp request hooks (tracing's)."""
+    """An adapter's constructor: the spec and the connection pool it calls through."""
 
-    def __call__(
-        self,
-        spec: ProviderSpec,
-        connector: ConnectorFactory | None = None,
-        trace_configs: Sequence[aiohttp.TraceConfig] = (),
-    ) -> ChatProvider: ...
+    def __call__(self, spec: ProviderSpec, http: UpstreamHTTP | None = None) -> ChatProvider: ...
 
 
 # kind -> the adapter's constructor
@@ -43,5 +37,7 @@ def build_provider(
     connector: ConnectorFactory | None = None,
     trace_configs: Sequence[aiohttp.TraceConfig] = (),
 ) -> ChatProvider:
-    """The adapter for ``spec.kind`` (checked when the configuration was loaded)."""
-    return ADAPTERS[spec.kind](spec, connector, trace_configs)
+    """The adapter for ``spec.kind`` (checked when the configuration was loaded), calling
+    through its own pool: made by ``connector`` (None: the default), with ``trace_configs``
+    (aiohttp request hooks: tracing's)."""
+    return ADAPTERS[spec.kind](spec, UpstreamHTTP(spec, connector, trace_configs))
