@@ -119,8 +119,8 @@ async def _measure(url: str, count: int, lookups: int) -> dict[str, Any]:
         ready: list[float] = []
         embed = embedder.embed
 
-        def timed_embed(text: str) -> Any:
-            future = embed(text)
+        def timed_embed(text: str, urgent: bool = True) -> Any:
+            future = embed(text, urgent)
             future.add_done_callback(lambda _: ready.append(time.perf_counter()))
             return future
 
