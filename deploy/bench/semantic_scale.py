@@ -39,6 +39,7 @@ from deploy.local.redis import RedisServer
 from origin.connection.redis_pipe import RedisPipe
 from origin.store.semantic.cache import SemanticCache
 from origin.store.semantic.embedder import Embedder
+from origin.store.semantic.engine import predicted_space
 from origin.store.semantic.index import RedisStreamIndex, index_key
 from origin.store.semantic.partition import Question
 
@@ -93,13 +94,17 @@ async def _measure(url: str, count: int, lookups: int) -> dict[str, Any]:
     try:
         matrix = _vectors(count)
         expires = int(time.time()) + 3600
+        # The records go to the index of the engine the lookups will embed with.
+        space = predicted_space("auto")
         writer = RedisStreamIndex(pipe)
+        writer.use_space(space)
         fill_s = await _fill(writer, matrix, expires)
-        key = index_key(PARTITION)
+        key = index_key(PARTITION, space)
         redis_bytes = int(await admin.execute("MEMORY", "USAGE", key, "SAMPLES", "0"))
 
         # A new origin process: its first lookup reads the whole partition.
         index = RedisStreamIndex(pipe)
+        index.use_space(space)
         rss_before = rss_mb(os.getpid())
         started = time.perf_counter()
         held = await index.refresh(PARTITION)
@@ -119,8 +124,8 @@ async def _measure(url: str, count: int, lookups: int) -> dict[str, Any]:
         ready: list[float] = []
         embed = embedder.embed
 
-        def timed_embed(text: str) -> Any:
-            future = embed(text)
+        def timed_embed(text: str, urgent: bool = True) -> Any:
+            future = embed(text, urgent)
             future.add_done_callback(lambda _: ready.append(time.perf_counter()))
             return future
 
@@ -139,6 +144,7 @@ async def _measure(url: str, count: int, lookups: int) -> dict[str, Any]:
 
         refresh_idle, refresh_new, search = [], [], []
         other = RedisStreamIndex(pipe)  # another process, adding records meanwhile
+        other.use_space(space)
         query = matrix[0]
         for i in range(lookups):
             started = time.perf_counter()

@@ -291,6 +291,9 @@ def semantic_command(
         typer.Option(help="Instead: the cost of a miss with this many records in one partition."),
     ] = None,
     out: Annotated[Path, typer.Option(help="Where --pairs writes.")] = Path("bench-results"),
+    engine: Annotated[
+        str, typer.Option(help="The engine: auto (onnxruntime int8, else numpy), onnx, numpy.")
+    ] = "auto",
     as_json: JsonOption = False,
 ) -> None:
     """Measure the semantic cache's precision on the labelled question pairs (paraphrases
@@ -302,16 +305,19 @@ def semantic_command(
     Example: prism bench semantic --threshold 0.92
     """
     from deploy.bench.semantic import run
+    from origin.settings import SEMANTIC_ENGINES
     from prism import DEFAULT_SEMANTIC_THRESHOLD
 
     chosen = DEFAULT_SEMANTIC_THRESHOLD if threshold is None else threshold
+    if engine not in SEMANTIC_ENGINES:
+        raise typer.BadParameter(f"--engine must be {', '.join(SEMANTIC_ENGINES)}")
     if pairs or scale is not None:
         from deploy.bench.semantic_cli import other_runs
 
-        other_runs(pairs or [], scale, chosen, model, out, as_json)
+        other_runs(pairs or [], scale, chosen, model, out, as_json, engine)
         return
     try:
-        report = run(chosen, model)
+        report = run(chosen, model, engine=engine)
     except (RuntimeError, OSError, ImportError) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
@@ -339,9 +345,9 @@ def semantic_command(
     stdout.print(
         f"{report.paraphrases} paraphrases, {report.near_misses} near misses; at "
         f"{chosen:.2f}: {len(report.wrong_hits)} wrong hits, {len(report.missed)} missed "
-        f"paraphrases. Model: loaded in {report.load_seconds:.2f} s, "
-        f"{report.embed_ms_p50:.1f} ms p50 / {report.embed_ms_p99:.1f} ms p99 per "
-        f"embedding, RSS {report.rss_mb:.0f} MB."
+        f"paraphrases. Model: {report.engine}, loaded in {report.load_seconds:.2f} s, "
+        f"{report.embed_ms_p50:.2f} ms p50 / {report.embed_ms_p99:.2f} ms p99 per "
+        f"embedding (wall), {report.embed_cpu_ms_p50:.2f} ms p50 CPU, RSS {report.rss_mb:.0f} MB."
     )
     for wrong in report.wrong_hits:
         stdout.print(

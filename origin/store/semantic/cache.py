@@ -9,7 +9,13 @@ that is still a valid entry is the answer. A candidate whose
 entry is gone is removed from the index, never served.
 
 A miss carries its question (``Pending``) to the store: once the answer's entry is in
-Redis, the question's vector is indexed with the entry's expiry.
+Redis, the question's vector is indexed with the entry's expiry (in this process's mirror
+at once, then in Redis, whose subscribers hear of it: ``index``, ``notify``).
+
+Back-pressure: when the embeddings queued ahead of a new lookup would take longer than
+the timeout (``Embedder.wait_estimate``), or the model is still loading, the lookup skips
+the semantic layer at once (``shed``) instead of waiting it out; its text is still
+embedded, after the lookups, so its answer is indexed all the same.
 
 Nothing here fails a request: Redis errors, a slow or missing model are misses.
 """
@@ -31,8 +37,10 @@ from ...connection.redis_client import RedisClient, RedisClientError
 from ...metrics import Metrics
 from ...settings import Settings
 from .embedder import Embedder, EmbedderUnavailable
+from .engine import auto_threads, predicted_space
 from .guard import agree
 from .index import RedisStreamIndex, SemanticIndex, _retrieve
+from .notify import IndexNotifier
 from .partition import Question, normalized
 
 if TYPE_CHECKING:
@@ -71,6 +79,7 @@ class SemanticCache:
         registry: CollectorRegistry,
         spawn: Callable[[Coroutine[Any, Any, None]], object],
         timeout: float = 0.25,
+        redis_url: str | None = None,
     ) -> None:
         self.index = index
         self._spawn = spawn  # the gateway's: work after the response, awaited at shutdown
@@ -81,6 +90,7 @@ class SemanticCache:
             "prism_semantic_lookups",
             "Semantic cache lookups by outcome: hit, miss, empty (no entry in the partition),"
             " slow (the embedding or the index read took longer than PRISM_SEMANTIC_TIMEOUT),"
+            " shed (skipped at once: the embeddings queued would take longer than that),"
             " stale (the best candidate's entry was gone), too_long (or characters the model"
             " cannot see), unavailable, error.",
             ("outcome",),
@@ -90,18 +100,23 @@ class SemanticCache:
             "prism_semantic_indexed", "Questions added to the semantic index.", registry=registry
         )
         self._reading: set[asyncio.Future[int]] = set()  # catch-ups outliving their lookup
+        self.notifier: IndexNotifier | None = None
+        if redis_url is not None and isinstance(index, RedisStreamIndex):
+            self.notifier = IndexNotifier(redis_url, index.notified, index.notified_all)
+        _embedding_metrics(embedder, registry)
 
     @property
     def available(self) -> bool:
         return self.embedder.failed is None
 
-    def pending(self, question: Question) -> Pending:
+    def pending(self, question: Question, urgent: bool = False) -> Pending:
         """Start embedding ``question`` for the index only (a request that may not read)."""
-        vector = self._embed(normalized(question.text))
+        vector = self._embed(normalized(question.text), urgent)
         return Pending(question.partition, question.text, vector)
 
-    def _embed(self, text: str) -> asyncio.Future[Vector | None]:
-        future = self.embedder.embed(text)
+    def _embed(self, text: str, urgent: bool) -> asyncio.Future[Vector | None]:
+        self._started()
+        future = self.embedder.embed(text, urgent)
         # Retrieved even when nobody awaits it (a miss whose answer is never stored).
         future.add_done_callback(_retrieve)
         return future
@@ -110,7 +125,10 @@ class SemanticCache:
         self, question: Question, threshold: float
     ) -> tuple[Match | None, Pending | None]:
         """The entry answering ``question`` (if any), and the question for the store."""
-        pending = self.pending(question)
+        if self._overloaded():
+            self.outcomes.labels("shed").inc()
+            return None, self.pending(question)
+        pending = self.pending(question, urgent=True)
         # A partition this process has not read yet may be large (5 s for 100,000
         # records): the read goes on in the background, and this question is a miss.
         refresh = asyncio.ensure_future(self.index.refresh(question.partition))
@@ -163,6 +181,22 @@ class SemanticCache:
         self.outcomes.labels("stale").inc()
         return None, pending
 
+    def _overloaded(self) -> bool:
+        embedder = self.embedder
+        wait = embedder.wait_estimate()
+        if wait is None:  # loading (or never asked): shed only behind a load under way
+            return embedder.backlog > 0
+        return wait > self._timeout
+
+    def _started(self) -> None:
+        # The first opted-in question: subscribe to new records from other processes, and
+        # index the engine's own vectors once it is known.
+        if self.notifier is not None:
+            self.notifier.start()
+        space = self.embedder.space
+        if space is not None and isinstance(self.index, RedisStreamIndex):
+            self.index.use_space(space)
+
     def _agreeing(
         self, question: Question, vector: Vector, threshold: float
     ) -> list[tuple[str, float]]:
@@ -191,6 +225,7 @@ class SemanticCache:
             return
         if vector is None:
             return
+        self._started()  # the engine is known now: its own index
         try:
             await self.index.add(
                 pending.partition,
@@ -205,7 +240,42 @@ class SemanticCache:
         self.indexed.inc()
 
     def close(self) -> None:
+        if self.notifier is not None:
+            self.notifier.stop()
+        if isinstance(self.index, RedisStreamIndex):
+            self.index.stop()
         self.embedder.close()
+
+
+def _embedding_metrics(embedder: Embedder, registry: CollectorRegistry) -> None:
+    """The embedder's own counts, read at each scrape (it counts in its thread)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    class Collector:
+        def collect(self) -> Any:
+            yield CounterMetricFamily(
+                "prism_semantic_embedded_questions",
+                "Questions embedded (lookups and texts only indexed).",
+                embedder.questions,
+            )
+            yield CounterMetricFamily(
+                "prism_semantic_embedding_batches", "Model calls (one per batch).", embedder.batches
+            )
+            yield CounterMetricFamily(
+                "prism_semantic_embedding_cpu_seconds",
+                "CPU time of the embedding thread in model calls.",
+                embedder.cpu_seconds,
+            )
+            yield CounterMetricFamily(
+                "prism_semantic_embedding_wall_seconds",
+                "Wall time of model calls.",
+                embedder.seconds,
+            )
+            yield GaugeMetricFamily(
+                "prism_semantic_embedding_queue", "Texts waiting to be embedded.", embedder.queued
+            )
+
+    registry.register(Collector())
 
 
 def build_semantic_cache(
@@ -219,12 +289,21 @@ def build_semantic_cache(
     model = settings.semantic_model
     if model == "off":
         return None
-    embedder = Embedder(None if model == "auto" else Path(model), settings.semantic_threads)
+    threads = settings.semantic_threads or auto_threads()
+    embedder = Embedder(
+        None if model == "auto" else Path(model),
+        threads,
+        settings.semantic_engine,
+        Path(settings.semantic_cache_dir) if settings.semantic_cache_dir else None,
+    )
+    index = RedisStreamIndex(redis)
+    index.use_space(predicted_space(settings.semantic_engine))
     return SemanticCache(
-        RedisStreamIndex(redis),
+        index,
         embedder,
         redis,
         metrics.registry,
         spawn,
         settings.semantic_timeout,
+        settings.redis_url,
     )

