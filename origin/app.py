@@ -29,6 +29,7 @@ from .gateway import Gateway
 from .governance.project_policies import ProjectPolicies
 from .http.access_log import AccessLog
 from .http.asgi import Route, Routes
+from .http.loop_watch import LoopWatch
 from .http.request import Request
 from .http.responses import Reply, json_reply
 from .providers.upstream_http import ConnectorFactory
@@ -173,6 +174,7 @@ def create_app(
     admin = Routes([Route("/healthz", health), Route("/metrics", metrics), *board])
     app = OriginApp(gateway, api, admin, dashboard)
     app.telemetry = gateway.telemetry
+    app.loop_watch = LoopWatch(settings.loop_lag_limit, gateway.metrics)
     if settings.access_log:
         app.access_log = AccessLog(settings)
     return app

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from typing import Annotated
 
 import typer
@@ -44,6 +45,7 @@ def serve(
 
     from origin import Settings, SettingsError, create_app
     from origin.http.server import freeze_heap, listen, server_options
+    from origin.http.watchdog import attach_watchdog
 
     try:
         settings = Settings.from_env()
@@ -60,6 +62,8 @@ def serve(
     except OSError as error:
         typer.echo(f"Error: {error}; choose another with --port / --admin-port.", err=True)
         raise typer.Exit(1) from None
+    # Under systemd with WatchdogSec= (the deployed unit): fed from the event loop.
+    attach_watchdog(app, os.environ)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     if settings.access_log:
         from origin.http.access_log import print_access_log

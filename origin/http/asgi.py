@@ -36,6 +36,7 @@ from .responses import RawHeaders, Reply, error_reply
 
 if TYPE_CHECKING:
     from .access_log import AccessLog
+    from .loop_watch import LoopWatch
     from .telemetry import Telemetry
 
 __all__ = [
@@ -91,6 +92,8 @@ class Routes:
         # Set by ``create_app`` when configured; None costs one check per request.
         self.telemetry: Telemetry | None = None
         self.access_log: AccessLog | None = None
+        # Started with the lifespan; while the loop lags, new requests get a fast 503.
+        self.loop_watch: LoopWatch | None = None
         # Request ids need to be unique, not secret: a random prefix and a counter.
         self._id_prefix = secrets.token_hex(4)
         self._ids = itertools.count(1)
@@ -116,7 +119,10 @@ class Routes:
         telemetry = self.telemetry
         span = telemetry.start(request) if telemetry is not None else None
         route = self._routes.get(request.path)
+        watch = self.loop_watch
         try:
+            if watch is not None and watch.lagging:
+                raise watch.refusal()
             if route is None:
                 raise NotFoundError(f"Unknown route {request.method} {request.path}.")
             if request.method not in route.methods:
@@ -167,8 +173,12 @@ class Routes:
             log.exception("start-up failed")
             await send({"type": "lifespan.startup.failed", "message": repr(error)})
             return
+        if self.loop_watch is not None:
+            self.loop_watch.start()
         await send({"type": "lifespan.startup.complete"})
         await receive()  # lifespan.shutdown
+        if self.loop_watch is not None:
+            self.loop_watch.close()
         if self._on_shutdown is not None:
             await self._on_shutdown()
         await send({"type": "lifespan.shutdown.complete"})
