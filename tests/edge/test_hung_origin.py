@@ -108,6 +108,13 @@ def stack(
             ExtraWorker("two", bundle.root, vars=two, kv_binding="PRISM_KV"),
             # a second edge of the same two: another isolate of the same PoP
             ExtraWorker("two_again", bundle.root, vars=two, kv_binding="PRISM_KV"),
+            # the two with no probe: only the origin's own 503 can send a request on
+            ExtraWorker(
+                "two_unprobed",
+                bundle.root,
+                vars={**two, "PRISM_ORIGIN_PROBE_AFTER_MS": "0"},
+                kv_binding="PRISM_KV",
+            ),
             ExtraWorker(
                 "one", bundle.root, vars={**common, "ORIGIN_URL": at["eu"]}, kv_binding="PRISM_KV"
             ),
@@ -142,7 +149,7 @@ def stack(
 def fresh(stack: Hung, api_key: str) -> Hung:
     """The stack with the provider reset and eu-west-1 answering Europe again (a test
     before may have marked it down: its mark passes, and a trial request finds it up)."""
-    for name in ("two", "two_again"):
+    for name in ("two", "two_again", "two_unprobed"):
         wait_for(
             lambda name=name: (
                 chat(stack.url(name), api_key)[0].headers.get(REGION)  # type: ignore[misc]
@@ -230,3 +237,28 @@ def test_a_forward_read_after_it_expired_is_signed_again_not_refused(
     response, _ = sent.result(timeout=120)
     assert response.status_code == 200, response.text
     assert fresh.eu.metric("prism_origin_forward_rejected_total", reason="expired") > expired
+
+
+def test_an_origin_whose_loop_lags_says_so_and_the_edge_asks_the_next(
+    fresh: Hung, api_key: str
+) -> None:
+    """Its 503 (Retry-After, x-prism-origin-busy) is the origin's own, and yet not final:
+    another origin may serve it at once (an edge with no probe, so only that 503 tells)."""
+    loop = fresh.eu.server.loop
+    stop = threading.Event()
+
+    def block() -> None:  # the loop runs, 1.5 s late each time: past its 1 s limit
+        time.sleep(1.5)
+        if not stop.is_set():
+            loop.call_later(0.05, block)
+
+    loop.call_soon_threadsafe(block)
+    try:
+        wait_for(lambda: fresh.eu.metric("prism_origin_loop_lag_refused_total") > 0
+                 or httpx.get(fresh.eu.url + "/healthz", timeout=60).status_code == 503, 60)  # fmt: skip
+        response, _ = chat(fresh.url("two_unprobed"), api_key)
+        assert response.status_code == 200, response.text
+        assert response.headers[REGION] == "us-west-1"
+        assert 'origin-error;desc="eu-west-1"' in response.headers["server-timing"]
+    finally:
+        stop.set()
