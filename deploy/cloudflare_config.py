@@ -29,7 +29,7 @@ __all__ = [
     "EdgeConfigError",
     "EdgeDeployConfig",
     "EdgeDeployError",
-    "Route",
+    "WorkerRoute",
     "find_wrangler",
 ]
 
@@ -50,14 +50,14 @@ class EdgeDeployError(RuntimeError):
 
 
 @dataclass(frozen=True, slots=True)
-class Route:
+class WorkerRoute:
     """A Worker route: ``pattern``, in ``zone_name`` or the zone wrangler finds from its host."""
 
     pattern: str
     zone_name: str | None = None
 
     @classmethod
-    def parse(cls, text: str) -> Route:
+    def parse(cls, text: str) -> WorkerRoute:
         """``gw.example.com/*`` or ``gw.example.com/*@example.com`` (pattern @ zone name)."""
         text = text.strip()
         pattern, zone = text, None
@@ -92,7 +92,7 @@ class EdgeDeployConfig:
     secrets: Mapping[str, str] = field(repr=False)
     namespace_title: str = DEFAULT_NAMESPACE_TITLE
     name: str = "prism-edge"
-    routes: tuple[Route, ...] = ()
+    routes: tuple[WorkerRoute, ...] = ()
     api_url: str = DEFAULT_API_URL
     #: argv prefix of wrangler (or pywrangler); empty: :func:`find_wrangler` at run time.
     wrangler: tuple[str, ...] = ()
@@ -177,7 +177,7 @@ class EdgeDeployConfig:
             secrets={name: environ[name] for name in EDGE_SECRETS},
             namespace_title=(namespace_title or DEFAULT_NAMESPACE_TITLE).strip(),
             name=name or str(load_wrangler_config().get("name") or "prism-edge"),
-            routes=tuple(Route.parse(route) for route in routes),
+            routes=tuple(WorkerRoute.parse(route) for route in routes),
             api_url=environ.get("PRISM_CLOUDFLARE_API_URL") or DEFAULT_API_URL,
             wrangler=command,
             dry_run=dry_run,

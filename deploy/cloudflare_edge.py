@@ -39,7 +39,7 @@ from deploy.cloudflare_config import (
     EdgeConfigError,
     EdgeDeployConfig,
     EdgeDeployError,
-    Route,
+    WorkerRoute,
     find_wrangler,
 )
 from deploy.edge_bundle import EdgeBundle, build_edge, load_wrangler_config
@@ -67,7 +67,7 @@ __all__ = [
     "EdgeDeployError",
     "EdgeDeployResult",
     "EdgeDeployStep",
-    "Route",
+    "WorkerRoute",
     "check_node",
     "deploy_edge",
     "dry_run_outdir",

@@ -7,7 +7,7 @@ same tree always gives the same bytes. The lock is ``uv pip compile
 --generate-hashes`` of the project's ``[project].dependencies`` and its ``otel`` extra
 (so a deployed origin can export traces when told where; without an endpoint it imports
 none of it) for the
-instance's Python and platform (:class:`Target`), not this machine's. The
+instance's Python and platform (:class:`ReleaseTarget`), not this machine's. The
 instance installs ``requirements.txt`` (the lock plus the wheel by path and
 hash) with ``pip install --require-hashes``: nothing is installed by bare name.
 
@@ -34,7 +34,7 @@ __all__ = [
     "TARGETS",
     "Release",
     "ReleaseError",
-    "Target",
+    "ReleaseTarget",
     "build_release",
     "build_wheel",
     "compile_lock",
@@ -59,7 +59,7 @@ class ReleaseError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class Target:
+class ReleaseTarget:
     """The instance's OS image, Python and platform: part of the deploy's identity."""
 
     os: str  # e.g. "ubuntu-24.04"
@@ -72,9 +72,9 @@ class Target:
 
 
 # Ubuntu 24.04 LTS ships Python 3.12 and glibc 2.39.
-TARGETS: dict[str, Target] = {
-    "x86_64": Target("ubuntu-24.04", "3.12", "x86_64-manylinux_2_39"),
-    "aarch64": Target("ubuntu-24.04", "3.12", "aarch64-manylinux_2_39"),
+TARGETS: dict[str, ReleaseTarget] = {
+    "x86_64": ReleaseTarget("ubuntu-24.04", "3.12", "x86_64-manylinux_2_39"),
+    "aarch64": ReleaseTarget("ubuntu-24.04", "3.12", "aarch64-manylinux_2_39"),
 }
 
 
@@ -85,7 +85,7 @@ class Release:
     wheel_name: str
     wheel_sha256: str
     lock_sha256: str
-    target: Target
+    target: ReleaseTarget
     wheel: bytes
     lock: str
 
@@ -134,7 +134,7 @@ def find_uv() -> str:
     raise ReleaseError(f"uv is needed to build the release: pip install '{DISTRIBUTION}[deploy]'")
 
 
-def lock_key(source: Path, target: Target) -> str:
+def lock_key(source: Path, target: ReleaseTarget) -> str:
     """16 hex digits naming the lock of ``source``'s dependencies for ``target``."""
     listed = _project(source / "pyproject.toml").get("dependencies", [])
     dependencies = sorted(str(d) for d in listed) if isinstance(listed, list) else []
@@ -158,7 +158,7 @@ def build_wheel(source: Path, out: Path, *, uv: str | None = None) -> Path:
         return Path(shutil.copy2(wheels[0], out / wheels[0].name))
 
 
-def compile_lock(source: Path, target: Target, *, uv: str | None = None) -> str:
+def compile_lock(source: Path, target: ReleaseTarget, *, uv: str | None = None) -> str:
     """Every dependency of ``source`` pinned with its hashes, resolved for ``target``."""
     uv = uv or find_uv()
     args = [uv, "pip", "compile", str(source / "pyproject.toml"), "--extra", "otel"]
@@ -172,7 +172,12 @@ def compile_lock(source: Path, target: Target, *, uv: str | None = None) -> str:
 
 
 def build_release(
-    source: Path, target: Target, out: Path, *, lock: str | None = None, uv: str | None = None
+    source: Path,
+    target: ReleaseTarget,
+    out: Path,
+    *,
+    lock: str | None = None,
+    uv: str | None = None,
 ) -> Release:
     """Build the wheel (always) and the lock (unless an earlier one is passed in)."""
     wheel = build_wheel(source, out, uv=uv)

@@ -18,14 +18,14 @@ from prism import AuthenticationError, Policy
 from prism import headers as h
 from prism.routes import CHAT_PATH, EMBEDDINGS_PATH, MESSAGES_PATH, MODELS_PATH
 
-from .apis.chat import ChatCompletions
+from .apis.chat import CHAT
 from .apis.embeddings import EMBEDDINGS
 from .apis.messages import MESSAGES
 from .apis.pipeline import ApiRoute
 from .auth import authenticate
 from .connection.redis_client import RedisClient
 from .dashboard import Dashboard, History, dashboard_off_routes
-from .gateway import Gateway
+from .gateway import Gateway, models_body
 from .governance.project_policies import ProjectPolicies
 from .http.access_log import AccessLog
 from .http.asgi import Route, Routes
@@ -50,6 +50,9 @@ class OriginApp(Routes):
         routes: Iterable[Route],
         admin: Routes,
         dashboard: Dashboard | None = None,
+        *,
+        admin_port: int | None = None,
+        access_log: AccessLog | None = None,
     ) -> None:
         super().__init__(
             routes,
@@ -57,6 +60,9 @@ class OriginApp(Routes):
             on_startup=self._start,
             on_shutdown=self._close,
             admin=admin,
+            admin_port=admin_port,
+            telemetry=gateway.telemetry,
+            access_log=access_log,
         )
         self.gateway = gateway
         self.dashboard = dashboard  # None: no PRISM_ADMIN_KEY, nothing sampled
@@ -78,12 +84,13 @@ def create_app(
     redis: RedisClient | None = None,
     connectors: Mapping[str, ConnectorFactory] | None = None,
     kv_transport: httpx.AsyncBaseTransport | None = None,
+    admin_port: int | None = None,
 ) -> OriginApp:
-    """The origin ASGI app. ``connectors`` swap a provider's connection pool (by name)."""
+    """The origin ASGI app. ``connectors`` swap a provider's connection pool (by name);
+    ``admin_port``: the admin listener's (``origin.http.server.listen``), None to serve no
+    admin routes."""
     gateway = Gateway(settings, redis=redis, connectors=connectors, kv_transport=kv_transport)
-    started = time.time()
-    models_list = _models_body(settings.providers.public_models(), started)
-    gateway.models_body = models_list  # published to Workers KV for the edge's /v1/models
+    started, models_list = gateway.started, gateway.models_body
 
     policies = ProjectPolicies()
     public_models = settings.providers.public_models()
@@ -109,7 +116,7 @@ def create_app(
             if not body:
                 if len(allowed_lists) >= 256:
                     allowed_lists.clear()
-                body = allowed_lists[policy] = _models_body(
+                body = allowed_lists[policy] = models_body(
                     [name for name in public_models if policy.allows(name)], started
                 )
         return Reply(200, {"content-type": "application/json", **_BYPASS}, body)
@@ -149,7 +156,7 @@ def create_app(
         return Reply(200, {"content-type": "text/plain; version=0.0.4"}, gateway.metrics.render())
 
     api = [
-        Route(CHAT_PATH, ChatCompletions(gateway, policies), frozenset({"POST"}), name="chat"),
+        Route(CHAT_PATH, ApiRoute(gateway, CHAT, policies), frozenset({"POST"}), name="chat"),
         Route(MODELS_PATH, models, name="models"),
         Route(
             EMBEDDINGS_PATH,
@@ -172,11 +179,9 @@ def create_app(
         dashboard = Dashboard(history, settings.admin_key)
     board = dashboard.routes() if dashboard is not None else dashboard_off_routes()
     admin = Routes([Route("/healthz", health), Route("/metrics", metrics), *board])
-    app = OriginApp(gateway, api, admin, dashboard)
-    app.telemetry = gateway.telemetry
+    access_log = AccessLog(settings) if settings.access_log else None
+    app = OriginApp(gateway, api, admin, dashboard, admin_port=admin_port, access_log=access_log)
     app.loop_watch = LoopWatch(settings.loop_lag_limit, gateway.metrics)
-    if settings.access_log:
-        app.access_log = AccessLog(settings)
     return app
 
 
@@ -187,15 +192,3 @@ def _semantic_health(gateway: Gateway) -> dict[str, object]:
         return {"enabled": False}
     embedder = semantic.embedder
     return {"enabled": True, "loaded": embedder.loaded, "error": embedder.failed}
-
-
-def _models_body(names: Iterable[str], created: float) -> bytes:
-    return json_reply(
-        {
-            "object": "list",
-            "data": [
-                {"id": name, "object": "model", "created": int(created), "owned_by": "prism"}
-                for name in names
-            ],
-        }
-    ).body

@@ -6,10 +6,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import aiohttp
 import httpx
+import orjson
 
 from prism import encode_envelope, entry_key
 from prism.routes import MODELS_KEY
@@ -69,18 +71,22 @@ class Gateway:
         self.cache = RedisCache(
             self.redis, self.metrics, settings.redis_retry_after, reader=self.redis_reader
         )
+        # Tracing first: the parts that report to it are given it as they are made.
+        self.telemetry = _telemetry(settings) if settings.otel_endpoint else None
         connectors = connectors or {}
         self.providers: dict[str, ChatProvider] = {
-            name: build_provider(spec, connectors.get(name))
+            name: build_provider(spec, connectors.get(name), self._trace_configs())
             for name, spec in settings.providers.providers.items()
         }
-        self.router = Router(settings.providers, self.providers, self.metrics)
+        self.router = Router(
+            settings.providers, self.providers, self.metrics, telemetry=self.telemetry
+        )
         self.flights = FlightTable(self.router, self.store, on_join=self.metrics.coalesced.inc)
         self._kv_client: httpx.AsyncClient | None = None
         self.kv_writer: KVWriter | None = None
         if settings.kv is not None:
             self._kv_client = httpx.AsyncClient(transport=kv_transport, timeout=30.0)
-            self.kv_writer = KVWriter(settings.kv, self._kv_client, self.metrics)
+            self.kv_writer = KVWriter(settings.kv, self._kv_client, self.metrics, self.telemetry)
         self._background: set[asyncio.Task[Any]] = set()
         self.usage = UsageRecorder(
             self.redis, lambda: self.cache.available, settings.usage_flush_interval
@@ -102,12 +108,15 @@ class Gateway:
         self.semantic: SemanticCache | None = build_semantic_cache(
             settings, self.redis, self.metrics, self.spawn
         )
-        self.telemetry: Telemetry | None = None
-        if settings.otel_endpoint:
-            self.telemetry = _telemetry(self, settings)
-        # /v1/models as the origin answers it without a policy (``create_app`` sets it).
-        self.models_body: bytes | None = None
+        self.started = time.time()
+        # /v1/models as the origin answers it without a policy, also published to Workers
+        # KV for the edge's /v1/models.
+        self.models_body = models_body(settings.providers.public_models(), self.started)
         self._models_task: asyncio.Task[None] | None = None
+
+    def _trace_configs(self) -> tuple[aiohttp.TraceConfig, ...]:
+        """A provider's request hooks: with tracing, the one adding ``traceparent``."""
+        return () if self.telemetry is None else (self.telemetry.trace_config(),)
 
     def spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         """Run ``work`` after the response, holding a reference so it is not collected."""
@@ -167,8 +176,7 @@ class Gateway:
         self.usage.start()
         if self.kv_writer is not None:
             self.kv_writer.start()
-            if self.models_body is not None:
-                self._models_task = asyncio.create_task(self._publish_models(self.models_body))
+            self._models_task = asyncio.create_task(self._publish_models(self.models_body))
 
     async def _publish_models(self, body: bytes) -> None:
         """The model list to Workers KV for the edge, now and every ``MODELS_REFRESH``."""
@@ -200,11 +208,22 @@ class Gateway:
             await self.redis_reader.close()
 
 
-def _telemetry(gateway: Gateway, settings: Settings) -> Telemetry:
-    """Tracing and the GenAI metrics, hooked into the parts that report to them. Imported
-    here, only when configured: the OpenTelemetry SDK is an optional extra (``otel``)."""
-    from .providers.upstream_http import UpstreamHTTP
+def models_body(names: Iterable[str], created: float) -> bytes:
+    """``/v1/models``'s body listing ``names``."""
+    return orjson.dumps(
+        {
+            "object": "list",
+            "data": [
+                {"id": name, "object": "model", "created": int(created), "owned_by": "prism"}
+                for name in names
+            ],
+        }
+    )
 
+
+def _telemetry(settings: Settings) -> Telemetry:
+    """Tracing and the GenAI metrics. Imported here, only when configured: the
+    OpenTelemetry SDK is an optional extra (``otel``)."""
     try:
         from .http.telemetry import Telemetry
     except ImportError as error:
@@ -212,15 +231,7 @@ def _telemetry(gateway: Gateway, settings: Settings) -> Telemetry:
             f"An OTLP endpoint is set but the OpenTelemetry SDK is missing ({error.name}): "
             "pip install 'prism-edge-gateway[otel]', or unset PRISM_OTEL_ENDPOINT."
         ) from None
-    telemetry = Telemetry(settings)
-    gateway.router.telemetry = telemetry
-    if gateway.kv_writer is not None:
-        gateway.kv_writer.telemetry = telemetry
-    for provider in gateway.providers.values():
-        http = getattr(provider, "_http", None)  # each adapter's one connection pool
-        if isinstance(http, UpstreamHTTP):
-            http.trace_configs.append(telemetry.trace_config())
-    return telemetry
+    return Telemetry(settings)
 
 
 def _redis_client(settings: Settings, url: str) -> RedisClient:

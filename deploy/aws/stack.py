@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from deploy.aws.userdata import ami_parameters, architecture, render_user_data
-from deploy.release import TARGETS, Release, Target
+from deploy.release import TARGETS, Release, ReleaseTarget
 from prism import parse_key_secrets
 
 if TYPE_CHECKING:
@@ -231,7 +231,7 @@ class OriginDeployConfig:
         return f"origin/{self.name}/"
 
     @property
-    def target(self) -> Target:
+    def target(self) -> ReleaseTarget:
         """The instance's image, Python and platform (from the instance type's architecture)."""
         return TARGETS["aarch64" if architecture(self.instance_type) == "arm64" else "x86_64"]
 

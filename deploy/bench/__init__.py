@@ -13,22 +13,6 @@
 `prism bench faults` (failover with a sick provider): ``faults`` runs it,
 ``fault_scenarios`` says how the primary fails, ``fault_load`` is the client,
 ``fault_metrics`` the numbers and targets (pure), ``fault_report`` the output.
+
+Nothing is imported here: `prism`'s other commands start without the bench.
 """
-
-from .loadgen import LoadResult, LoadSpec, run_load
-from .report import draw_chart, render_table, write_results
-from .runner import BenchConfig, BenchError, BenchRunner
-from .targets import evaluate_targets
-
-__all__ = [
-    "BenchConfig",
-    "BenchError",
-    "BenchRunner",
-    "LoadResult",
-    "LoadSpec",
-    "draw_chart",
-    "evaluate_targets",
-    "render_table",
-    "run_load",
-    "write_results",
-]

@@ -68,8 +68,8 @@ def _stack(workdir: Path) -> Iterator[tuple[str, OriginApp, ThreadedServer, Prov
                 "PRISM_PROVIDERS_FILE": str(config),
             }
         )
-        app = create_app(settings)
-        sockets = listen(app, "127.0.0.1", 0, "127.0.0.1", 0)
+        sockets = listen("127.0.0.1", 0, "127.0.0.1", 0)
+        app = create_app(settings, admin_port=sockets[1].getsockname()[1])
         origin = ThreadedServer(app, **server_options(settings)).start(sockets=sockets)
         try:
             yield server.url, app, origin, provider

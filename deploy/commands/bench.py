@@ -15,13 +15,9 @@ import typer
 from rich.console import Console, RenderableType
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from deploy.bench import BenchConfig, BenchError, BenchRunner, render_table, write_results
-from deploy.bench.fault_report import render_fault_table, write_fault_results
+# Only the scenario names at import (the options' help); each command imports what it runs,
+# so every other `prism` command (the origin's `serve` too) starts without the bench.
 from deploy.bench.fault_scenarios import DEFAULT_SCENARIOS, SCENARIOS
-from deploy.bench.faults import FaultBenchConfig, FaultBenchRunner
-from deploy.bench.loadgen import wrk_path
-from deploy.local.stack import StackError
-from deploy.local.workers import RuntimeStartError, ToolchainNotFoundError
 
 from ._options import JsonOption
 
@@ -74,6 +70,12 @@ def bench_command(
     clearly labelled. `prism bench faults` measures failover instead (see its --help).
     Example: prism bench --duration 5
     """
+    from deploy.bench.loadgen import wrk_path
+    from deploy.bench.report import render_table, write_results
+    from deploy.bench.runner import BenchConfig, BenchError, BenchRunner
+    from deploy.local.stack import StackError
+    from deploy.local.workers import RuntimeStartError, ToolchainNotFoundError
+
     if ctx.invoked_subcommand is not None:
         return
     console = Console(stderr=True)
@@ -186,6 +188,10 @@ def faults_command(
 
     Example: prism bench faults --requests 500 --scenario outage
     """
+    from deploy.bench.fault_report import render_fault_table, write_fault_results
+    from deploy.bench.faults import FaultBenchConfig, FaultBenchRunner
+    from deploy.bench.runner import BenchError
+
     console = Console(stderr=True)
     try:
         config = FaultBenchConfig(
@@ -404,6 +410,8 @@ def regions_command(
     """
     from deploy.bench.regions import RegionsConfig, run_regions
     from deploy.bench.regions_report import render_regions, write_regions
+    from deploy.local.stack import StackError
+    from deploy.local.workers import RuntimeStartError, ToolchainNotFoundError
 
     console = Console(stderr=True)
     config = RegionsConfig.quick() if quick else RegionsConfig()
@@ -460,6 +468,8 @@ def geo_command(
     from deploy.bench.geo_profile import DEFAULT_PROFILE
     from deploy.bench.geo_report import render_geo, write_geo
     from deploy.local import netns
+    from deploy.local.stack import StackError
+    from deploy.local.workers import RuntimeStartError, ToolchainNotFoundError
 
     console = Console(stderr=True)
     why_not = "--loopback given" if loopback else netns.available()

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from deploy.edge_bundle import Target, build_edge
+from deploy.edge_bundle import BuildTarget, build_edge
 
 from ._options import JsonOption
 
@@ -44,7 +44,7 @@ def edge(
             f"Error: {out} is not empty and not a Prism build; refusing to replace it.", err=True
         )
         raise typer.Exit(2)
-    chosen: Target = "local" if target == "local" else "cloudflare"
+    chosen: BuildTarget = "local" if target == "local" else "cloudflare"
     bundle = build_edge(chosen, out, origin_url=origin_url)
     if as_json:
         typer.echo(json.dumps({"out": str(out), "target": target, "files": bundle.files}))

@@ -53,15 +53,17 @@ def serve(
         typer.echo(f"Error: {error}", err=True)
         raise typer.Exit(2) from None
     try:
-        app = create_app(settings)
-    except SettingsError as error:  # e.g. telemetry asked for, its extra not installed
-        typer.echo(f"Error: {error}", err=True)
-        raise typer.Exit(2) from None
-    try:
-        sockets = listen(app, host, port, admin_host, admin_port)
+        sockets = listen(host, port, admin_host, admin_port)
     except OSError as error:
         typer.echo(f"Error: {error}; choose another with --port / --admin-port.", err=True)
         raise typer.Exit(1) from None
+    try:
+        app = create_app(settings, admin_port=sockets[1].getsockname()[1])
+    except SettingsError as error:  # e.g. telemetry asked for, its extra not installed
+        for sock in sockets:
+            sock.close()
+        typer.echo(f"Error: {error}", err=True)
+        raise typer.Exit(2) from None
     # Under systemd with WatchdogSec= (the deployed unit): fed from the event loop.
     attach_watchdog(app, os.environ)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")

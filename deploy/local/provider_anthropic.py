@@ -1,7 +1,7 @@
 """Anthropic's wire format in the local provider: a Messages ``message`` and its event
 stream.
 
-Apart from OpenAI's (``provider_openai``): the same ``Reply`` (``provider_replies``) as
+Apart from OpenAI's (``provider_openai``): the same ``ScriptedReply`` (``provider_replies``) as
 one content block, text or ``tool_use``, streamed as Anthropic's named events and ended
 by ``message_stop``.
 """
@@ -10,21 +10,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from deploy.local.provider_replies import Reply
+from deploy.local.provider_replies import ScriptedReply
 from deploy.local.provider_settings import ProviderSettings
 from deploy.local.provider_sse import StreamPlan, fragments, sse_event, word_pieces
 
 __all__ = ["anthropic_message", "anthropic_stream"]
 
 
-def _anthropic_block(reply: Reply) -> dict[str, Any]:
+def _anthropic_block(reply: ScriptedReply) -> dict[str, Any]:
     if reply.tool_call is None:
         return {"type": "text", "text": reply.texts[0]}
     call = reply.tool_call
     return {"type": "tool_use", "id": f"toolu_{reply.tag}", "name": call.name, "input": call.input}
 
 
-def anthropic_message(reply: Reply) -> dict[str, Any]:
+def anthropic_message(reply: ScriptedReply) -> dict[str, Any]:
     return {
         "id": f"msg_{reply.tag}",
         "type": "message",
@@ -37,7 +37,7 @@ def anthropic_message(reply: Reply) -> dict[str, Any]:
     }
 
 
-def anthropic_stream(settings: ProviderSettings, reply: Reply) -> StreamPlan:
+def anthropic_stream(settings: ProviderSettings, reply: ScriptedReply) -> StreamPlan:
     start = {**anthropic_message(reply), "content": [], "stop_reason": None}
     start["usage"] = {"input_tokens": reply.prompt_tokens, "output_tokens": 1}
     # The block starts empty; its text or input arrives in the deltas.

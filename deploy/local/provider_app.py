@@ -39,7 +39,7 @@ from deploy.local.provider_faults import (
     json_response,
 )
 from deploy.local.provider_openai import openai_completion, openai_embeddings, openai_stream
-from deploy.local.provider_replies import Reply, anthropic_reply, openai_reply
+from deploy.local.provider_replies import ScriptedReply, anthropic_reply, openai_reply
 from deploy.local.provider_settings import ProviderSettings
 from deploy.local.provider_sse import (
     MALFORMED_JSON,
@@ -168,7 +168,12 @@ class _Provider:
                 await asyncio.wait_for(release.wait(), stall)
 
     def _answer(
-        self, api: Api, body: dict[str, Any], reply: Reply, fault: Fault | None, stream: bool
+        self,
+        api: Api,
+        body: dict[str, Any],
+        reply: ScriptedReply,
+        fault: Fault | None,
+        stream: bool,
     ) -> Response:
         """The reply as JSON or as an event stream, spoiled as the fault says."""
         settings = self.settings

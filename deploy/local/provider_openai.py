@@ -1,7 +1,7 @@
 """OpenAI's wire format in the local provider: a chat completion, its chunk stream, and
 the answer to ``POST /v1/embeddings``.
 
-Apart from Anthropic's (``provider_anthropic``): the same ``Reply``
+Apart from Anthropic's (``provider_anthropic``): the same ``ScriptedReply``
 (``provider_replies``) in OpenAI's shapes, with ``[DONE]`` and interleaved choices for
 ``n`` > 1; the embeddings are OpenAI's only, deterministic in the body.
 """
@@ -16,14 +16,14 @@ from typing import Any
 
 import orjson
 
-from deploy.local.provider_replies import Reply, require
+from deploy.local.provider_replies import ScriptedReply, require
 from deploy.local.provider_settings import ProviderSettings
 from deploy.local.provider_sse import StreamPlan, fragments, sse, word_pieces
 
 __all__ = ["EMBEDDING_DIMENSIONS", "openai_completion", "openai_embeddings", "openai_stream"]
 
 
-def _openai_usage(reply: Reply) -> dict[str, int]:
+def _openai_usage(reply: ScriptedReply) -> dict[str, int]:
     total = reply.prompt_tokens + reply.completion_tokens
     return {
         "prompt_tokens": reply.prompt_tokens,
@@ -32,7 +32,7 @@ def _openai_usage(reply: Reply) -> dict[str, int]:
     }
 
 
-def _openai_tool_call(reply: Reply, index: int) -> dict[str, Any]:
+def _openai_tool_call(reply: ScriptedReply, index: int) -> dict[str, Any]:
     assert reply.tool_call is not None
     return {
         "id": f"call_{reply.tag}_{index}",
@@ -41,7 +41,7 @@ def _openai_tool_call(reply: Reply, index: int) -> dict[str, Any]:
     }
 
 
-def openai_completion(reply: Reply, created: int) -> dict[str, Any]:
+def openai_completion(reply: ScriptedReply, created: int) -> dict[str, Any]:
     choices = []
     for i, text in enumerate(reply.texts):
         message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
@@ -61,7 +61,7 @@ def openai_completion(reply: Reply, created: int) -> dict[str, Any]:
 
 
 def openai_stream(
-    settings: ProviderSettings, reply: Reply, created: int, include_usage: bool
+    settings: ProviderSettings, reply: ScriptedReply, created: int, include_usage: bool
 ) -> StreamPlan:
     base = {
         "id": f"chatcmpl-{reply.tag}",

@@ -1,7 +1,7 @@
 """What the local provider answers, before it is put in either API's format.
 
 A chat request of either API (``openai_reply``, ``anthropic_reply``) is checked and read
-into a ``Reply``: the echo of the last user text, the tag that makes it depend on the
+into a ``ScriptedReply``: the echo of the last user text, the tag that makes it depend on the
 whole body, a tool call when the request asks for one, and the token counts. Apart from
 the wire formats (``provider_openai``, ``provider_anthropic``, ``provider_sse``) because
 the one reply is put in each of them: the same body always gets the same content,
@@ -19,7 +19,7 @@ import orjson
 
 from deploy.local.provider_settings import ProviderSettings
 
-__all__ = ["Reply", "anthropic_reply", "openai_reply", "require"]
+__all__ = ["ScriptedReply", "anthropic_reply", "openai_reply", "require"]
 
 _TRANSPORT_KEYS = frozenset({"stream", "stream_options", "user", "metadata"})
 _FILLER = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
@@ -35,7 +35,7 @@ class _ToolCall:
 
 
 @dataclass(frozen=True, slots=True)
-class Reply:
+class ScriptedReply:
     """One answer to a chat request, before it is put in either API's format."""
 
     tag: str
@@ -92,7 +92,7 @@ def _build_reply(
     last_user: str,
     tool: tuple[str, Any] | None,
     n: int,
-) -> Reply:
+) -> ScriptedReply:
     tag = _digest(body)
     prompt_tokens = max(1, sum(len(t.split()) for t in texts_in))
     snippet = " ".join(last_user.split())[: settings.echo_chars]
@@ -101,7 +101,7 @@ def _build_reply(
         arguments = orjson.dumps(tool_input).decode()
         call = _ToolCall(tool[0], tool_input, arguments)
         completion = n * max(1, len(arguments) // 4)
-        return Reply(tag, str(body["model"]), ("",) * n, call, prompt_tokens, completion)
+        return ScriptedReply(tag, str(body["model"]), ("",) * n, call, prompt_tokens, completion)
     words = ["Echo:", *snippet.split()]
     filler = max(0, settings.reply_words - len(words) - 1)
     words += [_FILLER[i % len(_FILLER)] for i in range(filler)]
@@ -109,7 +109,7 @@ def _build_reply(
     # Each choice gets its own tag so n > 1 yields distinct, still deterministic, choices.
     texts = tuple(f"{base} [{tag if i == 0 else f'{tag}.{i}'}]" for i in range(n))
     completion = sum(len(t.split()) for t in texts)
-    return Reply(tag, str(body["model"]), texts, None, prompt_tokens, completion)
+    return ScriptedReply(tag, str(body["model"]), texts, None, prompt_tokens, completion)
 
 
 def _mentioned(tools: list[tuple[str, Any]], text: str) -> tuple[str, Any] | None:
@@ -125,7 +125,7 @@ def require(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def openai_reply(settings: ProviderSettings, body: dict[str, Any]) -> Reply:
+def openai_reply(settings: ProviderSettings, body: dict[str, Any]) -> ScriptedReply:
     messages = body.get("messages")
     require(isinstance(body.get("model"), str) and bool(body["model"]), "'model' is required")
     require(isinstance(messages, list) and bool(messages), "'messages' must be a non-empty list")
@@ -152,7 +152,7 @@ def openai_reply(settings: ProviderSettings, body: dict[str, Any]) -> Reply:
     return _build_reply(settings, body, texts, last_user, tool, n)
 
 
-def anthropic_reply(settings: ProviderSettings, body: dict[str, Any]) -> Reply:
+def anthropic_reply(settings: ProviderSettings, body: dict[str, Any]) -> ScriptedReply:
     messages = body.get("messages")
     require(isinstance(body.get("model"), str) and bool(body["model"]), "model: Field required")
     require(isinstance(body.get("max_tokens"), int), "max_tokens: Field required")

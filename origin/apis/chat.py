@@ -28,14 +28,12 @@ from prism import (
 from prism.routes import CHAT_PATH
 from prism.sse import DONE
 
-from ..gateway import Gateway
-from ..governance.project_policies import ProjectPolicies
 from ..governance.token_bounds import completion_token_bound, prompt_token_bound
 from ..providers.base import ChatProvider, UpstreamCompletion, UpstreamStream
 from ..store.semantic import question
-from .pipeline import CLIENT_GONE, JSON, SSE, Api, ApiRoute
+from .pipeline import CLIENT_GONE, JSON, SSE, Api
 
-__all__ = ["CHAT", "CLIENT_GONE", "JSON", "SSE", "ChatCompletions", "ChatOperation"]
+__all__ = ["CHAT", "CLIENT_GONE", "JSON", "SSE", "ChatOperation"]
 
 
 def _asked_usage(body: dict[str, Any]) -> bool:
@@ -43,7 +41,7 @@ def _asked_usage(body: dict[str, Any]) -> bool:
     return isinstance(options, dict) and options.get("include_usage") is True
 
 
-class _Builder:
+class _ChatStreamBuilder:
     """Relays each chat chunk as it came and assembles the ``chat.completion``. ``[DONE]``
     is not relayed: ``ChatOperation.done_frame`` ends every whole stream, one that closed
     cleanly without it too."""
@@ -120,8 +118,8 @@ class ChatOperation:
 
     def builder(
         self, provider: str, body: dict[str, Any], redact: Callable[[str], str]
-    ) -> _Builder:
-        return _Builder(provider, body, redact)
+    ) -> _ChatStreamBuilder:
+        return _ChatStreamBuilder(provider, body, redact)
 
     def replay(self, result: UpstreamCompletion, include_usage: bool) -> bytes:
         return replay(result.completion, include_usage)
@@ -149,8 +147,3 @@ CHAT: Api[ChatRequest] = Api(
     question,
     audit_path=False,
 )
-
-
-class ChatCompletions(ApiRoute[ChatRequest]):
-    def __init__(self, gateway: Gateway, policies: ProjectPolicies | None = None) -> None:
-        super().__init__(gateway, CHAT, policies)

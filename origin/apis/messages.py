@@ -31,7 +31,7 @@ from .pipeline import Api
 __all__ = ["MESSAGES", "MessagesOperation"]
 
 
-class _Builder:
+class _MessagesStreamBuilder:
     """Relays each Messages event as Anthropic frames it, and assembles the message."""
 
     __slots__ = ("_assembler", "_provider")
@@ -136,8 +136,8 @@ class MessagesOperation:
 
     def builder(
         self, provider: str, body: dict[str, Any], redact: Callable[[str], str]
-    ) -> _Builder:
-        return _Builder(provider)
+    ) -> _MessagesStreamBuilder:
+        return _MessagesStreamBuilder(provider)
 
     def replay(self, result: UpstreamCompletion, include_usage: bool) -> bytes:
         return replay_message(result.completion)

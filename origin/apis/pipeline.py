@@ -25,8 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from starlette.types import Receive
-
 from prism import (
     AuthenticationError,
     CacheDecision,
@@ -34,6 +32,7 @@ from prism import (
     Envelope,
     Limits,
     PermissionDeniedError,
+    Policy,
     PrismError,
     RateLimitError,
     RecentBodies,
@@ -53,13 +52,14 @@ from ..governance.project_policies import ProjectPolicies
 from ..governance.rate_limiter import TokenCharge
 from ..http.asgi import disconnected, read_body
 from ..http.request import Request
-from ..http.request import StageTimer as _Timer
 from ..http.responses import RawHeaders, Reply
-from ..routing.coalescing import Call, ClientStream, Storage
 from ..routing.operation import Operation
+from ..routing.shared_call import Call, Storage
+from ..routing.subscription import ClientStream
+from ..store.redis_cache import Lookup
 from ..store.semantic import Pending, Question, SemanticCache
 
-__all__ = ["CLIENT_GONE", "JSON", "SSE", "Api", "ApiRoute"]
+__all__ = ["CLIENT_GONE", "JSON", "SSE", "Api", "ApiRoute", "Asked"]
 
 JSON = {"content-type": "application/json"}
 SSE = {"content-type": "text/event-stream", "cache-control": "no-cache", "x-accel-buffering": "no"}
@@ -93,6 +93,24 @@ class Api(Generic[R]):
     audit_path: bool = True  # name the path in audit records (chat's records never did)
 
 
+class Asked(Generic[R]):
+    """One request on its way down the pipeline: who asked, what (parsed and
+    fingerprinted), how it may be cached, and the headers its answer will carry."""
+
+    __slots__ = ("caller", "decision", "fp", "out", "parsed", "rated", "request")
+
+    def __init__(
+        self, request: Request, caller: Caller, parsed: R, fp: str, decision: CacheDecision
+    ) -> None:
+        self.request = request
+        self.caller = caller
+        self.parsed = parsed
+        self.fp = fp
+        self.decision = decision
+        self.out = {h.REQUEST_ID: request.id, h.CACHE_KEY: fp[: h.CACHE_KEY_PREFIX_LEN]}
+        self.rated: RawHeaders | None = None  # the request rate limit's headers, when one applies
+
+
 class ApiRoute(Generic[R]):
     """The route handler (``asgi.Routes``) for one ``Api``: errors are raised, and
     rendered there in the API's format."""
@@ -113,13 +131,39 @@ class ApiRoute(Generic[R]):
         self._entries = RecentEntries()
 
     async def __call__(self, request: Request) -> Reply:
-        headers, receive, request_id, timer = (
-            request.headers,
-            request.receive,
-            request.id,
-            request.timer,
+        asked = await self._read(request)
+        caller = asked.caller
+        # One round trip: the key's revocation, the entry, the policy, the rate verdict.
+        lookup = await self.gw.cache.lookup(
+            caller.key_id, asked.fp if asked.decision.read else None, caller.project, count=True
         )
-        gw, path = self.gw, self._path
+        request.timer.mark("redis")
+        policy = self._admit(asked, lookup)
+        if lookup.entry is not None:
+            now = time.time()  # once: a clock read is not free on every machine
+            envelope = self._entries.decode(lookup.entry, now)
+            if envelope is not None:
+                request.usage = envelope.usage
+                if caller.fingerprint is not None:  # the edge: it writes KV with the time left
+                    asked.out[h.ENTRY_EXPIRES] = str(envelope.expires_at())
+                return self._hit(asked, envelope, "redis", now)
+        # Not served from Redis (inline, not a call: every miss pays for a frame): the
+        # semantic layer when the policy opts in, then the provider call.
+        cacheable = lookup.available and not asked.decision.bypass
+        asked.out[h.CACHE_LAYER] = "miss" if cacheable else "bypass"
+        pending: Pending | None = None
+        # Only for a project whose policy opts in: any other request pays one attribute check.
+        rules = policy.cache if policy is not None else None
+        if rules is not None and rules.semantic and cacheable and self.gw.semantic is not None:
+            found = await self._semantic(self.gw.semantic, rules.threshold, asked)
+            if isinstance(found, Reply):
+                return found
+            pending = found
+        return await self._miss(asked, policy, lookup.available, cacheable, pending)
+
+    async def _read(self, request: Request) -> Asked[R]:
+        """The request authenticated, its body parsed, fingerprinted and classified."""
+        headers, gw, path = request.headers, self.gw, self._path
         # Routes admits only POST here; a forward signed for anything else is refused.
         caller = authenticate(
             headers,
@@ -130,10 +174,10 @@ class ApiRoute(Generic[R]):
             gw.metrics,
             self._key_header,
         )
-        timer.mark("auth")
+        request.timer.mark("auth")
         request.project = caller.project  # for the access log and the trace
         limits = gw.settings.limits
-        raw = await read_body(receive, limits.max_body_bytes, headers.get("content-length"))
+        raw = await read_body(request.receive, limits.max_body_bytes, headers.get("content-length"))
         known = self._bodies.get(caller.project, raw)
         if known is None:
             parsed = self.api.parse(raw, limits)
@@ -144,51 +188,38 @@ class ApiRoute(Generic[R]):
         # A forward vouches for this body only: its signed fingerprint must be this one.
         check_forwarded_body(caller, fp, gw.metrics)
         decision = classify(parsed, headers.get("cache-control"), self.policy)
-        timer.mark("parse")
-        request.chat = parsed
-        lookup = await gw.cache.lookup(
-            caller.key_id, fp if decision.read else None, caller.project, count=True
-        )
-        timer.mark("redis")
+        request.timer.mark("parse")
+        request.parsed = parsed
+        return Asked(request, caller, parsed, fp, decision)
+
+    def _admit(self, asked: Asked[R], lookup: Lookup) -> Policy | None:
+        """What the lookup says of the caller: its key revoked, its model denied by the
+        project's policy (both refused before anything is served), its request rate."""
         if lookup.revoked:
             raise AuthenticationError("This API key has been revoked.", code="key_revoked")
-        # The policy came in the same round trip; it is checked before any entry is served.
+        caller = asked.caller
         try:
             policy = self.policies.resolve(caller.project, lookup)
             if policy is not None:
-                policy.check_model(parsed.model)
+                policy.check_model(asked.parsed.model)
         except PermissionDeniedError as refusal:
-            self._audit_refusal(caller, parsed.model, refusal)
+            self._audit_refusal(caller, asked.parsed.model, refusal)
             raise
-        out = {h.REQUEST_ID: request_id, h.CACHE_KEY: fp[: h.CACHE_KEY_PREFIX_LEN]}
-        # The request rate limit's verdict came in the same round trip.
-        rated: RawHeaders | None = None
         if lookup.rate is not None:  # no call on the hot path when no limit applies
-            rated = self.limiter.check_requests(caller.project, caller.key_id, lookup.rate)
-        if lookup.entry is not None:
-            now = time.time()  # once: a clock read is not free on every machine
-            envelope = self._entries.decode(lookup.entry, now)
-            if envelope is not None:
-                request.usage = envelope.usage
-                if caller.fingerprint is not None:  # the edge: it writes KV with the time left
-                    out[h.ENTRY_EXPIRES] = str(envelope.expires_at())
-                return self._hit(caller, parsed, envelope, "redis", now, out, timer, rated)
-        # Not served from Redis (inline, not a call: every miss pays for a frame): the
-        # semantic layer when the policy opts in, then the token limit and the budget, then
-        # the provider call (joined when one is running).
-        available = lookup.available
-        cacheable = available and not decision.bypass
-        out[h.CACHE_LAYER] = layer = "miss" if cacheable else "bypass"
-        pending: Pending | None = None
-        # Only for a project whose policy opts in: any other request pays one attribute check.
-        rules = policy.cache if policy is not None else None
-        if rules is not None and rules.semantic and cacheable and gw.semantic is not None:
-            found = await self._semantic(
-                gw.semantic, rules.threshold, caller, parsed, decision, out, timer, rated
-            )
-            if isinstance(found, Reply):
-                return found
-            pending = found
+            asked.rated = self.limiter.check_requests(caller.project, caller.key_id, lookup.rate)
+        return policy
+
+    async def _miss(
+        self,
+        asked: Asked[R],
+        policy: Policy | None,
+        available: bool,
+        cacheable: bool,
+        pending: Pending | None,
+    ) -> Reply:
+        """The token limit and the budget, then the provider call (joined when one is
+        running)."""
+        caller, parsed = asked.caller, asked.parsed
         # The budget is the policy's, from the same lookup: none set, no Redis command here.
         budget = policy.budget if policy is not None else None
         rate_limits = policy.rate_limits if policy is not None else None
@@ -202,96 +233,75 @@ class ApiRoute(Generic[R]):
         # the call's starter pays. Its charge reserves nothing, so opening it never
         # suspends, and nothing else awaits up to the subscription: the call it found in
         # flight here is the one it joins.
-        joins = (budget is not None or limits_tokens) and decision.read and fp in gw.flights
+        joins = (
+            (budget is not None or limits_tokens)
+            and asked.decision.read
+            and asked.fp in self.gw.flights
+        )
         tokens: TokenCharge | None = None
         try:
             if limits_tokens and not joins:
                 # Tokens are limited on misses only: admitted on the request's bound now,
                 # settled to its usage when the call ends.
                 tokens = await self.limiter.admit_tokens(
-                    caller.project, caller.key_id, *bounds, out, lookup.rate is not None
+                    caller.project, caller.key_id, *bounds, asked.out, asked.rated is not None
                 )
             try:
+                # The call's end settles the tokens with the budget (``Charge``): a client
+                # that leaves early does not give back what the call goes on to use.
                 charge = await self.billing.open(
                     caller.project,
                     caller.key_id,
                     parsed.model,
-                    layer,
+                    asked.out[h.CACHE_LAYER],
                     None if joins else budget,
                     bounds,
+                    tokens,
                 )
             except (RateLimitError, PermissionDeniedError) as refusal:
                 self._audit_refusal(caller, parsed.model, refusal, "budget.refuse")
                 raise
-            # The call's end settles the tokens with the budget (``Charge``): a client
-            # that leaves early does not give back what the call goes on to use.
-            charge.rate_tokens = tokens
-            request.charge = charge  # for the access log and the trace
-            return await self._call(
-                parsed,
-                fp,
-                decision,
-                cacheable,
-                out,
-                rated,
-                timer,
-                receive,
-                request_id,
-                charge,
-                pending,
-            )
+            asked.request.charge = charge  # for the access log and the trace
+            return await self._call(asked, cacheable, charge, pending)
         except BaseException:
             if tokens is not None:  # no call, or it failed: a no-op once the call settled
                 tokens.settle(None)
             raise
 
     async def _semantic(
-        self,
-        semantic: SemanticCache,
-        threshold: float,
-        caller: Caller,
-        parsed: R,
-        decision: CacheDecision,
-        out: dict[str, str],
-        timer: _Timer,
-        rated: RawHeaders | None,
+        self, semantic: SemanticCache, threshold: float, asked: Asked[R]
     ) -> Reply | Pending | None:
         """A paraphrase's answer from the semantic layer (a hit: nothing spent, like a
         Redis hit), or the question for the miss to index once its answer is stored
         (None: the request is not a question, or the API has no semantic layer)."""
         question = self.api.question
-        asked = question(caller.project, self._path, parsed) if question is not None else None
-        if asked is None or not semantic.available:
+        caller, decision = asked.caller, asked.decision
+        asked_question = (
+            question(caller.project, self._path, asked.parsed) if question is not None else None
+        )
+        if asked_question is None or not semantic.available:
             return None
         if not decision.read:
-            return semantic.pending(asked) if decision.write else None
-        match, pending = await semantic.lookup(asked, threshold)
-        timer.mark("semantic")
+            return semantic.pending(asked_question) if decision.write else None
+        match, pending = await semantic.lookup(asked_question, threshold)
+        asked.request.timer.mark("semantic")
         if match is None:
             return pending
-        out[h.CACHE_KEY] = match.fingerprint[: h.CACHE_KEY_PREFIX_LEN]
-        out[h.SEMANTIC_SCORE] = f"{match.score:.4f}"
-        return self._hit(caller, parsed, match.envelope, "semantic", time.time(), out, timer, rated)
+        asked.out[h.CACHE_KEY] = match.fingerprint[: h.CACHE_KEY_PREFIX_LEN]
+        asked.out[h.SEMANTIC_SCORE] = f"{match.score:.4f}"
+        return self._hit(asked, match.envelope, "semantic", time.time())
 
-    def _hit(
-        self,
-        caller: Caller,
-        parsed: R,
-        envelope: Envelope,
-        layer: str,
-        now: float,
-        out: dict[str, str],
-        timer: _Timer,
-        rated: RawHeaders | None,
-    ) -> Reply:
+    def _hit(self, asked: Asked[R], envelope: Envelope, layer: str, now: float) -> Reply:
         """A stored answer (from Redis or the semantic layer): nothing spent, its savings
         counted, replayed as its stream when the client streams."""
+        caller, parsed, out = asked.caller, asked.parsed, asked.out
         self.billing.hit(caller.project, caller.key_id, parsed.model, envelope, now, layer)
         out[h.CACHE_LAYER] = layer
-        out[h.SERVER_TIMING] = h.server_timing(timer.stages)
+        out[h.SERVER_TIMING] = h.server_timing(asked.request.timer.stages)
         if parsed.stream:
-            return Reply(200, {**SSE, **out}, self.api.stream_hit(envelope, parsed), None, rated)
-        return Reply(200, {**JSON, **out}, envelope.body, None, rated)
+            body = self.api.stream_hit(envelope, parsed)
+            return Reply(200, {**SSE, **out}, body, None, asked.rated)
+        return Reply(200, {**JSON, **out}, envelope.body, None, asked.rated)
 
     def _audit_refusal(
         self, caller: Caller, model: str, refusal: PrismError, action: str = "policy.refuse"
@@ -307,34 +317,25 @@ class ApiRoute(Generic[R]):
             self.gw.spawn(self.audit.append(record))
 
     async def _call(
-        self,
-        parsed: R,
-        fp: str,
-        decision: CacheDecision,
-        cacheable: bool,
-        headers: dict[str, str],
-        rated: RawHeaders | None,
-        timer: _Timer,
-        receive: Receive,
-        request_id: str,
-        charge: Charge,
-        semantic: Pending | None = None,
+        self, asked: Asked[R], cacheable: bool, charge: Charge, semantic: Pending | None
     ) -> Reply:
-        gw = self.gw
-        storage = Storage(fp, decision.ttl, semantic) if cacheable and decision.write else None
+        gw, parsed, decision, headers = self.gw, asked.parsed, asked.decision, asked.out
+        storage = (
+            Storage(asked.fp, decision.ttl, semantic) if cacheable and decision.write else None
+        )
         call = Call(
             op=self.api.op,
             body=parsed.body,
             model=parsed.model,
             stream=parsed.stream,
-            request_id=request_id,
+            request_id=asked.request.id,
             storage=storage,
             on_end=charge,
         )
         # Join only requests that would accept a cached answer anyway; Redis being down
         # is no reason to call the provider once per identical request.
-        key = fp if decision.read else None
-        client_gone = functools.partial(disconnected, receive)
+        key = asked.fp if decision.read else None
+        client_gone = functools.partial(disconnected, asked.request.receive)
         async with gw.flights.subscribe(key, call) as subscription:
             if subscription.call is not call:
                 charge.joined()
@@ -350,7 +351,7 @@ class ApiRoute(Generic[R]):
                 if answer is None:
                     return Reply(CLIENT_GONE, headers)
                 body, kind = answer.body, JSON
-            timer.mark("upstream")
+            asked.request.timer.mark("upstream")
             headers[h.PROVIDER] = subscription.provider
-        headers[h.SERVER_TIMING] = h.server_timing(timer.stages)
-        return Reply(200, {**kind, **headers}, body, stream, rated)
+        headers[h.SERVER_TIMING] = h.server_timing(asked.request.timer.stages)
+        return Reply(200, {**kind, **headers}, body, stream, asked.rated)

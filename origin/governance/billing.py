@@ -85,9 +85,11 @@ class Billing:
         layer: str,
         budget: Budget | None,
         bounds: tuple[int, int] = (0, 0),
+        rate_tokens: TokenCharge | None = None,
     ) -> Charge:
         """A miss's charge; with a budget, its ``bounds`` (prompt and completion tokens,
-        ``origin/governance/token_bounds.py``) reserved first (raises when it does not fit)."""
+        ``origin/governance/token_bounds.py``) reserved first (raises when it does not fit).
+        ``rate_tokens``: what a token rate limit admitted, settled with the charge."""
         reservation = None
         if budget is not None:
             if not self._available():  # Redis just failed: refuse now, not after a timeout
@@ -96,7 +98,7 @@ class Billing:
                     headers={"retry-after": "1"},
                 )
             reservation = await self.budgets.reserve(project, budget, model, *bounds)
-        return Charge(self, project, key_id, model, layer, reservation)
+        return Charge(self, project, key_id, model, layer, reservation, rate_tokens)
 
     def price(self, provider: str, model: str) -> Price | None:
         return self._config.prices.price(provider, model)
@@ -127,6 +129,7 @@ class Charge:
         model: str,
         layer: str,
         reservation: Reservation | None,
+        rate_tokens: TokenCharge | None = None,
     ) -> None:
         self._billing = billing
         self.project = project
@@ -141,7 +144,7 @@ class Charge:
         self.cost: int | None = None
         self.served: tuple[str, str] | None = None
         # The tokens a token rate limit admitted for the call, settled when it ends.
-        self.rate_tokens: TokenCharge | None = None
+        self.rate_tokens = rate_tokens
 
     def __call__(self, result: UpstreamCompletion | None, provider: str, upstream: str) -> None:
         """The call ended: ``result`` None when it failed or was abandoned."""

@@ -27,13 +27,15 @@ import itertools
 import math
 import secrets
 from datetime import UTC, datetime, timedelta
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from prism import Budget, PermissionDeniedError, PrismError, RateLimitError
 
 from ..connection.redis_client import LoadedScript, RedisClient, RedisClientError
-from ..providers.config import ProviderConfig
 from ..providers.pricing import Price
+
+if TYPE_CHECKING:  # the config's module loads every adapter: not for the CLI's usage report
+    from ..providers.config import ProviderConfig
 
 __all__ = [
     "RELEASE_SCRIPT",

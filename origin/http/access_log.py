@@ -59,10 +59,10 @@ class AccessLog:
         }
         if request.project:
             line["project"] = request.project
-        chat = request.chat
-        if chat is not None:
-            line["model"] = chat.model
-            line["stream"] = chat.stream
+        parsed = request.parsed
+        if parsed is not None:
+            line["model"] = parsed.model
+            line["stream"] = parsed.stream
         charge = request.charge
         if charge is not None:  # a miss: what its provider call used and cost
             served = charge.served
@@ -84,8 +84,8 @@ class AccessLog:
                 line["provider"] = provider
         if request.error:
             line["error"] = request.error
-        if self._prompt and chat is not None:  # asked for: what was asked, as sent
-            body = chat.body
+        if self._prompt and parsed is not None:  # asked for: what was asked, as sent
+            body = parsed.body
             line["prompt"] = {name: body[name] for name in _PROMPT if name in body}
         # The record made directly: ``log.info`` would also walk the stack for the caller's
         # file and line, which say nothing here and cost more than the line itself.

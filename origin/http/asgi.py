@@ -70,8 +70,9 @@ class Routes:
 
     ``metrics`` counts and times the replies of named routes; ``on_startup`` and
     ``on_shutdown`` run in the ASGI lifespan. With ``admin``, connections to the listener
-    on ``admin_port`` (``origin.http.server.listen`` sets it) get the admin table instead:
-    one check per request, no extra layer on the hot path.
+    on ``admin_port`` (``origin.http.server.listen`` binds it) get the admin table instead:
+    one check per request, no extra layer on the hot path. ``telemetry`` and
+    ``access_log``, when configured, see each request once its response is sent.
     """
 
     def __init__(
@@ -82,17 +83,21 @@ class Routes:
         on_startup: Callable[[], Awaitable[None]] | None = None,
         on_shutdown: Callable[[], Awaitable[None]] | None = None,
         admin: Routes | None = None,
+        admin_port: int | None = None,
+        telemetry: Telemetry | None = None,
+        access_log: AccessLog | None = None,
     ) -> None:
         self._routes = {route.path: route for route in routes}
         self._metrics = metrics
         self._on_startup = on_startup
         self._on_shutdown = on_shutdown
         self.admin = admin
-        self.admin_port: int | None = None  # None: the admin table is not served
-        # Set by ``create_app`` when configured; None costs one check per request.
-        self.telemetry: Telemetry | None = None
-        self.access_log: AccessLog | None = None
-        # Started with the lifespan; while the loop lags, new requests get a fast 503.
+        self.admin_port = admin_port  # None: the admin table is not served
+        # None costs one check per request.
+        self.telemetry = telemetry
+        self.access_log = access_log
+        # Set by ``create_app``: started with the lifespan; while the loop lags, new
+        # requests get a fast 503.
         self.loop_watch: LoopWatch | None = None
         # Request ids need to be unique, not secret: a random prefix and a counter.
         self._id_prefix = secrets.token_hex(4)
@@ -194,10 +199,15 @@ async def read_body(receive: Receive, limit: int, declared: str | None) -> bytes
     by the server (``origin.http.server``), which answers a stalled upload with 408."""
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RequestTooLargeError(f"Request body is {declared} bytes; the limit is {limit}.")
+    message = await receive()
+    if message["type"] == "http.request" and not message.get("more_body", False):
+        body: bytes = message.get("body", b"")  # the whole body in one message: most requests
+        if len(body) > limit:
+            raise RequestTooLargeError(f"Request body exceeds the limit of {limit} bytes.")
+        return body
     chunks: list[bytes] = []
     size = 0
     while True:
-        message = await receive()
         if message["type"] == "http.disconnect":
             # Never parse half a body; nobody is left to read the answer anyway.
             raise InvalidRequestError(
@@ -210,7 +220,8 @@ async def read_body(receive: Receive, limit: int, declared: str | None) -> bytes
         chunks.append(chunk)
         if not message.get("more_body", False):
             break
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        message = await receive()
+    return b"".join(chunks)
 
 
 def _raw_headers(reply: Reply, length: int | None) -> RawHeaders:

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.types import Receive
 
-__all__ = ["Request", "StageTimer"]
+from prism.parsers import ParsedRequest
+
+from ..providers.token_counts import Tokens
+
+__all__ = ["Bill", "Request", "StageTimer"]
 
 
 class StageTimer:
@@ -28,6 +32,18 @@ class StageTimer:
         self._last = now
 
 
+class Bill(Protocol):
+    """What the access log and the trace read of a miss's bill once its call has ended
+    (``origin.governance.billing.Charge``)."""
+
+    @property
+    def tokens(self) -> Tokens | None: ...  # None: the provider reported no usage
+    @property
+    def cost(self) -> int | None: ...  # micro-dollars; None: no price for what answered
+    @property
+    def served(self) -> tuple[str, str] | None: ...  # (provider, upstream model)
+
+
 @dataclass(slots=True)
 class Request:
     method: str
@@ -39,7 +55,7 @@ class Request:
     # What the route learned, for the access log and the trace (``origin.http.access_log``):
     # set by the handler as it goes, read once the response has been sent.
     project: str = ""
-    chat: Any = None  # the parsed request (prism.ChatRequest)
-    usage: Any = None  # a hit: the stored answer's usage
-    charge: Any = None  # a miss: its bill (origin.governance.billing.Charge), settled when it ends
+    parsed: ParsedRequest | None = None  # the API's parsed body (a chat request, ...)
+    usage: dict[str, Any] | None = None  # a hit: the stored answer's usage
+    charge: Bill | None = None  # a miss: its bill, settled when its call ends
     error: str = ""  # the error code answered, if any

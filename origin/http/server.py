@@ -43,7 +43,6 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from prism import InvalidRequestError, PrismError, RequestTimeoutError
 
 from ..settings import Settings
-from .asgi import Routes
 from .responses import error_reply
 
 __all__ = [
@@ -131,11 +130,10 @@ class DeadlineProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-def listen(
-    app: Routes, host: str, port: int, admin_host: str, admin_port: int
-) -> list[socket.socket]:
-    """Bind the public and the admin listener (port 0: any free port); the app then serves
-    its admin routes on the admin one only."""
+def listen(host: str, port: int, admin_host: str, admin_port: int) -> list[socket.socket]:
+    """Bind the public and the admin listener (port 0: any free port), in that order; the
+    app made for them (``Routes``' ``admin_port``) serves its admin routes on the admin
+    one only."""
     public = _bind(host, port)
     try:
         admin = _bind(admin_host, admin_port)
@@ -146,7 +144,6 @@ def listen(
         public.close()
         admin.close()
         raise OSError(f"the admin port must differ from the public port ({port})")
-    app.admin_port = admin.getsockname()[1]
     return [public, admin]
 
 

@@ -50,6 +50,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from prism import headers as h
+from prism.routes import EMBEDDINGS_PATH
 from prism.trace_context import EDGE_SPAN, EDGE_TIMING, TRACEPARENT, parse_edge_span
 
 from ..providers.base import ProviderSpec, UpstreamCompletion
@@ -91,6 +92,7 @@ _SCOPE = "prism.origin"
 _SECONDS = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92]
 _TOKENS = [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216]
 _OPERATIONS = {"embeddings": "embeddings"}  # an Operation's name -> gen_ai.operation.name
+_PATH_OPERATIONS = {EMBEDDINGS_PATH: "embeddings"}  # a request's path -> the same
 _STAGE_SPANS = {"redis": "prism.cache.lookup", "semantic": "prism.semantic.lookup"}
 _MODELS = 256  # distinct model names a metric is labelled with; later ones are "other"
 _LINKS = 128  # requests a KV bulk write's span links to
@@ -195,8 +197,9 @@ class Telemetry:
         otel_context.detach(opened.token)  # type: ignore[arg-type]
         end_ns = opened.wall_ns + int((ended - opened.perf) * 1e9)
         layer = reply.headers.get(h.CACHE_LAYER, "bypass")
-        chat = request.chat
-        model = chat.model if chat is not None else ""
+        parsed = request.parsed
+        model = parsed.model if parsed is not None else ""
+        operation = _PATH_OPERATIONS.get(request.path, "chat")
         charge = request.charge
         served = charge.served if charge is not None else None
         tokens = charge.tokens if charge is not None else None
@@ -214,7 +217,7 @@ class Telemetry:
         if request.project:
             attributes["prism.project"] = request.project
         if model:
-            attributes["gen_ai.operation.name"] = "chat"
+            attributes["gen_ai.operation.name"] = operation
             attributes["gen_ai.request.model"] = model
         for token_type, count in token_counts.items():
             attributes[f"gen_ai.usage.{token_type}_tokens"] = count
@@ -231,7 +234,7 @@ class Telemetry:
             self._edge_span(request, opened, end_ns)
         span.end(end_ns)
 
-        metric = {"gen_ai.operation.name": "chat", **outcome}
+        metric = {"gen_ai.operation.name": operation, **outcome}
         if model:
             metric["gen_ai.request.model"] = self._model_label(model)
         self._request_duration.record(ended - opened.perf, metric)

@@ -24,7 +24,7 @@ from .anthropic_answer import to_chat_completion
 from .anthropic_request import to_messages_request
 from .anthropic_stream import StreamTranslator
 from .base import ProviderSpec, UpstreamCompletion, UpstreamStream
-from .upstream_http import ConnectorFactory, UpstreamHTTP, malformed, parse_body, redact
+from .upstream_http import UpstreamHTTP, malformed, parse_body, redact
 
 __all__ = ["ANTHROPIC_VERSION", "AnthropicProvider"]
 
@@ -38,9 +38,10 @@ def _sse(chunk: dict[str, Any]) -> bytes:
 
 
 class AnthropicProvider:
-    def __init__(self, spec: ProviderSpec, connector: ConnectorFactory | None = None) -> None:
+    def __init__(self, spec: ProviderSpec, http: UpstreamHTTP | None = None) -> None:
+        """``http``: the connection pool to call it through (``build_provider`` makes it)."""
         self.spec = spec
-        self._http = UpstreamHTTP(spec, connector)
+        self._http = http or UpstreamHTTP(spec)
         self._headers = {"content-type": "application/json", "anthropic-version": ANTHROPIC_VERSION}
         if spec.api_key:
             self._headers["x-api-key"] = spec.api_key

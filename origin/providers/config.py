@@ -50,7 +50,13 @@ from .base import ProviderSpec
 from .pricing import Price, PriceTable, default_prices, parse_prices
 from .registry import ADAPTERS
 
-__all__ = ["DEFAULT_MAX_ATTEMPTS", "ModelTarget", "ProviderConfig", "Route", "load_provider_config"]
+__all__ = [
+    "DEFAULT_MAX_ATTEMPTS",
+    "ModelRoute",
+    "ModelTarget",
+    "ProviderConfig",
+    "load_provider_config",
+]
 
 DEFAULT_MAX_ATTEMPTS = 3
 
@@ -62,7 +68,7 @@ class ModelTarget:
 
 
 @dataclass(frozen=True, slots=True)
-class Route:
+class ModelRoute:
     """A public model's ordered targets and how to route between them."""
 
     targets: tuple[ModelTarget, ...]
@@ -75,10 +81,10 @@ class Route:
 @dataclass(frozen=True, slots=True)
 class ProviderConfig:
     providers: dict[str, ProviderSpec]
-    routes: dict[str, Route] = field(default_factory=dict)
+    routes: dict[str, ModelRoute] = field(default_factory=dict)
     prices: PriceTable = field(default_factory=default_prices, compare=False)
 
-    def route(self, model: str) -> Route | None:
+    def route(self, model: str) -> ModelRoute | None:
         """The route for a public model name (exact, else the first matching glob). Not
         memoized: the router remembers each model's plan."""
         route = self.routes.get(model)
@@ -198,7 +204,7 @@ def _target(model: str, entry: Any, providers: Mapping[str, ProviderSpec]) -> Mo
     return ModelTarget(provider, upstream or None)
 
 
-def _route(model: str, entries: Any, providers: Mapping[str, ProviderSpec]) -> Route:
+def _route(model: str, entries: Any, providers: Mapping[str, ProviderSpec]) -> ModelRoute:
     options: Mapping[str, Any] = {}
     if isinstance(entries, dict):
         options = entries
@@ -220,7 +226,7 @@ def _route(model: str, entries: Any, providers: Mapping[str, ProviderSpec]) -> R
     max_attempts = _count(model, options, "max_attempts", DEFAULT_MAX_ATTEMPTS)
     if max_attempts < 1:
         raise ValueError(f"'{model}': max_attempts must be at least 1")
-    return Route(
+    return ModelRoute(
         targets=tuple(_target(model, entry, providers) for entry in entries),
         context_fallback=None if fallback is None else _target(model, fallback, providers),
         hedge=_flag(model, options, "hedge"),
@@ -231,7 +237,7 @@ def _route(model: str, entries: Any, providers: Mapping[str, ProviderSpec]) -> R
 
 def _from_env(env: Mapping[str, str]) -> ProviderConfig:
     providers: dict[str, ProviderSpec] = {}
-    routes: dict[str, Route] = {}
+    routes: dict[str, ModelRoute] = {}
     if env.get("ANTHROPIC_API_KEY"):
         providers["anthropic"] = ProviderSpec(
             name="anthropic",
@@ -240,7 +246,7 @@ def _from_env(env: Mapping[str, str]) -> ProviderConfig:
             api_key=env["ANTHROPIC_API_KEY"],
             api_key_env="ANTHROPIC_API_KEY",
         )
-        routes["claude-*"] = Route((ModelTarget("anthropic", None),))
+        routes["claude-*"] = ModelRoute((ModelTarget("anthropic", None),))
     if env.get("OPENAI_API_KEY") or env.get("OPENAI_BASE_URL"):
         providers["openai"] = ProviderSpec(
             name="openai",
@@ -250,7 +256,7 @@ def _from_env(env: Mapping[str, str]) -> ProviderConfig:
             api_key_env="OPENAI_API_KEY",
             label=env.get("PRISM_OPENAI_LABEL") or None,
         )
-        routes["*"] = Route((ModelTarget("openai", None),))
+        routes["*"] = ModelRoute((ModelTarget("openai", None),))
     return ProviderConfig(providers=providers, routes=routes)
 
 

@@ -7,15 +7,16 @@ from typing import Any
 import orjson
 
 from .base import ProviderSpec, UpstreamCompletion, UpstreamStream
-from .upstream_http import ConnectorFactory, UpstreamHTTP, malformed, parse_body
+from .upstream_http import UpstreamHTTP, malformed, parse_body
 
 __all__ = ["OpenAICompatibleProvider"]
 
 
 class OpenAICompatibleProvider:
-    def __init__(self, spec: ProviderSpec, connector: ConnectorFactory | None = None) -> None:
+    def __init__(self, spec: ProviderSpec, http: UpstreamHTTP | None = None) -> None:
+        """``http``: the connection pool to call it through (``build_provider`` makes it)."""
         self.spec = spec
-        self._http = UpstreamHTTP(spec, connector)
+        self._http = http or UpstreamHTTP(spec)
         self._headers = {"content-type": "application/json"}
         if spec.api_key:
             self._headers["authorization"] = f"Bearer {spec.api_key}"

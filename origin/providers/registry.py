@@ -6,22 +6,38 @@ own: it is ``kind = "openai"`` with its base URL. Only genuinely different APIs 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Protocol
+
+import aiohttp
 
 from .anthropic import AnthropicProvider
 from .base import ChatProvider, ProviderSpec
 from .openai import OpenAICompatibleProvider
-from .upstream_http import ConnectorFactory
+from .upstream_http import ConnectorFactory, UpstreamHTTP
 
 __all__ = ["ADAPTERS", "build_provider"]
 
-# kind -> the adapter's constructor, (spec, connector factory) -> provider
-ADAPTERS: dict[str, Callable[[ProviderSpec, ConnectorFactory | None], ChatProvider]] = {
+
+class Adapter(Protocol):
+    """An adapter's constructor: the spec and the connection pool it calls through."""
+
+    def __call__(self, spec: ProviderSpec, http: UpstreamHTTP | None = None) -> ChatProvider: ...
+
+
+# kind -> the adapter's constructor
+ADAPTERS: dict[str, Adapter] = {
     "openai": OpenAICompatibleProvider,
     "anthropic": AnthropicProvider,
 }
 
 
-def build_provider(spec: ProviderSpec, connector: ConnectorFactory | None = None) -> ChatProvider:
-    """The adapter for ``spec.kind`` (checked when the configuration was loaded)."""
-    return ADAPTERS[spec.kind](spec, connector)
+def build_provider(
+    spec: ProviderSpec,
+    connector: ConnectorFactory | None = None,
+    trace_configs: Sequence[aiohttp.TraceConfig] = (),
+) -> ChatProvider:
+    """The adapter for ``spec.kind`` (checked when the configuration was loaded), calling
+    through its own pool: made by ``connector`` (None: the default), with ``trace_configs``
+    (aiohttp request hooks: tracing's)."""
+    return ADAPTERS[spec.kind](spec, UpstreamHTTP(spec, connector, trace_configs))

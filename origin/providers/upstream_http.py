@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,13 +51,18 @@ class UpstreamHTTP:
     made on first use: it must belong to the running event loop.)
     """
 
-    def __init__(self, spec: ProviderSpec, connector: ConnectorFactory | None = None) -> None:
+    def __init__(
+        self,
+        spec: ProviderSpec,
+        connector: ConnectorFactory | None = None,
+        trace_configs: Sequence[aiohttp.TraceConfig] = (),
+    ) -> None:
         self.spec = spec
         self._base = spec.base_url.rstrip("/")
         self._connector = connector or _default_connector
         self._session: aiohttp.ClientSession | None = None
-        # aiohttp request hooks, before the first call (tracing adds ``traceparent`` so).
-        self.trace_configs: list[aiohttp.TraceConfig] = []
+        # aiohttp request hooks (tracing adds ``traceparent`` so).
+        self._trace_configs = list(trace_configs) or None
         self._timeout = aiohttp.ClientTimeout(
             total=None,
             connect=spec.connect_timeout,
@@ -73,7 +78,7 @@ class UpstreamHTTP:
                 headers=self.spec.headers,
                 cookie_jar=aiohttp.DummyCookieJar(),  # an API client keeps no cookies
                 raise_for_status=False,
-                trace_configs=self.trace_configs or None,
+                trace_configs=self._trace_configs,
             )
         return self._session
 

@@ -59,6 +59,7 @@ class Router:
         clock: Callable[[], float] = time.monotonic,
         jitter: Callable[[], float] = random.random,
         policy: HealthPolicy | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self._config = config
         self._providers = providers
@@ -76,7 +77,7 @@ class Router:
         self._plans: dict[str, Plan] = {}
         self._seconds: dict[tuple[str, bool], Any] = {}
         self._losers: set[asyncio.Task[Any]] = set()
-        self.telemetry: Telemetry | None = None  # set by the gateway when tracing is on
+        self.telemetry = telemetry  # None: no tracing
 
     # -- the public interface (the flight's) ---------------------------------------------
 

@@ -46,7 +46,13 @@ class _Entry:
 
 
 class KVWriter:
-    def __init__(self, settings: KVSettings, client: httpx.AsyncClient, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        settings: KVSettings,
+        client: httpx.AsyncClient,
+        metrics: Metrics,
+        telemetry: Telemetry | None = None,
+    ) -> None:
         self._settings = settings
         self._client = client
         self._metrics = metrics
@@ -55,7 +61,7 @@ class KVWriter:
         self._headers = {"content-type": "application/json"}
         if settings.api_token:
             self._headers["authorization"] = f"Bearer {settings.api_token}"
-        self.telemetry: Telemetry | None = None  # set by the gateway when tracing is on
+        self.telemetry = telemetry  # None: no tracing
 
     @property
     def queued(self) -> int:

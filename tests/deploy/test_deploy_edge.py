@@ -21,7 +21,7 @@ from deploy import cloudflare_edge
 from deploy.cloudflare_edge import (
     EdgeConfigError,
     EdgeDeployConfig,
-    Route,
+    WorkerRoute,
     ensure_namespace,
     find_namespace,
     find_wrangler,
@@ -184,15 +184,17 @@ def test_client_uses_the_token_even_with_global_key_variables_set(
 
 
 def test_routes_parse_with_an_optional_zone() -> None:
-    assert Route.parse("gw.example.com/*") == Route("gw.example.com/*")
-    assert Route.parse("gw.example.com/*@example.com") == Route("gw.example.com/*", "example.com")
-    assert Route.parse("example.com/@team/*") == Route("example.com/@team/*")
-    assert Route("gw.example.com/*").to_wrangler() == {
+    assert WorkerRoute.parse("gw.example.com/*") == WorkerRoute("gw.example.com/*")
+    assert WorkerRoute.parse("gw.example.com/*@example.com") == WorkerRoute(
+        "gw.example.com/*", "example.com"
+    )
+    assert WorkerRoute.parse("example.com/@team/*") == WorkerRoute("example.com/@team/*")
+    assert WorkerRoute("gw.example.com/*").to_wrangler() == {
         "pattern": "gw.example.com/*",
         "custom_domain": False,
     }
     with pytest.raises(EdgeConfigError):
-        Route.parse("has space/*")
+        WorkerRoute.parse("has space/*")
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,7 @@ import pytest
 
 from deploy.local.ports import free_port
 from deploy.local.processes import process_tree
-from tests.fixtures.stacks import PRISM, stack_env
+from tests.fixtures.stacks import PRISM, as_foreground_job, stack_env
 from tests.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -208,6 +208,7 @@ def _command(via: str, place: Place) -> list[str]:
 
 def _take_terminal() -> None:
     # In the child, a session leader by now: the pty on stdin becomes its terminal.
+    as_foreground_job()
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
@@ -218,7 +219,7 @@ def start(via: str, place: Place, *, terminal: bool = False) -> Run:
         stdin, take = write, _take_terminal
     else:
         read, write = os.pipe()
-        stdin, take = subprocess.DEVNULL, None
+        stdin, take = subprocess.DEVNULL, as_foreground_job
     popen = subprocess.Popen(
         _command(via, place), stdin=stdin, stdout=write, stderr=write, env=_env(),
         start_new_session=True, preexec_fn=take,

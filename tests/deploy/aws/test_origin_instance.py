@@ -27,7 +27,7 @@ import trustme
 from deploy.aws import userdata
 from deploy.aws.health import check_health, probe
 from deploy.aws.userdata import HEALTH_HOST, WATCHDOG_SECONDS, render_caddyfile, render_user_data
-from deploy.release import Release, Target, build_release, compile_lock, requirements_text
+from deploy.release import Release, ReleaseTarget, build_release, compile_lock, requirements_text
 from tests.polling import wait_for
 
 REPO = Path(__file__).resolve().parents[3]
@@ -69,12 +69,12 @@ def free_port() -> int:
 # --- the install step ----------------------------------------------------------------
 
 
-def this_machine() -> Target:
+def this_machine() -> ReleaseTarget:
     """This interpreter and platform, as a target (the instance's is Ubuntu's 3.12)."""
     libc = os.confstr("CS_GNU_LIBC_VERSION") or "glibc 2.17"
     major, minor = libc.split()[1].split(".")[:2]
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    return Target("here", python, f"{platform.machine()}-manylinux_{major}_{minor}")
+    return ReleaseTarget("here", python, f"{platform.machine()}-manylinux_{major}_{minor}")
 
 
 @pytest.fixture(scope="module")

@@ -70,6 +70,7 @@ def test_a_miss_and_a_hit_arrive_as_traces_under_the_callers_span(
     assert request.attributes["http.response.status_code"] == 200
     assert request.attributes["gen_ai.usage.input_tokens"] > 0
     assert request.attributes["gen_ai.usage.output_tokens"] > 0
+    assert request.attributes["gen_ai.operation.name"] == "chat"
 
     attempt = spans["chat gpt-4o-mini"]
     assert attempt.kind == CLIENT and attempt.parent_span_id == request.span_id
@@ -89,6 +90,28 @@ def test_a_miss_and_a_hit_arrive_as_traces_under_the_callers_span(
     hit_spans = otel_collector.trace(hit_trace, "POST /v1/chat/completions")
     assert hit_spans["POST /v1/chat/completions"].attributes["prism.cache.layer"] == "redis"
     assert "chat gpt-4o-mini" not in hit_spans  # a hit calls no provider
+
+
+def test_an_embeddings_request_is_traced_as_the_embeddings_operation(
+    origin_factory: OriginFactory, otel_collector: Collector, api_key: str
+) -> None:
+    origin = origin_factory(_telemetry_env(otel_collector))
+    trace_id = secrets.token_hex(16)
+    answer = httpx.post(
+        origin.url + "/v1/embeddings",
+        json={"model": "text-embedding-3-small", "input": f"traced {secrets.token_hex(6)}"},
+        headers={
+            "authorization": f"Bearer {api_key}",
+            "traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01",
+        },
+        timeout=30,
+    )
+    assert answer.status_code == 200
+    spans = otel_collector.trace(
+        trace_id, "POST /v1/embeddings", "embeddings text-embedding-3-small"
+    )
+    for name in ("POST /v1/embeddings", "embeddings text-embedding-3-small"):
+        assert spans[name].attributes["gen_ai.operation.name"] == "embeddings"
 
 
 def test_the_gen_ai_metrics_arrive_by_provider_model_and_layer(

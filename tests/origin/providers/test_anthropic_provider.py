@@ -22,6 +22,7 @@ from origin.providers.anthropic_answer import to_chat_completion
 from origin.providers.anthropic_request import to_messages_request
 from origin.providers.anthropic_stream import StreamTranslator
 from origin.providers.base import ProviderSpec
+from origin.providers.upstream_http import UpstreamHTTP
 from prism import (
     InvalidRequestError,
     NotFoundError,
@@ -686,7 +687,7 @@ class _CountingConnector(aiohttp.TCPConnector):
 async def test_finished_streams_leave_the_connection_for_reuse(provider: ProviderServer) -> None:
     counter = _CountingConnector()
     spec = ProviderSpec(name="anthropic", kind="anthropic", base_url=provider.url, api_key="k")
-    anthropic = AnthropicProvider(spec, connector=lambda _spec: counter)
+    anthropic = AnthropicProvider(spec, UpstreamHTTP(spec, lambda _spec: counter))
     try:
         for _ in range(3):
             stream = await anthropic.stream(CHAT, MODEL)

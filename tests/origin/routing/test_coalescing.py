@@ -18,9 +18,11 @@ import pytest
 
 from origin.apis.chat import ChatOperation
 from origin.providers.base import UpstreamCompletion, UpstreamStream
-from origin.routing.coalescing import Call, ClientStream, FlightTable, Storage, Subscription
+from origin.routing.coalescing import FlightTable
 from origin.routing.operation import Operation
 from origin.routing.router import Routed
+from origin.routing.shared_call import Call, Storage
+from origin.routing.subscription import ClientStream, Subscription
 from prism import PrismError, UpstreamError, UpstreamTimeoutError
 from tests.polling import async_wait_for
 

@@ -15,7 +15,7 @@ import pytest
 from origin.apis.chat import ChatOperation
 from origin.metrics import Metrics
 from origin.providers.base import ProviderSpec, UpstreamCompletion, UpstreamStream
-from origin.providers.config import ModelTarget, ProviderConfig, Route, load_provider_config
+from origin.providers.config import ModelRoute, ModelTarget, ProviderConfig, load_provider_config
 from origin.providers.upstream_http import redact
 from origin.routing.health import Admission, Health, HealthPolicy, State
 from origin.routing.hedge import HEDGE_CEILING, HEDGE_FLOOR, HedgeBudget, hedge_delay
@@ -139,12 +139,12 @@ class Fixture:
 
 def make(
     *names: str,
-    route: Route | None = None,
+    route: ModelRoute | None = None,
     specs: dict[str, dict[str, Any]] | None = None,
 ) -> Fixture:
     specs = specs or {}
     providers = {n: FakeProvider(spec(n, **specs.get(n, {}))) for n in names}
-    route = route or Route(tuple(ModelTarget(n, None) for n in names))
+    route = route or ModelRoute(tuple(ModelTarget(n, None) for n in names))
     config = ProviderConfig(
         providers={n: p.spec for n, p in providers.items()}, routes={"m": route}
     )
@@ -269,7 +269,7 @@ def context_error() -> InvalidRequestError:
 
 
 async def test_context_length_exceeded_goes_to_the_routes_larger_target() -> None:
-    route = Route((ModelTarget("a", "small"),), context_fallback=ModelTarget("b", "large"))
+    route = ModelRoute((ModelTarget("a", "small"),), context_fallback=ModelTarget("b", "large"))
     f = make("a", "b", route=route)
     f.providers["a"].script.append(context_error())
     routed = await f.router.complete(BODY, "m", CHAT)
@@ -472,7 +472,7 @@ async def test_hedges_are_rationed_by_the_budget() -> None:
 
 
 async def test_hedging_can_be_switched_off_per_route() -> None:
-    route = Route((ModelTarget("a", None), ModelTarget("b", None)), hedge=False)
+    route = ModelRoute((ModelTarget("a", None), ModelTarget("b", None)), hedge=False)
     f = make("a", "b", route=route, specs={"a": {"hedge_delay": 0.001}})
     seen: list[int] = []
 
@@ -620,8 +620,8 @@ max_attempts = 2
     assert (a.retries, a.retry_backoff, a.max_retry_after) == (2, 0.2, 3.0)
     assert (a.first_token_limit, a.hedge_delay, a.hedge_percentile) == (4.0, 0.5, 90.0)
     assert (b.hedge, b.retries, b.hedge_delay) == (False, 1, None)
-    assert config.route("plain") == Route((ModelTarget("a", None), ModelTarget("b", "big")))
-    assert config.route("rich") == Route(
+    assert config.route("plain") == ModelRoute((ModelTarget("a", None), ModelTarget("b", "big")))
+    assert config.route("rich") == ModelRoute(
         (ModelTarget("a", "small"),),
         context_fallback=ModelTarget("b", "large"),
         hedge_delay=1.5,

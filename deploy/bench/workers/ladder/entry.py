@@ -49,7 +49,7 @@ STEPS = (
 _CONST = '{"ok":true}'
 
 
-class _Isolate:
+class _LadderIsolate:
     ring: KeyRing | None = None
 
 
@@ -78,9 +78,9 @@ async def on_fetch(request: Any, env: Any, ctx: Any) -> Any:
     _ = (str(request.method), str(url.pathname), str(url.search))
     if last == 1:
         return js.Response.new(_CONST)
-    if _Isolate.ring is None:
-        _Isolate.ring = parse_key_secrets(str(env.PRISM_KEY_SECRET))
-    identity = _Isolate.ring.verify(bearer_token(headers.get("authorization")))
+    if _LadderIsolate.ring is None:
+        _LadderIsolate.ring = parse_key_secrets(str(env.PRISM_KEY_SECRET))
+    identity = _LadderIsolate.ring.verify(bearer_token(headers.get("authorization")))
     if last == 2:
         return js.Response.new(_CONST)
     body = str(await request.text())
