@@ -145,6 +145,10 @@ class Frame:
             "hit_ratio_since_start": self.totals.hit_ratio,
             "server_errors_per_second": None if rates is None else rates.server_errors,
             "redis_ok": self.health.redis_ok,
+            "event_loop": {
+                "lag_seconds": self.totals.loop_lag,
+                "refused": self.totals.loop_lag_refused,
+            },
             "providers": {
                 name: {
                     **point.as_dict(),

@@ -1,15 +1,37 @@
 """Forwarding a request the PoP cannot answer to the origin: signed, nearest origin first,
-the next one when it does not answer, its answer streamed back untouched."""
+the next one when it does not answer, its answer streamed back untouched.
+
+Telling a slow answer from a dead origin: with another origin to ask, an answer that has
+not started after ``origin_probe_after`` has the origin's liveness probed (``GET
+/healthz`` on its public port, answered from its event loop, for at most
+``origin_probe_timeout``). A 200 means a slow provider: the request keeps waiting, up to
+``origin_timeout``. Anything else means the origin is down: it is marked so, and the same
+request (the edge holds its body) goes to the next origin; the first attempt is abandoned
+(a late answer to it is dropped; the origin's store of it is harmless). The probe rides
+on the request's stage timer: a forward that is answered in time arms nothing more.
+
+Retried at the same origin, never passed on: a forward the origin refused as expired (it
+read the request late; signed anew, at most twice), and a connection that failed before
+any byte of the answer (once: a pooled connection the origin had just closed). A forward
+the origin refuses for any other reason (a signature made with another secret) is the
+gateway's fault, not the client's: a 502 ``invalid_forward`` with the origin's reason,
+never its 401.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 from prism import KeyIdentity, UpstreamError, UpstreamTimeoutError, sign_forward
 from prism import headers as h
+from prism.routes import HEALTH_PATH
 from prism.trace_context import TRACEPARENT, edge_trace_headers
 
-from .deadlines import DeadlineTimer
-from .origins import ORIGIN_DOWN, Origins
-from .platform import EdgeRequest, EdgeResponse, Platform
+from .deadlines import DeadlineTimer, Stage
+from .origin_marks import PopMarks
+from .origins import ORIGIN_DOWN, Origin, Origins
+from .platform import EdgeRequest, EdgeResponse, OriginReply, Platform
 from .settings import EdgeSettings
 from .timings import Timings, elapsed_ms
 
@@ -21,17 +43,60 @@ _FORWARDED = ("content-type", "cache-control", "accept", "openai-organization")
 # start; a failover gets at least this much time, else the last failure is the answer.
 _ORIGIN_BUDGET = 95.0
 _MIN_ATTEMPT = 1.0
+_RESIGNS = 2  # forwards refused as expired, signed anew, per origin
+_FRESH_CONNECTIONS = 1  # connections failed before any byte, asked again, per origin
+
+
+class _Probe:
+    """One attempt's liveness probe, started by its stage's alarm (the slow path only)."""
+
+    __slots__ = ("down", "forwarder", "origin", "platform", "task")
+
+    def __init__(self, forwarder: OriginForwarder, platform: Platform, origin: Origin) -> None:
+        self.forwarder = forwarder
+        self.platform = platform
+        self.origin = origin
+        self.down = False
+        self.task: asyncio.Task[None] | None = None
+
+    def ring(self, stage: Stage) -> None:
+        self.task = asyncio.ensure_future(self.run(stage))
+
+    async def run(self, stage: Stage) -> None:
+        forwarder = self.forwarder
+        try:
+            async with asyncio.timeout(forwarder.probe_timeout):
+                reply = await self.platform.fetch_origin(
+                    "GET", self.origin.url + HEALTH_PATH, {}, None
+                )
+            alive = reply.status == 200
+        except Exception:  # refused, reset, or no answer in time
+            alive = False
+        if alive:
+            forwarder.origins.answered(self.origin)
+        elif stage.running:
+            self.down = True
+            stage.cut()
+
+    def stop(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
 
 
 class OriginForwarder:
-    """One per isolate: the forward secret, the origins (which to avoid), the timer."""
+    """One per isolate: the forward secret, the origins (which are down), the timer."""
 
     def __init__(self, settings: EdgeSettings, origins: Origins, stages: DeadlineTimer) -> None:
         self._secret = settings.forward_secret
         self._timeout = settings.origin_timeout
         self._budget = max(settings.origin_timeout, _ORIGIN_BUDGET)
+        self._kv_timeout = settings.kv_timeout
         self._trace = settings.trace
-        self._origins = origins
+        self._probe_after = settings.origin_probe_after or None
+        self.probe_timeout = settings.origin_probe_timeout
+        self.origins = origins
+        # Shared with the PoP's other isolates only when there is a choice of origin.
+        self._marks = PopMarks(origins) if len(origins.origins) > 1 else None
         self._stages = stages
 
     async def forward(
@@ -57,53 +122,43 @@ class OriginForwarder:
             headers.update(edge_trace_headers(request.headers.get(TRACEPARENT), started, timings))
         elif TRACEPARENT in request.headers:  # the origin's spans join the client's trace
             headers[TRACEPARENT] = request.headers[TRACEPARENT]
+        marks = self._marks
+        if marks is not None and marks.stale(started):
+            try:
+                async with self._stages.within(self._kv_timeout):
+                    await marks.read(platform, started)
+            except Exception as error:  # this isolate's own marks still hold
+                platform.log_error(f"prism edge: origin marks unread: {error!r}")
         # Nearest origin first; the next one when it does not answer (see edge/origins.py).
-        origins = self._origins
+        origins = self.origins
         plan = origins.plan(platform.location, started)
         deadline = started + self._budget
-        for attempt, origin in enumerate(plan, 1):
-            tried = platform.now()
-            # Signed per attempt: the header lives a few seconds, a failover may come later.
-            headers[h.FORWARD] = sign_forward(
-                self._secret,
-                method=method,
-                path=path,
-                project=identity.project,
-                key_id=identity.key_id,
-                fingerprint=fp,
-                now=tried,
-            )
-            last = attempt == len(plan)
-            wait = min(self._timeout, deadline - tried)
-            try:
-                async with self._stages.within(wait):
-                    reply = await platform.fetch_origin(method, origin.url + path, headers, body)
-            except TimeoutError:
-                failure: UpstreamError = UpstreamTimeoutError(
-                    f"The Prism origin did not start its answer in time ({wait:g} s).",
-                    code="origin_timeout",
+        try:
+            for attempt, origin in enumerate(plan, 1):
+                tried = platform.now()
+                last = attempt == len(plan)
+                answer = await self._ask(
+                    origin, method, path, headers, body, platform, identity, fp, deadline, last
                 )
-            except Exception:
-                failure = UpstreamError(
-                    "The Prism origin is unreachable from this edge.", code="origin_unreachable"
-                )
-            else:
-                # Any answer but a 502/503/504 without the origin's own headers (which never
-                # reached Prism: a proxy in front of it says the origin is down) is final.
-                if reply.status not in ORIGIN_DOWN or reply.header(h.CACHE_LAYER) is not None:
-                    origins.answered(origin)
-                    break
-                if last:  # every origin is down: the last one's reply is passed on as it is
-                    origins.failed(origin, platform.now())
-                    break
-                failure = UpstreamError("The Prism origin is down.", code="origin_unreachable")
-            origins.failed(origin, platform.now())
-            if origin.region:
-                timings.append(
-                    (f'origin-error;desc="{origin.region}"', elapsed_ms(tried, platform.now()))
-                )
-            if last or deadline - platform.now() < _MIN_ATTEMPT:
-                raise failure
+                if not isinstance(answer, UpstreamError):
+                    reply = answer
+                    if reply.status not in ORIGIN_DOWN or not _origin_down(reply):
+                        origins.answered(origin)
+                        break
+                    if last:  # every origin is down: the last one's reply is passed on as it is
+                        origins.failed(origin, platform.now())
+                        break
+                    answer = UpstreamError("The Prism origin is down.", code="origin_unreachable")
+                origins.failed(origin, platform.now())
+                if origin.region:
+                    timings.append(
+                        (f'origin-error;desc="{origin.region}"', elapsed_ms(tried, platform.now()))
+                    )
+                if last or deadline - platform.now() < _MIN_ATTEMPT:
+                    raise answer
+        finally:
+            if marks is not None:
+                marks.share(platform, platform.now())
         timings.append(
             (
                 f'origin;desc="{origin.region}"' if origin.region else "origin",
@@ -120,3 +175,95 @@ class OriginForwarder:
         if fp and out[h.CACHE_LAYER] != "semantic":
             out[h.CACHE_KEY] = fp[: h.CACHE_KEY_PREFIX_LEN]
         return EdgeResponse(reply.status, out, passthrough=reply)
+
+    async def _ask(
+        self,
+        origin: Origin,
+        method: str,
+        path: str,
+        headers: dict[str, str],
+        body: bytes | None,
+        platform: Platform,
+        identity: KeyIdentity,
+        fp: str,
+        deadline: float,
+        last: bool,
+    ) -> OriginReply | UpstreamError:
+        """One origin's answer (whatever its status), or why there is none; asked again
+        for what was no fault of the origin's answer (see the module's docstring)."""
+        resigns, fresh = _RESIGNS, _FRESH_CONNECTIONS
+        # The last origin is waited for: there is nobody else to ask.
+        probe_after = None if last else self._probe_after
+        while True:
+            tried = platform.now()
+            # Signed per attempt: the header lives a few seconds, a failover may come later.
+            headers[h.FORWARD] = sign_forward(
+                self._secret,
+                method=method,
+                path=path,
+                project=identity.project,
+                key_id=identity.key_id,
+                fingerprint=fp,
+                now=tried,
+            )
+            wait = min(self._timeout, deadline - tried)
+            if probe_after is None:
+                probe, stage = None, self._stages.within(wait)
+            else:
+                probe = _Probe(self, platform, origin)
+                stage = self._stages.within(wait, probe_after, probe.ring)
+            try:
+                async with stage:
+                    reply = await platform.fetch_origin(method, origin.url + path, headers, body)
+            except TimeoutError:
+                if probe is not None and probe.down:
+                    return UpstreamError(
+                        "The Prism origin did not answer its liveness probe.", code="origin_down"
+                    )
+                return UpstreamTimeoutError(
+                    f"The Prism origin did not start its answer in time ({wait:g} s).",
+                    code="origin_timeout",
+                )
+            except Exception:
+                if fresh and deadline - platform.now() >= _MIN_ATTEMPT:
+                    fresh -= 1
+                    continue
+                return UpstreamError(
+                    "The Prism origin is unreachable from this edge.", code="origin_unreachable"
+                )
+            finally:
+                if probe is not None:
+                    probe.stop()
+            if (
+                reply.status == 401
+                and resigns
+                and reply.header(h.FORWARD_REJECTED) == "expired"
+                and deadline - platform.now() >= _MIN_ATTEMPT
+            ):
+                resigns -= 1
+                await reply.text()  # read, so its connection is free for the next one
+                continue
+            if reply.status == 401 and reply.header(h.FORWARD_REJECTED) is not None:
+                # The origin refused this edge's signing, not the client's key: a gateway
+                # fault that keeps the origin's reason, never a 401 an SDK takes for a bad key.
+                return UpstreamError(
+                    f"The Prism origin refused this edge's forward: {await _reason(reply)}",
+                    code="invalid_forward",
+                )
+            return reply
+
+
+async def _reason(reply: OriginReply) -> str:
+    """The message of an OpenAI-style error body (its status when there is none)."""
+    try:
+        error = json.loads(await reply.text())["error"]
+        return str(error["message"])
+    except Exception:  # any body at all: the refusal stands, only its words are lost
+        return f"HTTP {reply.status}"
+
+
+def _origin_down(reply: OriginReply) -> bool:
+    """A 502/503/504 that says the origin could not serve: from what stands in front of it
+    (no Prism contract header: a load balancer with no healthy target), or the origin's
+    own refusal while its event loop lags. Any other answer of the origin is final."""
+    return reply.header(h.CACHE_LAYER) is None or reply.header(h.ORIGIN_BUSY) is not None

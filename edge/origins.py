@@ -32,6 +32,7 @@ __all__ = [
     "CONTINENTS",
     "DEFAULT_AVOID_SECONDS",
     "DEFAULT_REGION_PLACES",
+    "DEFAULT_TRIAL_SECONDS",
     "NOWHERE",
     "ORIGIN_DOWN",
     "Location",
@@ -43,6 +44,9 @@ __all__ = [
 
 CONTINENTS = frozenset({"AF", "AN", "AS", "EU", "NA", "OC", "SA"})
 DEFAULT_AVOID_SECONDS = 30.0
+# How long the other requests keep avoiding an origin while one request is its trial:
+# long enough for that request's probe to tell (probe delay + probe timeout, and more).
+DEFAULT_TRIAL_SECONDS = 5.0
 # An origin's reply that means the origin itself did not answer, when the reply lacks the
 # Prism origin's contract headers (every answer it renders has them): what stands in
 # front of it (a load balancer with no healthy target) said so. The Prism origin's own
@@ -176,17 +180,31 @@ def _rank(origin: Origin, where: Location) -> int:
 
 
 class Origins:
-    """One per isolate: the origins, the order per location, and the ones to avoid."""
+    """One per isolate: the origins, the order per location, and the ones marked down.
+
+    A mark says "down until"; while it holds, the origin is tried last. Once it has
+    passed, the next request is the origin's trial: it asks the origin in its place again,
+    and the mark is pushed back by ``trial_seconds`` meanwhile, so the other requests keep
+    avoiding it until the trial tells (one request at a time, not a rush). The trial's
+    answer clears the mark; its failure sets a new one. ``dirty`` says the marks changed
+    since ``marks()`` was last read (the forwarder shares them with the PoP's isolates).
+    """
 
     def __init__(
-        self, origins: tuple[Origin, ...], avoid_seconds: float = DEFAULT_AVOID_SECONDS
+        self,
+        origins: tuple[Origin, ...],
+        avoid_seconds: float = DEFAULT_AVOID_SECONDS,
+        trial_seconds: float = DEFAULT_TRIAL_SECONDS,
     ) -> None:
         if not origins:
             raise ValueError("no origin configured")
         self.origins = origins
         self.avoid_seconds = avoid_seconds
+        self.trial_seconds = trial_seconds
+        self._by_region = {origin.region: origin for origin in origins}
         self._plans: dict[Location, tuple[Origin, ...]] = {}
-        self._avoid_until: dict[Origin, float] = {}
+        self._down_until: dict[Origin, float] = {}
+        self.dirty = False
 
     def nearest(self, where: Location) -> tuple[Origin, ...]:
         """Every origin, nearest to ``where`` first (remembered per location)."""
@@ -199,32 +217,48 @@ class Origins:
         return plan
 
     def plan(self, locate: Callable[[], Location], now: float) -> tuple[Origin, ...]:
-        """The order to try the origins in: nearest first, the ones that failed lately
-        last (still tried: never give up on a request without asking every origin).
+        """The order to try the origins in: nearest first, the ones marked down last
+        (still tried: never give up on a request without asking every origin).
         ``locate`` is called only when there is a choice to make."""
         if len(self.origins) == 1:
             return self.origins
         plan = self.nearest(locate())
-        if self._avoid_until:
-            for origin, until in list(self._avoid_until.items()):
-                if until <= now:
-                    del self._avoid_until[origin]
-            if self._avoid_until:
-                plan = tuple(
-                    sorted(plan, key=lambda origin: origin in self._avoid_until)
-                )  # stable: the nearest healthy one first
+        if self._down_until:
+            down = self._down_until
+            avoided: list[Origin] = []
+            for origin, until in list(down.items()):
+                if until <= now:  # this request is its trial; the others wait for it
+                    down[origin] = now + self.trial_seconds
+                    self.dirty = True
+                else:
+                    avoided.append(origin)
+            if avoided:
+                plan = tuple(sorted(plan, key=lambda origin: origin in avoided))  # stable
         return plan
 
     def failed(self, origin: Origin, now: float) -> None:
         """``origin`` did not answer: try the others first for a while."""
         if len(self.origins) > 1:
-            self._avoid_until[origin] = now + self.avoid_seconds
+            self._down_until[origin] = now + self.avoid_seconds
+            self.dirty = True
 
     def answered(self, origin: Origin) -> None:
         """``origin`` answered: no reason to avoid it any longer."""
-        if self._avoid_until:
-            self._avoid_until.pop(origin, None)
+        if self._down_until and self._down_until.pop(origin, None) is not None:
+            self.dirty = True
+
+    def merge(self, marks: Mapping[str, float]) -> None:
+        """Marks another isolate set (``{region: down until}``): the later one holds."""
+        for region, until in marks.items():
+            origin = self._by_region.get(region)
+            if origin is not None and until > self._down_until.get(origin, 0.0):
+                self._down_until[origin] = until
+
+    def marks(self) -> dict[str, float]:
+        """This isolate's marks as ``{region: down until}``; ``dirty`` is reset."""
+        self.dirty = False
+        return {origin.region: until for origin, until in self._down_until.items()}
 
     def avoided(self, now: float) -> tuple[str, ...]:
         """The regions being avoided at ``now`` (for tests and logs)."""
-        return tuple(o.region for o, until in self._avoid_until.items() if until > now)
+        return tuple(o.region for o, until in self._down_until.items() if until > now)

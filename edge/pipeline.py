@@ -168,6 +168,10 @@ class CachedApiRoute(Generic[R]):
             raise RequestTimeoutError(
                 f"The request body did not arrive in time ({self._body_timeout * 1000:.0f} ms)."
             ) from None
+        except Exception:  # the runtime's read failed: the client ended the body early
+            raise InvalidRequestError(
+                "The request body ended before its Content-Length.", code="incomplete_body"
+            ) from None
         if len(body) > limit:
             raise RequestTooLargeError(f"Request body exceeds the limit of {limit} bytes.")
         return body

@@ -25,6 +25,11 @@ class EdgeSettings:
     # Under the 100 s Cloudflare allows a response to start, and over the providers' own
     # first-byte limit (60 s), so the origin's own answer (a 504 it chose) comes first.
     origin_timeout: float = 90.0
+    # With another origin to ask: an answer not started after this long has the origin's
+    # liveness probed (GET /healthz, for at most origin_probe_timeout); no answer to it,
+    # and the request goes to the next origin. 0: no probe (wait origin_timeout).
+    origin_probe_after: float = 2.0
+    origin_probe_timeout: float = 1.0
     revocation_ttl: float = 60.0  # how stale the revocation set may be per isolate
     policy_ttl: float = 60.0  # how stale a project's policy may be per isolate
     models_ttl: float = 60.0  # how stale the published model list may be per isolate
@@ -58,6 +63,8 @@ class EdgeSettings:
             ("kv_timeout", "PRISM_KV_TIMEOUT_MS", 1000),
             ("body_timeout", "PRISM_BODY_TIMEOUT_MS", 1000),
             ("origin_timeout", "PRISM_ORIGIN_TIMEOUT_MS", 1000),
+            ("origin_probe_after", "PRISM_ORIGIN_PROBE_AFTER_MS", 1000),
+            ("origin_probe_timeout", "PRISM_ORIGIN_PROBE_TIMEOUT_MS", 1000),
             ("revocation_ttl", "PRISM_REVOCATION_TTL_SECONDS", 1),
             ("policy_ttl", "PRISM_POLICY_TTL_SECONDS", 1),
             ("models_ttl", "PRISM_MODELS_TTL_SECONDS", 1),

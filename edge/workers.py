@@ -28,6 +28,7 @@ __all__ = ["serve"]
 _from_entries = js.Object.fromEntries
 _fetch = js.fetch
 _Response = js.Response
+_caches = js.caches
 
 
 def _js_object(value: Mapping[str, Any]) -> Any:
@@ -102,6 +103,14 @@ class WorkersPlatform:
     async def kv_put(self, key: str, value: str, ttl: int) -> None:
         if self._kv is not None:
             await self._kv.put(key, value, _js_object({"expirationTtl": ttl}))
+
+    async def pop_cache_get(self, key: str) -> str | None:
+        found = await _caches.default.match(key)
+        return None if found is None else str(await found.text())
+
+    async def pop_cache_put(self, key: str, value: str, ttl: int) -> None:
+        headers = {"cache-control": f"max-age={ttl}", "content-type": "application/json"}
+        await _caches.default.put(key, _Response.new(value, _js_object({"headers": headers})))
 
     async def fetch_origin(
         self, method: str, url: str, headers: Mapping[str, str], body: bytes | None

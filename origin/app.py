@@ -10,7 +10,7 @@ tenant's counters) are served only on the admin listener, bound to loopback by d
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import httpx
 
@@ -29,6 +29,7 @@ from .gateway import Gateway, models_body
 from .governance.project_policies import ProjectPolicies
 from .http.access_log import AccessLog
 from .http.asgi import Route, Routes
+from .http.loop_watch import LoopWatch
 from .http.request import Request
 from .http.responses import Reply, json_reply
 from .providers.upstream_http import ConnectorFactory
@@ -52,6 +53,7 @@ class OriginApp(Routes):
         *,
         admin_port: int | None = None,
         access_log: AccessLog | None = None,
+        loop_watch: LoopWatch | None = None,
     ) -> None:
         super().__init__(
             routes,
@@ -62,6 +64,7 @@ class OriginApp(Routes):
             admin_port=admin_port,
             telemetry=gateway.telemetry,
             access_log=access_log,
+            loop_watch=loop_watch,
         )
         self.gateway = gateway
         self.dashboard = dashboard  # None: no PRISM_ADMIN_KEY, nothing sampled
@@ -84,10 +87,12 @@ def create_app(
     connectors: Mapping[str, ConnectorFactory] | None = None,
     kv_transport: httpx.AsyncBaseTransport | None = None,
     admin_port: int | None = None,
+    on_loop_tick: Callable[[], None] | None = None,
 ) -> OriginApp:
     """The origin ASGI app. ``connectors`` swap a provider's connection pool (by name);
     ``admin_port``: the admin listener's (``origin.http.server.listen``), None to serve no
-    admin routes."""
+    admin routes; ``on_loop_tick``: called from the event loop's every tick (systemd's
+    watchdog, ``origin.http.watchdog``)."""
     gateway = Gateway(settings, redis=redis, connectors=connectors, kv_transport=kv_transport)
     started, models_list = gateway.started, gateway.models_body
 
@@ -179,7 +184,15 @@ def create_app(
     board = dashboard.routes() if dashboard is not None else dashboard_off_routes()
     admin = Routes([Route("/healthz", health), Route("/metrics", metrics), *board])
     access_log = AccessLog(settings) if settings.access_log else None
-    return OriginApp(gateway, api, admin, dashboard, admin_port=admin_port, access_log=access_log)
+    return OriginApp(
+        gateway,
+        api,
+        admin,
+        dashboard,
+        admin_port=admin_port,
+        access_log=access_log,
+        loop_watch=LoopWatch(settings.loop_lag_limit, gateway.metrics, on_loop_tick),
+    )
 
 
 def _semantic_health(gateway: Gateway) -> dict[str, object]:

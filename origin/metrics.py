@@ -159,6 +159,18 @@ class Metrics:
             registry=registry,
         )
 
+        # The event loop's lag (origin.http.loop_watch): set by its ticks, a few a second.
+        self.loop_lag = Gauge(
+            "prism_origin_event_loop_lag_seconds",
+            "How late the event loop ran its last watch tick (0: on time).",
+            registry=registry,
+        )
+        self.loop_lag_refused = Counter(
+            "prism_origin_loop_lag_refused",
+            "Requests refused with a 503 while the event loop lagged past its limit.",
+            registry=registry,
+        )
+
     def count_forward_rejected(self, reason: str) -> None:
         self.forward_rejected.labels(reason).inc()
 

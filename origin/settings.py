@@ -67,6 +67,9 @@ class Settings:
     redis_client: RedisClientKind = "pipe"  # RedisPipe, or redis-py's pool (the way out)
     # The whole request (headers and body) must arrive within this; else 408 and close.
     read_timeout: float = 30.0
+    # The event loop running later than this (two watch ticks in a row) refuses new
+    # requests with a 503 and Retry-After (the edge asks another origin); 0: never.
+    loop_lag_limit: float = 1.0
     release: str = "dev"  # what /healthz says is running: the deploy's release id
     # A budget reservation not settled by then (its process died) is freed: longer than
     # any provider call may take (retries and hedges included).
@@ -144,6 +147,7 @@ class Settings:
             default_ttl=("PRISM_CACHE_TTL", int),
             fallback_ttl=("PRISM_FALLBACK_TTL", int),
             read_timeout=("PRISM_READ_TIMEOUT", float),
+            loop_lag_limit=("PRISM_LOOP_LAG_LIMIT", float),
             budget_hold=("PRISM_BUDGET_HOLD_SECONDS", float),
             usage_flush_interval=("PRISM_USAGE_FLUSH_INTERVAL", float),
             semantic_threads=("PRISM_SEMANTIC_THREADS", int),

@@ -20,6 +20,7 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 
+from . import headers as h
 from .errors import AuthenticationError
 
 __all__ = ["FORWARD_TTL_SECONDS", "ForwardRejected", "Forwarded", "sign_forward", "verify_forward"]
@@ -38,7 +39,8 @@ class ForwardRejected(AuthenticationError):
     default_code = "invalid_forward"
 
     def __init__(self, message: str, reason: str, code: str | None = None) -> None:
-        super().__init__(message, code=code)
+        # The reason travels with the 401: the edge re-signs an expired forward and retries.
+        super().__init__(message, code=code, headers={h.FORWARD_REJECTED: reason})
         self.reason = reason
 
 

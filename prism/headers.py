@@ -10,6 +10,8 @@ __all__ = [
     "CACHE_LAYER",
     "ENTRY_EXPIRES",
     "FORWARD",
+    "FORWARD_REJECTED",
+    "ORIGIN_BUSY",
     "ORIGIN_REGION",
     "PROVIDER",
     "REQUEST_ID",
@@ -27,6 +29,12 @@ FORWARD = "x-prism-forward"  # the edge's signed identity + fingerprint
 ENTRY_EXPIRES = "x-prism-entry-expires"  # on a Redis hit: when the entry expires (unix s)
 SEMANTIC_SCORE = "x-prism-semantic-score"  # on a semantic hit: the cosine similarity
 ORIGIN_REGION = "x-prism-origin-region"  # from the edge: which origin answered
+# On the origin's 401 for a forward it refuses: why (``expired``, ``signature``, ...), so
+# the edge tells a refusal of its own signing (re-signed and retried) from the client's.
+FORWARD_REJECTED = "x-prism-forward-rejected"
+# On the origin's 503 while its event loop lags: the edge asks another origin, as it does
+# on a 503 from a proxy in front of one.
+ORIGIN_BUSY = "x-prism-origin-busy"
 
 CACHE_KEY_PREFIX_LEN = 16
 

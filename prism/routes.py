@@ -8,6 +8,7 @@ __all__ = [
     "CLOUDFLARE_API_URL",
     "DEFAULT_REDIS_URL",
     "EMBEDDINGS_PATH",
+    "HEALTH_PATH",
     "MESSAGES_PATH",
     "MODELS_KEY",
     "MODELS_PATH",
@@ -18,6 +19,9 @@ CHAT_PATH = "/v1/chat/completions"
 EMBEDDINGS_PATH = "/v1/embeddings"
 MESSAGES_PATH = "/v1/messages"  # Anthropic's Messages API
 MODELS_PATH = "/v1/models"
+# The origin's liveness on its public port: answered from its event loop, no I/O; the
+# edge probes it when an answer is slow to start, load balancers check it.
+HEALTH_PATH = "/healthz"
 MODELS_KEY = "prism:models"  # the origin's model list, published to Workers KV for the edge
 CLOUDFLARE_API_URL = "https://api.cloudflare.com/client/v4"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"  # the origin's and `prism keys`' default

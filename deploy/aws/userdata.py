@@ -33,15 +33,19 @@ import string
 from collections.abc import Mapping
 
 from deploy.release import RELEASE_DIR
+from prism.routes import HEALTH_PATH
 
 __all__ = [
     "ADMIN_PORT",
+    "CADDY_HEALTH_INTERVAL",
+    "CADDY_HEALTH_TIMEOUT",
     "ENV_FILE",
     "FILE_SECRETS",
     "HEALTH_HOST",
     "IMAGE",
     "ORIGIN_PORT",
     "VENV",
+    "WATCHDOG_SECONDS",
     "ami_parameters",
     "render_caddyfile",
     "render_user_data",
@@ -49,6 +53,12 @@ __all__ = [
 
 ORIGIN_PORT = 8080
 ADMIN_PORT = 9090
+# systemd restarts an origin whose event loop has not run for this long (a hung process:
+# its loop pings every half of it). Longer than any pause a healthy origin has.
+WATCHDOG_SECONDS = 30
+# Caddy asks the origin's /healthz this often and takes it out of the proxy when it does
+# not answer in time (or answers a 503: its loop lags), back once it answers 200.
+CADDY_HEALTH_INTERVAL, CADDY_HEALTH_TIMEOUT = "2s", "1s"
 ENV_FILE = "/run/prism-origin/origin.env"
 VENV = "/opt/prism/venv"
 IMAGE = "ubuntu-24.04"
@@ -253,6 +263,11 @@ EnvironmentFile=-@@env_file
 Environment=PRISM_RELEASE=@@release
 ExecStart=@@venv/bin/prism origin serve --host 127.0.0.1 --port @@port \\
     --admin-host 127.0.0.1 --admin-port @@admin_port
+# Ready once it serves (READY=1), then alive only while its event loop runs: the loop
+# pings the watchdog, and a loop stuck for WatchdogSec gets the process restarted.
+Type=notify
+NotifyAccess=main
+WatchdogSec=@@watchdog_sec
 TimeoutStartSec=20min
 Restart=always
 RestartSec=5
@@ -304,6 +319,12 @@ def render_caddyfile(site: str, *, acme: bool) -> str:
         f"\treverse_proxy 127.0.0.1:{ORIGIN_PORT} {{\n"
         # Stream SSE chunks through as they arrive.
         "\t\tflush_interval -1\n"
+        # An origin whose loop hangs (or lags: its /healthz is a 503) is taken out
+        # until it answers again, before the watchdog restarts it: the proxy's own 503
+        # then tells the edge to ask another region.
+        f"\t\thealth_uri {HEALTH_PATH}\n"
+        f"\t\thealth_interval {CADDY_HEALTH_INTERVAL}\n"
+        f"\t\thealth_timeout {CADDY_HEALTH_TIMEOUT}\n"
         "\t}\n"
         # The origin is not up (installing, restarting): a JSON 503, not a bare 502.
         "\thandle_errors {\n"
@@ -365,5 +386,6 @@ def render_user_data(
         venv=VENV,
         port=str(ORIGIN_PORT),
         admin_port=str(ADMIN_PORT),
+        watchdog_sec=str(WATCHDOG_SECONDS),
         caddyfile=render_caddyfile(site, acme=acme),
     )

@@ -185,11 +185,20 @@ def dev_command(
             soft_wrap=True,
             highlight=False,
         )
+        if info.regions:
+            up = stack.regions_up()
+            console.print(
+                "regions: " + ", ".join(f"{region} {up[region]}" for region in info.regions)
+            )
         console.print("[dim]Ctrl-C to stop.[/dim]")
         if as_json:
-            typer.echo(json.dumps(info.to_dict()))
+            typer.echo(json.dumps({**info.to_dict(), "regions_up": stack.regions_up()}))
         while True:
-            dead = stack.dead_component()
+            # An origin that exits is restarted, one stopped is reported: the edge asks the
+            # other region meanwhile. Any other part ending stops the stack.
+            for line in stack.origins.check():
+                _say(console.print, f"[yellow]{line}[/yellow]")
+            dead = stack.fatal_component()
             if dead is not None:
                 console.print(f"[red]{dead} stopped unexpectedly; logs in {state_dir}/logs/[/red]")
                 raise typer.Exit(1)

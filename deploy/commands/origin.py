@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from typing import Annotated
 
 import typer
@@ -44,6 +45,7 @@ def serve(
 
     from origin import Settings, SettingsError, create_app
     from origin.http.server import freeze_heap, listen, server_options
+    from origin.http.watchdog import SystemdWatchdog
 
     try:
         settings = Settings.from_env()
@@ -55,8 +57,14 @@ def serve(
     except OSError as error:
         typer.echo(f"Error: {error}; choose another with --port / --admin-port.", err=True)
         raise typer.Exit(1) from None
+    # Under systemd with WatchdogSec= (the deployed unit): fed from the event loop.
+    watchdog = SystemdWatchdog.from_env(os.environ)
     try:
-        app = create_app(settings, admin_port=sockets[1].getsockname()[1])
+        app = create_app(
+            settings,
+            admin_port=sockets[1].getsockname()[1],
+            on_loop_tick=watchdog.ping if watchdog is not None else None,
+        )
     except SettingsError as error:  # e.g. telemetry asked for, its extra not installed
         for sock in sockets:
             sock.close()

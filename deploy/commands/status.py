@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -30,6 +32,7 @@ class _Targets:
     redis_source: str
     key: str | None
     local: bool  # the `prism dev` stack of the state folder
+    regions: Mapping[str, str] = field(default_factory=dict)  # region -> origin, if several
 
 
 def _targets(
@@ -53,6 +56,7 @@ def _targets(
             f"the prism dev stack in {state_dir}",
             key or dev_api_key(state_dir),
             local=True,
+            regions=local.get("regions") or {},
         )
     source = "--redis-url"
     if redis_url is None and os.environ.get("REDIS_URL"):
@@ -141,7 +145,12 @@ def status_command(
     targets = _targets(origin_url, origin_admin_url, edge_url, redis_url, key, state_dir)
     checks: list[Check] = []
     with httpx.Client(timeout=5, verify=not insecure) as client:
-        if targets.origin_url:
+        if len(targets.regions) > 1:  # `prism dev --regions 2`: is each region up?
+            for region, url in targets.regions.items():
+                admin = targets.origin_admin_url if url == targets.origin_url else None
+                check = check_origin(client, url, admin, insecure=insecure)
+                checks.append(dataclasses.replace(check, part=f"origin {region}"))
+        elif targets.origin_url:
             checks.append(
                 check_origin(
                     client, targets.origin_url, targets.origin_admin_url, insecure=insecure

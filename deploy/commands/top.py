@@ -205,7 +205,9 @@ def render(frame: Frame, interval: float, live: bool, width: int = 160) -> Rende
         f"in flight {totals.kv_in_flight:,.0f} · sent {totals.kv_sent:,.0f} "
         f"({_number(None if rates is None else rates.kv_sent)}/s) · "
         f"dropped {totals.kv_dropped:,.0f}\n"
-        f"Redis: " + ("ok" if health.redis_ok else "unreachable"),
+        f"Redis: " + ("ok" if health.redis_ok else "unreachable") + " · "
+        f"event loop lag {totals.loop_lag * 1000:,.0f} ms"
+        f" (refused while lagging: {totals.loop_lag_refused:,.0f})",
     )
     notes = [Text(note, style="dim") for note in frame.notes]
     if width < _TWO_COLUMNS:

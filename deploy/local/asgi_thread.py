@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -38,6 +39,13 @@ class ThreadedServer:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop serving, once started (tests block it to play a hung server)."""
+        if self._server is None or not self._server.servers:
+            raise RuntimeError("the server is not running")
+        return self._server.servers[0].get_loop()
 
     def start(
         self, timeout: float = 10.0, sockets: list[socket.socket] | None = None

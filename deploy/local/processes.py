@@ -66,6 +66,7 @@ def stop_group(popen: subprocess.Popen[Any], timeout: float = 10.0) -> None:
     if popen.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(popen.pid, signal.SIGTERM)
+            os.killpg(popen.pid, signal.SIGCONT)  # a stopped child handles it only then
         try:
             popen.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -19,6 +19,7 @@ from pathlib import Path
 import redis
 
 from deploy.edge_bundle import build_edge
+from deploy.local.origin_watch import OriginState, OriginWatch
 from deploy.local.ports import free_port, port_is_free
 from deploy.local.processes import ChildProcess, ChildStartError
 from deploy.local.redis import RedisServer
@@ -56,6 +57,7 @@ class StackConfig:
     extra_workers: Sequence[ExtraWorker] = ()
     origin_env: Mapping[str, str] = field(default_factory=dict)
     provider_args: Sequence[str] = ()
+    edge_env: Mapping[str, str] = field(default_factory=dict)  # more edge bindings
     # 2: a second origin in another region, reading a replica of the private Redis (a
     # REDIS_URL is shared as it is), and the edge knowing both (PRISM_ORIGINS).
     regions: int = 1
@@ -140,6 +142,8 @@ class LocalStack:
         self._replica: RedisServer | None = None
         self._runtime: LocalWorkersRuntime | None = None
         self._processes: list[ChildProcess] = []
+        # The origins, restarted when they exit (the rest of the stack serves on).
+        self.origins = OriginWatch()
         self.info: StackInfo | None = None
 
     def _ready(self, components: list[Component], name: str, url: str, detail: str) -> None:
@@ -257,7 +261,7 @@ class LocalStack:
             PRISM_KV_FLUSH_INTERVAL=str(cfg.kv_flush_interval),
         )
         origin_env.update(cfg.origin_env)
-        origin = self._origin("origin", cfg.origin_port, admin_port, origin_env, logs)
+        origin = self._origin("origin", REGIONS[0], cfg.origin_port, admin_port, origin_env, logs)
         regions: dict[str, str] = {}
         second: tuple[ChildProcess, str] | None = None
         if cfg.regions == 2:
@@ -270,7 +274,7 @@ class LocalStack:
             second_admin = free_port(cfg.host)
             name = f"origin-{REGIONS[1]}"
             second = (
-                self._origin(name, port, second_admin, env, logs),
+                self._origin(name, REGIONS[1], port, second_admin, env, logs),
                 f"http://{cfg.host}:{second_admin}",
             )
             regions = {REGIONS[0]: origin_url, REGIONS[1]: f"http://{cfg.host}:{port}"}
@@ -284,6 +288,7 @@ class LocalStack:
                 "PRISM_FORWARD_SECRET": dev["PRISM_FORWARD_SECRET"],
                 "ORIGIN_URL": origin_url,
                 **({"PRISM_ORIGINS": _origins_binding(regions)} if regions else {}),
+                **cfg.edge_env,
             },
             persist_dir=state / "kv",
             host=cfg.host,
@@ -333,18 +338,24 @@ class LocalStack:
         return self.info
 
     def _origin(
-        self, name: str, port: int, admin_port: int, env: Mapping[str, str], logs: Path
+        self,
+        name: str,
+        region: str,
+        port: int,
+        admin_port: int,
+        env: Mapping[str, str],
+        logs: Path,
     ) -> ChildProcess:
         cfg = self.config
-        origin = ChildProcess(
+        return self.origins.add(
             name,
+            region,
+            f"http://{cfg.host}:{port}",
             [sys.executable, "-m", "deploy.cli", "origin", "serve", "--host", cfg.host,
              "--port", str(port), "--admin-host", cfg.host, "--admin-port", str(admin_port)],
             logs / f"{name}.log",
             env,
         )  # fmt: skip
-        self._processes.append(origin)
-        return origin
 
     @property
     def extra_urls(self) -> dict[str, str]:
@@ -355,10 +366,23 @@ class LocalStack:
         """PID of a running part ("provider", "origin", "workers runtime"), if started."""
         if name == "workers runtime":
             return self._runtime.pid if self._runtime is not None else None
-        return next((p.pid for p in self._processes if p.name == name), None)
+        processes = [*self._processes, *(origin.process for origin in self.origins.origins)]
+        return next((p.pid for p in processes if p.name == name), None)
+
+    def regions_up(self) -> dict[str, OriginState]:
+        """Each region's origin: up, stopped, or restarting (after it exited)."""
+        return self.origins.states()
 
     def dead_component(self) -> str | None:
-        """The name of a part that has exited on its own, if any."""
+        """The name of a part that has exited on its own, if any (an origin too, until
+        ``origins.check()`` restarts it)."""
+        for origin in self.origins.origins:
+            if not origin.process.alive():
+                return origin.name
+        return self.fatal_component()
+
+    def fatal_component(self) -> str | None:
+        """A part that has exited and is not restarted (anything but an origin)."""
         for process in self._processes:
             if not process.alive():
                 return process.name
@@ -372,6 +396,7 @@ class LocalStack:
 
     def stop(self) -> None:
         # The origin first: its KV writer drains into the stand-in the runtime hosts.
+        self.origins.stop()
         for process in reversed(self._processes):
             process.stop()
         self._processes.clear()

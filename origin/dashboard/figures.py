@@ -39,6 +39,8 @@ class Totals:
     kv_sent: float = 0.0
     kv_dropped: float = 0.0
     cost_usd: Mapping[str, float] = field(default_factory=dict)  # by project, this process
+    loop_lag: float = 0.0  # seconds the event loop ran late at its last watch tick
+    loop_lag_refused: float = 0.0  # requests refused with a 503 while it lagged
 
     @property
     def hit_ratio(self) -> float | None:
@@ -79,6 +81,7 @@ def totals_of(families: Iterable[Metric], at: float) -> Totals:
     """The figures in ``families`` (``registry.collect()`` or the text parser's output)."""
     requests = dict.fromkeys(LAYERS, 0.0)
     server_errors = kv_queued = kv_in_flight = kv_sent = kv_dropped = 0.0
+    loop_lag = loop_lag_refused = 0.0
     calls: dict[str, float] = {}
     failures: dict[str, float] = {}
     states: dict[str, str] = {}
@@ -108,6 +111,10 @@ def totals_of(families: Iterable[Metric], at: float) -> Totals:
                 kv_sent = value
             elif name == "prism_kv_writer_dropped" and sample.name.endswith("_total"):
                 kv_dropped += value
+            elif name == "prism_origin_event_loop_lag_seconds":
+                loop_lag = value
+            elif name == "prism_origin_loop_lag_refused" and sample.name.endswith("_total"):
+                loop_lag_refused = value
             elif name == "prism_usage_cost_usd" and sample.name.endswith("_total"):
                 project = labels.get("project", "")
                 cost[project] = cost.get(project, 0.0) + value
@@ -123,6 +130,8 @@ def totals_of(families: Iterable[Metric], at: float) -> Totals:
         kv_sent=kv_sent,
         kv_dropped=kv_dropped,
         cost_usd=cost,
+        loop_lag=loop_lag,
+        loop_lag_refused=loop_lag_refused,
     )
 
 

@@ -36,6 +36,7 @@ from .responses import RawHeaders, Reply, error_reply
 
 if TYPE_CHECKING:
     from .access_log import AccessLog
+    from .loop_watch import LoopWatch
     from .telemetry import Telemetry
 
 __all__ = [
@@ -85,6 +86,7 @@ class Routes:
         admin_port: int | None = None,
         telemetry: Telemetry | None = None,
         access_log: AccessLog | None = None,
+        loop_watch: LoopWatch | None = None,
     ) -> None:
         self._routes = {route.path: route for route in routes}
         self._metrics = metrics
@@ -95,6 +97,8 @@ class Routes:
         # None costs one check per request.
         self.telemetry = telemetry
         self.access_log = access_log
+        # Started with the lifespan; while the loop lags, new requests get a fast 503.
+        self.loop_watch = loop_watch
         # Request ids need to be unique, not secret: a random prefix and a counter.
         self._id_prefix = secrets.token_hex(4)
         self._ids = itertools.count(1)
@@ -120,7 +124,10 @@ class Routes:
         telemetry = self.telemetry
         span = telemetry.start(request) if telemetry is not None else None
         route = self._routes.get(request.path)
+        watch = self.loop_watch
         try:
+            if watch is not None and watch.lagging:
+                raise watch.refusal()
             if route is None:
                 raise NotFoundError(f"Unknown route {request.method} {request.path}.")
             if request.method not in route.methods:
@@ -171,8 +178,12 @@ class Routes:
             log.exception("start-up failed")
             await send({"type": "lifespan.startup.failed", "message": repr(error)})
             return
+        if self.loop_watch is not None:
+            self.loop_watch.start()
         await send({"type": "lifespan.startup.complete"})
         await receive()  # lifespan.shutdown
+        if self.loop_watch is not None:
+            self.loop_watch.close()
         if self._on_shutdown is not None:
             await self._on_shutdown()
         await send({"type": "lifespan.shutdown.complete"})

@@ -3,6 +3,7 @@ both, all on real parts; the edge picks by where a request comes from and fails 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -16,7 +17,7 @@ from typer.testing import CliRunner
 
 from deploy.cli import app
 from deploy.local.stack import LocalStack, StackInfo
-from tests.fixtures.stacks import two_region_stack
+from tests.fixtures.stacks import CLI_START, two_region_stack
 from tests.polling import wait_for
 
 CHAT = "/v1/chat/completions"
@@ -86,6 +87,58 @@ def test_two_regions_with_one_origin_killed_the_other_answers(
     assert response.status_code == 200, response.text
     assert response.headers["x-prism-origin-region"] == "us-west-1"
     assert 'origin-error;desc="ap-south-1"' in response.headers["server-timing"]
+
+
+def test_an_origin_that_exits_is_restarted_while_the_rest_serves(
+    stack: tuple[LocalStack, StackInfo],
+) -> None:
+    local, info = stack
+    pid = local.pid("origin-ap-south-1")
+    assert pid is not None
+    with contextlib.suppress(ProcessLookupError):  # the test before may have killed it
+        os.kill(pid, signal.SIGKILL)
+    said = wait_for(lambda: local.origins.check(), timeout=30)
+    assert "origin-ap-south-1 exited" in said[0]
+    assert local.regions_up()["ap-south-1"] == "restarting"
+    assert local.fatal_component() is None  # the stack serves on
+    response = ask(info, info.edge_url, body(), ASIA)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-prism-origin-region"] == "us-west-1"
+
+    said = wait_for(lambda: local.origins.check(), timeout=CLI_START)
+    assert said == [f"origin-ap-south-1 is back at {info.regions['ap-south-1']}"]
+    assert local.regions_up() == {"us-west-1": "up", "ap-south-1": "up"}
+    assert local.pid("origin-ap-south-1") != pid
+    response = ask(info, info.regions["ap-south-1"], body(), ASIA)
+    assert response.status_code == 200, response.text
+
+
+def test_a_stopped_origin_is_reported_and_prism_status_names_the_region_down(
+    stack: tuple[LocalStack, StackInfo],
+) -> None:
+    local, info = stack
+    wait_for(lambda: local.regions_up()["ap-south-1"] == "up" or local.origins.check(), 60)
+    pid = local.pid("origin-ap-south-1")
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        said = wait_for(lambda: local.origins.check(), timeout=30)
+        assert "origin-ap-south-1 is stopped" in said[0]
+        assert local.regions_up()["ap-south-1"] == "stopped"
+        # A hung origin costs a probe (2 s, then 1 s), not the origin timeout (90 s).
+        response = ask(info, info.edge_url, body(), ASIA)
+        assert response.status_code == 200, response.text
+        assert response.headers["x-prism-origin-region"] == "us-west-1"
+
+        state = str(local.config.state_dir)
+        result = CliRunner().invoke(app, ["status", "--state-dir", state, "--json"])
+        rows = {row["part"]: row for row in json.loads(result.output)}
+        assert rows["origin us-west-1"]["state"] == "ok"
+        assert rows["origin ap-south-1"]["state"] == "down"
+        assert result.exit_code == 1
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert wait_for(lambda: local.origins.check(), timeout=30) == ["origin-ap-south-1 resumed"]
 
 
 def test_dev_takes_one_or_two_regions(tmp_path: Path) -> None:

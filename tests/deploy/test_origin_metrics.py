@@ -45,6 +45,8 @@ def metrics_text(redis_hits: int, misses: int, sent: int) -> str:
     metrics.provider_attempts.labels("openai", "ok").inc(misses)
     metrics.provider_attempts.labels("openai", "timeout").inc(1)
     metrics.provider_state.labels("groq").set(2)
+    metrics.loop_lag.set(1.25)
+    metrics.loop_lag_refused.inc(3)
     usage.record("acme", "k1", "gpt-4o-mini", "miss", Tokens(10, 0, 0, 5), cost=1_500_000)
     return metrics.render().decode()
 
@@ -59,6 +61,7 @@ def test_metrics_text_reads_as_totals_by_layer() -> None:
     assert totals.provider_state == {"groq": "demoted"}
     assert (totals.kv_queued, totals.kv_sent, totals.kv_dropped) == (3, 4, 2)
     assert totals.cost_usd == {"acme": 1.5}
+    assert (totals.loop_lag, totals.loop_lag_refused) == (1.25, 3)  # the event loop's lag
 
 
 def test_rates_come_from_two_scrapes_and_survive_a_restart() -> None:

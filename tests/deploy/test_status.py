@@ -9,6 +9,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trustme
 from typer.testing import CliRunner
@@ -70,6 +71,15 @@ def test_edge_and_origin_with_different_forward_secrets_are_named(
     assert "edge and origin disagree on PRISM_FORWARD_SECRET" in path["detail"]
     # the origin really refused it (not the edge, which accepted the key)
     assert edge.origin.metric("prism_origin_forward_rejected_total", reason="signature") > before
+    # and the client is told it is the gateway's fault, not its key's
+    answer = httpx.post(
+        edge.extra("forward_mismatch") + "/v1/chat/completions",
+        json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "mismatch"}]},
+        headers={"authorization": f"Bearer {api_key}"},
+        timeout=60,
+    )
+    assert answer.status_code == 502, answer.text
+    assert answer.json()["error"]["code"] == "invalid_forward"
 
 
 def test_an_edge_that_cannot_reach_its_origin_is_named(edge: EdgeStack, api_key: str) -> None:

@@ -55,15 +55,24 @@ def rejected(edge: EdgeStack, reason: str) -> float:
     return edge.origin.metric("prism_origin_forward_rejected_total", reason=reason)
 
 
-def raw_exchange(url: str, head: bytes, parts: Iterable[bytes] = (), timeout: float = 10) -> bytes:
+def raw_exchange(
+    url: str,
+    head: bytes,
+    parts: Iterable[bytes] = (),
+    timeout: float = 10,
+    half_close: bool = False,
+) -> bytes:
     """Send ``head`` and then ``parts`` on one socket, exactly as given (no client library
-    to fix the request up), and read the answer until the server closes or goes quiet."""
+    to fix the request up), and read the answer until the server closes or goes quiet.
+    ``half_close``: then end the sending side, as a client that sent all it will."""
     where = urlsplit(url)
     with socket.create_connection((where.hostname, where.port), timeout=timeout) as conn:
         conn.sendall(head)
         try:
             for part in parts:
                 conn.sendall(part)
+            if half_close:
+                conn.shutdown(socket.SHUT_WR)
         except OSError:
             pass  # the server may answer and close before taking everything: that is the point
         received = b""
@@ -347,6 +356,23 @@ def test_a_malformed_content_length_is_a_400(edge: EdgeStack, api_key: str, leng
     assert status_of(received) == 400, received[:300]
     error = json_of(received)["error"]
     assert isinstance(error, dict) and error["code"] == "invalid_content_length"
+
+
+def test_a_body_shorter_than_its_content_length_is_a_400_not_a_500(
+    edge: EdgeStack, api_key: str
+) -> None:
+    """The client sends part of the body it declared and half-closes: its framing, its 400."""
+    url = edge.extra("no_origin")
+    received = raw_exchange(
+        url,
+        chat_head(url, api_key, b"Content-Length: 100\r\n"),
+        [b'{"model":'],
+        timeout=15,
+        half_close=True,
+    )
+    assert status_of(received) == 400, received[:300]
+    error = json_of(received)["error"]
+    assert isinstance(error, dict) and error["code"] == "incomplete_body"
 
 
 def test_a_stalled_body_is_a_408_after_the_body_timeout(edge: EdgeStack, api_key: str) -> None:

@@ -138,3 +138,39 @@ async def test_stages_do_not_nest() -> None:
 def test_a_stage_needs_a_task() -> None:
     with pytest.raises(RuntimeError):
         DeadlineTimer(1.0).within(1.0)
+
+
+async def test_an_alarm_rings_once_on_the_same_timer_while_the_stage_runs() -> None:
+    arms = Arms()
+    timer = DeadlineTimer(0.02, arm=arms)
+    rung: list[float] = []
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    async with timer.within(0.3, 0.1, lambda stage: rung.append(loop.time() - started)):
+        await asyncio.sleep(0.2)
+    assert len(rung) == 1 and 0.09 < rung[0] < 0.2
+    # armed at the shortest limit, again for the alarm, again for the stage's rest
+    assert len(arms.delays) == 3
+
+
+async def test_an_alarm_of_a_stage_that_ended_first_never_rings() -> None:
+    timer = DeadlineTimer(0.01)
+    rung: list[object] = []
+    async with timer.within(5.0, 0.05, rung.append):
+        await asyncio.sleep(0)
+    await asyncio.sleep(0.1)
+    assert rung == []
+
+
+async def test_a_cut_ends_the_stage_at_once_as_its_limit_would() -> None:
+    timer = DeadlineTimer(0.5)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(TimeoutError):
+        async with timer.within(30.0, 0.05, lambda stage: stage.cut()) as stage:
+            assert stage.running
+            await asyncio.sleep(5)
+    assert loop.time() - started < 2
+    assert not stage.running
+    async with timer.within(0.5):  # the next stage is not cut
+        await asyncio.sleep(0.01)

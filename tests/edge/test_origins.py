@@ -100,8 +100,37 @@ def test_a_failed_origin_is_tried_last_for_a_while_then_first_again() -> None:
     assert origins.avoided(110.0) == ("eu-west-1",)
     # Another location's nearest is unaffected by the order, and the avoided one stays last.
     assert regions(origins.plan(lambda: INDIA, 110.0)) == ["ap-south-1", "us-west-1", "eu-west-1"]
+    assert regions(origins.plan(lambda: EUROPE, 130.0))[0] == "eu-west-1"  # its trial
+    # While the trial runs the other requests keep avoiding it; its answer ends the mark.
+    assert regions(origins.plan(lambda: EUROPE, 131.0))[0] == "us-west-1"
+    origins.answered(eu)
+    assert origins.avoided(131.0) == ()
+    assert regions(origins.plan(lambda: EUROPE, 131.0))[0] == "eu-west-1"
+
+
+def test_an_origin_is_tried_again_by_one_request_at_a_time() -> None:
+    origins = Origins(parse_origins(THREE, None), avoid_seconds=30, trial_seconds=5)
+    eu = origins.nearest(EUROPE)[0]
+    origins.failed(eu, now=100.0)
+    origins.marks()
     assert regions(origins.plan(lambda: EUROPE, 130.0))[0] == "eu-west-1"
-    assert origins.avoided(130.0) == ()
+    assert origins.dirty and origins.marks() == {"eu-west-1": 135.0}  # shared with the PoP
+    assert regions(origins.plan(lambda: EUROPE, 134.0))[0] == "us-west-1"
+    origins.failed(eu, now=134.0)  # the trial failed: a new mark
+    assert origins.marks() == {"eu-west-1": 164.0}
+    assert regions(origins.plan(lambda: EUROPE, 140.0))[0] == "us-west-1"
+
+
+def test_marks_from_other_isolates_are_merged_the_later_one_holding() -> None:
+    origins = Origins(parse_origins(THREE, None), avoid_seconds=30)
+    eu = origins.nearest(EUROPE)[0]
+    origins.merge({"eu-west-1": 120.0, "nowhere-1": 500.0})
+    assert regions(origins.plan(lambda: EUROPE, 110.0))[0] == "us-west-1"
+    assert not origins.dirty  # learned, not news
+    origins.merge({"eu-west-1": 115.0})
+    assert origins.avoided(119.0) == ("eu-west-1",)
+    origins.answered(eu)
+    assert origins.dirty and origins.marks() == {}
 
 
 def test_an_origin_that_answers_is_no_longer_avoided() -> None:

@@ -26,7 +26,7 @@ import trustme
 
 from deploy.aws import userdata
 from deploy.aws.health import check_health, probe
-from deploy.aws.userdata import HEALTH_HOST, render_caddyfile, render_user_data
+from deploy.aws.userdata import HEALTH_HOST, WATCHDOG_SECONDS, render_caddyfile, render_user_data
 from deploy.release import Release, ReleaseTarget, build_release, compile_lock, requirements_text
 from tests.polling import wait_for
 
@@ -189,6 +189,16 @@ def test_user_data_starts_caddy_before_the_origin_and_the_units_independently() 
     assert "ExecStartPre=/opt/prism/bin/prism-fetch-env" in unit
     assert "Restart=always" in unit and "StartLimitIntervalSec=0" in unit
     assert "ID:-}-$" in script and "ubuntu-24.04" in script  # refuses another image
+
+
+def test_the_origin_unit_is_restarted_by_systemds_watchdog_when_its_loop_hangs() -> None:
+    unit = embedded(user_data(acme=True), "/etc/systemd/system/prism-origin.service")
+    # Ready when it serves, then alive only while its event loop pings (origin.http.watchdog).
+    assert "Type=notify" in unit and "NotifyAccess=main" in unit
+    assert f"WatchdogSec={WATCHDOG_SECONDS}" in unit and "Restart=always" in unit
+    # Caddy takes a hung or lagging origin out meanwhile (its /healthz fails or is a 503).
+    caddyfile = embedded(user_data(acme=True), "/etc/caddy/Caddyfile")
+    assert "health_uri /healthz" in caddyfile and "health_timeout 1s" in caddyfile
 
 
 @needs_caddy
