@@ -147,8 +147,8 @@ class ApiRoute(Generic[R]):
                 if caller.fingerprint is not None:  # the edge: it writes KV with the time left
                     asked.out[h.ENTRY_EXPIRES] = str(envelope.expires_at())
                 return self._hit(asked, envelope, "redis", now)
-        # Not served from Redis (inline, not a call: every miss pays for a frame): the
-        # semantic layer when the policy opts in, then the provider call.
+        # Not served from Redis: the semantic layer when the policy opts in, then the limits,
+        # the budget and the provider call.
         cacheable = lookup.available and not asked.decision.bypass
         asked.out[h.CACHE_LAYER] = "miss" if cacheable else "bypass"
         pending: Pending | None = None
