@@ -14,6 +14,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from .charts import NO_MATPLOTLIB, pyplot
 from .fault_metrics import RequestRecord
 from .report import write_run
 
@@ -81,13 +82,9 @@ def _series(records: list[RequestRecord], primary: str, edges: list[float]) -> d
 
 def draw_timeline(result: dict[str, Any], path: Path) -> str | None:
     """Write the PNG (one panel per scenario); return why it was skipped, or None."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # no display here, and none needed
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (pip install 'prism-edge-gateway[bench]')"
+    plt = pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
     scenarios = result["scenarios"]
     figure, axes = plt.subplots(
         len(scenarios), 1, figsize=(12, 2.6 * len(scenarios)), squeeze=False

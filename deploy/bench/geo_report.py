@@ -12,6 +12,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from .charts import NO_MATPLOTLIB, pyplot
+
 __all__ = ["render_geo", "write_geo"]
 
 _LAYERS = ("miss", "redis", "kv")
@@ -65,13 +67,9 @@ def write_geo(result: Mapping[str, Any], out: Path) -> tuple[Path, str | None]:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "geo.json"
     path.write_text(json.dumps(result, indent=2))
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # no display here, and none needed
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return path, "matplotlib is not installed (pip install 'prism-edge-gateway[bench]')"
+    plt = pyplot()
+    if plt is None:
+        return path, NO_MATPLOTLIB
     rows = result["rows"]
     labels = [f"{r['customer']}\n{r['regions']} region{'s' * (r['regions'] > 1)}" for r in rows]
     figure, axes = plt.subplots(figsize=(9, 4.5))

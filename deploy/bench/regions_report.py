@@ -13,6 +13,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from .charts import NO_MATPLOTLIB, pyplot
+
 __all__ = ["render_regions", "write_regions"]
 
 _COLOURS = {"us-west-1": "tab:blue", "ap-south-1": "tab:orange", "": "tab:red"}
@@ -75,13 +77,9 @@ def write_regions(result: Mapping[str, Any], out: Path) -> tuple[Path, str | Non
     out.mkdir(parents=True, exist_ok=True)
     path = out / "regions.json"
     path.write_text(json.dumps(result, indent=2))
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # no display here, and none needed
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return path, "matplotlib is not installed (pip install 'prism-edge-gateway[bench]')"
+    plt = pyplot()
+    if plt is None:
+        return path, NO_MATPLOTLIB
     scenarios = result["scenarios"]
     figure, axes = plt.subplots(len(scenarios), 1, figsize=(10, 3.2 * len(scenarios)))
     for ax, scenario in zip(figure.axes if len(scenarios) > 1 else [axes], scenarios, strict=True):

@@ -18,6 +18,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from .charts import NO_MATPLOTLIB, pyplot
+
 __all__ = ["ROWS", "draw_chart", "render_table", "write_results", "write_run"]
 
 # (section, key, label, floor?) in the order the table and the chart show them.
@@ -180,13 +182,9 @@ def _add(table: Table, label: str, row: dict[str, Any], style: str) -> None:
 
 def draw_chart(result: dict[str, Any], path: Path) -> str | None:
     """Write the PNG; return why it was skipped, or None when it was drawn."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # no display here, and none needed
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (pip install 'prism-edge-gateway[bench]')"
+    plt = pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
     latency = [
         (label, floor, row) for label, floor, row in _rows(result) if row["concurrency"] == 1
     ]

@@ -20,6 +20,8 @@ from origin.store.semantic.embedder import MAX_BATCH
 from origin.store.semantic.guard import agree
 from origin.store.semantic.partition import MAX_TEXT_CHARS, normalized
 
+from .charts import NO_MATPLOTLIB, pyplot
+
 __all__ = [
     "LabelledPair",
     "PairsReport",
@@ -147,11 +149,9 @@ def run_pairs(model: Any, path: Path, threshold: float) -> PairsReport:
 def plot(reports: list[PairsReport], threshold: float, out: Path) -> Path:
     """One PNG: hit rate (same pairs) and wrong-hit rate (different pairs) per file,
     against the threshold, the chosen threshold marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
+    if plt is None:
+        raise ImportError(NO_MATPLOTLIB)
     fig, (hits, wrong) = plt.subplots(1, 2, figsize=(9, 3.6), dpi=90)
     for report in reports:
         xs = [row.threshold for row in report.rows]

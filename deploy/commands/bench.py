@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
@@ -416,19 +417,10 @@ def regions_command(
     """
     from deploy.bench.regions import RegionsConfig, run_regions
     from deploy.bench.regions_report import render_regions, write_regions
-    from deploy.local.stack import StackError
-    from deploy.local.workers import RuntimeStartError, ToolchainNotFoundError
 
     console = Console(stderr=True)
     config = RegionsConfig.quick() if quick else RegionsConfig()
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        result = run_regions(config, on_step=lambda step: console.print(f"[dim]{step}…[/dim]"))
-    except (StackError, RuntimeStartError, ToolchainNotFoundError, RuntimeError, OSError) as error:
-        console.print(f"[red]Error:[/red] {error}")
-        raise typer.Exit(1) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    result = _on_the_stack(console, lambda step: run_regions(config, on_step=step))
     path, chart_problem = write_regions(result, out)
     if as_json:
         typer.echo(json.dumps({k: v for k, v in result.items() if k != "scenarios"} | {
@@ -474,8 +466,6 @@ def geo_command(
     from deploy.bench.geo_profile import DEFAULT_PROFILE
     from deploy.bench.geo_report import render_geo, write_geo
     from deploy.local import netns
-    from deploy.local.stack import StackError
-    from deploy.local.workers import RuntimeStartError, ToolchainNotFoundError
 
     console = Console(stderr=True)
     why_not = "--loopback given" if loopback else netns.available()
@@ -486,14 +476,7 @@ def geo_command(
         )
     profile = DEFAULT_PROFILE if scale == 1.0 else DEFAULT_PROFILE.scaled(scale)
     config = GeoConfig(profile, requests=requests, isolated=why_not is None)
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        result = run_geo(config, on_step=lambda step: console.print(f"[dim]{step}…[/dim]"))
-    except (StackError, RuntimeStartError, ToolchainNotFoundError, RuntimeError, OSError) as error:
-        console.print(f"[red]Error:[/red] {error}")
-        raise typer.Exit(1) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    result = _on_the_stack(console, lambda step: run_geo(config, on_step=step))
     path, chart_problem = write_geo(result, out)
     if as_json:
         typer.echo(json.dumps(result))
@@ -505,3 +488,22 @@ def geo_command(
         )
     if not all(check["ok"] for check in result["checks"]):
         raise typer.Exit(1)
+
+
+def _on_the_stack(
+    console: Console, run: Callable[[Callable[[str], None]], dict[str, Any]]
+) -> dict[str, Any]:
+    """``run`` (a bench on the local stack, told how to say each step) with SIGTERM taken
+    as Ctrl-C, so the stack is stopped; a stack that cannot start is one red line and exit
+    status 1."""
+    from deploy.local.stack import StackError
+    from deploy.local.workers import RuntimeStartError, ToolchainNotFoundError
+
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return run(lambda step: console.print(f"[dim]{step}…[/dim]"))
+    except (StackError, RuntimeStartError, ToolchainNotFoundError, RuntimeError, OSError) as error:
+        console.print(f"[red]Error:[/red] {error}")
+        raise typer.Exit(1) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
