@@ -140,26 +140,49 @@ def test_a_stage_needs_a_task() -> None:
         DeadlineTimer(1.0).within(1.0)
 
 
+class ManualTimers:
+    """The timers and the clock a ``DeadlineTimer`` sees, moved by the test: each armed
+    timer fires when the test says, its delay added to the clock, as the loop would."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.armed: list[tuple[float, Callable[[int], None], int]] = []
+
+    def arm(self, delay: float, callback: Callable[[int], None], token: int) -> object:
+        self.armed.append((delay, callback, token))
+        return None
+
+    def fire_last(self) -> None:
+        delay, callback, token = self.armed[-1]
+        self.now += delay
+        callback(token)
+
+
 async def test_an_alarm_rings_once_on_the_same_timer_while_the_stage_runs() -> None:
-    arms = Arms()
-    timer = DeadlineTimer(0.02, arm=arms)
+    timers = ManualTimers()
+    timer = DeadlineTimer(0.02, arm=timers.arm, clock=lambda: timers.now)
     rung: list[float] = []
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    async with timer.within(0.3, 0.1, lambda stage: rung.append(loop.time() - started)):
-        await asyncio.sleep(0.2)
-    assert len(rung) == 1 and 0.09 < rung[0] < 0.2
-    # armed at the shortest limit, again for the alarm, again for the stage's rest
-    assert len(arms.delays) == 3
+    async with timer.within(0.3, 0.1, lambda stage: rung.append(timers.now)) as stage:
+        timers.fire_last()  # the shortest limit's timer: nothing due yet
+        assert rung == []
+        timers.fire_last()  # the alarm's
+        assert stage.running
+    assert rung == [pytest.approx(0.1)]
+    # armed at the shortest limit, again for the alarm, again for the stage's rest (not
+    # for another alarm: it rings once)
+    assert [round(delay, 6) for delay, _, _ in timers.armed] == [0.02, 0.08, 0.2]
 
 
 async def test_an_alarm_of_a_stage_that_ended_first_never_rings() -> None:
-    timer = DeadlineTimer(0.01)
+    timers = ManualTimers()
+    timer = DeadlineTimer(0.01, arm=timers.arm, clock=lambda: timers.now)
     rung: list[object] = []
     async with timer.within(5.0, 0.05, rung.append):
-        await asyncio.sleep(0)
-    await asyncio.sleep(0.1)
-    assert rung == []
+        pass
+    timers.now = 0.1  # past the alarm's time, every timer armed fires
+    for _, callback, token in list(timers.armed):
+        callback(token)
+    assert timers.armed and rung == []
 
 
 async def test_a_cut_ends_the_stage_at_once_as_its_limit_would() -> None:
