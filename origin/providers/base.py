@@ -8,7 +8,7 @@ SSE bytes, and reports failures as ``PrismError`` subclasses (429, 502, 503,
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -38,6 +38,9 @@ class ProviderSpec:
     hedge: bool = True  # start the next target when this one is slow to its first byte
     hedge_delay: float | None = None  # fixed hedge delay; None: adapt to recent first-byte times
     hedge_percentile: float = 95.0  # which recent first-byte time the adaptive delay follows
+    # The kind's own settings (the provider table's other keys, e.g. Azure's api_version):
+    # read and checked by its adapter, which is built when the configuration loads.
+    options: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def first_token_limit(self) -> float:

@@ -127,6 +127,30 @@ class ProviderConfig:
         return sorted(name for name in self.routes if not any(c in name for c in "*?["))
 
 
+# The keys every kind reads; a provider table's other keys are its kind's own options.
+_COMMON_KEYS = frozenset(
+    {
+        "kind",
+        "base_url",
+        "api_key",
+        "api_key_env",
+        "headers",
+        "label",
+        "prices",
+        "connect_timeout",
+        "first_byte_timeout",
+        "total_timeout",
+        "first_token_timeout",
+        "retries",
+        "retry_backoff",
+        "max_retry_after",
+        "hedge",
+        "hedge_delay",
+        "hedge_percentile",
+    }
+)
+
+
 def _spec(name: str, table: Mapping[str, Any], env: Mapping[str, str]) -> ProviderSpec:
     kind = table.get("kind", "openai")
     if kind not in ADAPTERS:
@@ -157,6 +181,7 @@ def _spec(name: str, table: Mapping[str, Any], env: Mapping[str, str]) -> Provid
         hedge=_flag(name, table, "hedge"),
         hedge_delay=_optional_seconds(name, table, "hedge_delay"),
         hedge_percentile=_percentile(name, table),
+        options={key: value for key, value in table.items() if key not in _COMMON_KEYS},
     )
 
 
