@@ -8,7 +8,11 @@ not started after ``origin_probe_after`` has the origin's liveness probed (``GET
 ``origin_timeout``. Anything else means the origin is down: it is marked so, and the same
 request (the edge holds its body) goes to the next origin; the first attempt is abandoned
 (a late answer to it is dropped; the origin's store of it is harmless). The probe rides
-on the request's stage timer: a forward that is answered in time arms nothing more.
+on the request's stage timer: a forward that is answered in time arms nothing more. An
+attempt whose alarm rings after another request of the isolate found its origin down
+fails over without asking again. An avoided origin is asked again in the background
+(``Origins.due``, on the request's ``waitUntil``), so its answer brings traffic back and
+no request waits to find out.
 
 Retried at the same origin, never passed on: a forward the origin refused as expired (it
 read the request late; signed anew, at most twice), and a connection that failed before
@@ -50,29 +54,29 @@ _FRESH_CONNECTIONS = 1  # connections failed before any byte, asked again, per o
 class _Probe:
     """One attempt's liveness probe, started by its stage's alarm (the slow path only)."""
 
-    __slots__ = ("down", "forwarder", "origin", "platform", "task")
+    __slots__ = ("down", "forwarder", "origin", "platform", "sent", "task")
 
-    def __init__(self, forwarder: OriginForwarder, platform: Platform, origin: Origin) -> None:
+    def __init__(
+        self, forwarder: OriginForwarder, platform: Platform, origin: Origin, sent: float
+    ) -> None:
         self.forwarder = forwarder
         self.platform = platform
         self.origin = origin
+        self.sent = sent
         self.down = False
         self.task: asyncio.Task[None] | None = None
 
     def ring(self, stage: Stage) -> None:
+        if self.forwarder.origins.failed_since(self.origin, self.sent):
+            # Another request of this isolate found it down meanwhile: no need to ask.
+            self.down = True
+            stage.cut()
+            return
         self.task = asyncio.ensure_future(self.run(stage))
 
     async def run(self, stage: Stage) -> None:
         forwarder = self.forwarder
-        try:
-            async with asyncio.timeout(forwarder.probe_timeout):
-                reply = await self.platform.fetch_origin(
-                    "GET", self.origin.url + HEALTH_PATH, {}, None
-                )
-            alive = reply.status == 200
-        except Exception:  # refused, reset, or no answer in time
-            alive = False
-        if alive:
+        if await forwarder.alive(self.platform, self.origin):
             forwarder.origins.answered(self.origin)
         elif stage.running:
             self.down = True
@@ -132,6 +136,9 @@ class OriginForwarder:
         # Nearest origin first; the next one when it does not answer (see edge/origins.py).
         origins = self.origins
         plan = origins.plan(platform.location, started)
+        if origins.down_until:  # a dict's truth: no call when all is well
+            for avoided in origins.due(started):
+                platform.wait_until(self._recheck(platform, avoided))
         deadline = started + self._budget
         try:
             for attempt, origin in enumerate(plan, 1):
@@ -176,6 +183,24 @@ class OriginForwarder:
             out[h.CACHE_KEY] = fp[: h.CACHE_KEY_PREFIX_LEN]
         return EdgeResponse(reply.status, out, passthrough=reply)
 
+    async def alive(self, platform: Platform, origin: Origin) -> bool:
+        """Whether ``origin`` answers its liveness probe within the probe timeout."""
+        try:
+            async with asyncio.timeout(self.probe_timeout):
+                reply = await platform.fetch_origin("GET", origin.url + HEALTH_PATH, {}, None)
+            return reply.status == 200
+        except Exception:  # refused, reset, or no answer in time
+            return False
+
+    async def _recheck(self, platform: Platform, origin: Origin) -> None:
+        """An avoided origin asked again, after the response: back if it answers."""
+        if await self.alive(platform, origin):
+            self.origins.answered(origin)
+        else:
+            self.origins.failed(origin, platform.now())
+        if self._marks is not None:
+            await self._marks.publish(platform, platform.now())
+
     async def _ask(
         self,
         origin: Origin,
@@ -210,7 +235,7 @@ class OriginForwarder:
             if probe_after is None:
                 probe, stage = None, self._stages.within(wait)
             else:
-                probe = _Probe(self, platform, origin)
+                probe = _Probe(self, platform, origin, tried)
                 stage = self._stages.within(wait, probe_after, probe.ring)
             try:
                 async with stage:

@@ -53,7 +53,9 @@ class EdgeHandler:
         # While one request tries an origin again, the others avoid it until its probe
         # has had time to tell.
         trial = settings.origin_probe_after + settings.origin_probe_timeout + 2.0
-        self.origins = Origins(settings.origins, settings.origin_avoid, trial)
+        self.origins = Origins(
+            settings.origins, settings.origin_avoid, trial, settings.origin_recheck
+        )
         # One timer per request for every stage's limit (see edge/deadlines.py).
         stages = DeadlineTimer(
             min(settings.kv_timeout, settings.body_timeout, settings.origin_timeout)

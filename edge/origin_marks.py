@@ -58,16 +58,21 @@ class PopMarks:
             )
 
     def share(self, platform: Platform, now: float) -> None:
-        """This isolate's marks to the PoP, in the background, if they changed. Kept a
-        while past the last one (``avoid_seconds``) so that a passed mark still makes
-        the next request a trial in every isolate."""
+        """This isolate's marks to the PoP, in the background, if they changed."""
+        if self._origins.dirty:
+            platform.wait_until(self.publish(platform, now))
+
+    async def publish(self, platform: Platform, now: float) -> None:
+        """This isolate's marks to the PoP now, if they changed. Kept a while past the
+        last one (``avoid_seconds``) so that a passed mark still makes the next request a
+        trial in every isolate."""
         origins = self._origins
         if not origins.dirty:
             return
         marks = origins.marks()
         last = max(marks.values(), default=now)
         ttl = max(1, math.ceil(last - now + origins.avoid_seconds))
-        platform.wait_until(platform.pop_cache_put(self._key, json.dumps(marks), ttl))
+        await platform.pop_cache_put(self._key, json.dumps(marks), ttl)
 
 
 def marks_key(origins: Origins) -> str:

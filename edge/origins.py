@@ -23,6 +23,7 @@ origins near nothing come last; ties keep the configured order.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from typing import NamedTuple
 __all__ = [
     "CONTINENTS",
     "DEFAULT_AVOID_SECONDS",
+    "DEFAULT_RECHECK_SECONDS",
     "DEFAULT_REGION_PLACES",
     "DEFAULT_TRIAL_SECONDS",
     "NOWHERE",
@@ -47,6 +49,9 @@ DEFAULT_AVOID_SECONDS = 30.0
 # How long the other requests keep avoiding an origin while one request is its trial:
 # long enough for that request's probe to tell (probe delay + probe timeout, and more).
 DEFAULT_TRIAL_SECONDS = 5.0
+# How often an avoided origin's liveness is asked in the background (by the forwarder,
+# after a response): it is back within this long of answering, and no request pays.
+DEFAULT_RECHECK_SECONDS = 5.0
 # An origin's reply that means the origin itself did not answer, when the reply lacks the
 # Prism origin's contract headers (every answer it renders has them): what stands in
 # front of it (a load balancer with no healthy target) said so. The Prism origin's own
@@ -182,12 +187,15 @@ def _rank(origin: Origin, where: Location) -> int:
 class Origins:
     """One per isolate: the origins, the order per location, and the ones marked down.
 
-    A mark says "down until"; while it holds, the origin is tried last. Once it has
-    passed, the next request is the origin's trial: it asks the origin in its place again,
-    and the mark is pushed back by ``trial_seconds`` meanwhile, so the other requests keep
-    avoiding it until the trial tells (one request at a time, not a rush). The trial's
-    answer clears the mark; its failure sets a new one. ``dirty`` says the marks changed
-    since ``marks()`` was last read (the forwarder shares them with the PoP's isolates).
+    A mark says "down until"; while it holds, the origin is tried last, and every
+    ``recheck_seconds`` it is ``due``: the forwarder asks its liveness in the background
+    (an answer clears the mark, no answer renews it), so traffic returns within a recheck
+    of the origin answering and no request waits to find out. Where no recheck told
+    (an isolate with no traffic meanwhile), the mark passes and the next request is the
+    origin's trial: it asks the origin in its place again, and the mark is pushed back by
+    ``trial_seconds`` meanwhile, so the other requests keep avoiding it until the trial
+    tells (one request at a time, not a rush). ``dirty`` says the marks changed since
+    ``marks()`` was last read (the forwarder shares them with the PoP's isolates).
     """
 
     def __init__(
@@ -195,15 +203,21 @@ class Origins:
         origins: tuple[Origin, ...],
         avoid_seconds: float = DEFAULT_AVOID_SECONDS,
         trial_seconds: float = DEFAULT_TRIAL_SECONDS,
+        recheck_seconds: float = DEFAULT_RECHECK_SECONDS,
     ) -> None:
         if not origins:
             raise ValueError("no origin configured")
         self.origins = origins
         self.avoid_seconds = avoid_seconds
         self.trial_seconds = trial_seconds
+        self.recheck_seconds = recheck_seconds
         self._by_region = {origin.region: origin for origin in origins}
         self._plans: dict[Location, tuple[Origin, ...]] = {}
-        self._down_until: dict[Origin, float] = {}
+        # The marks: origin -> down until (read by the forwarder; changed only here).
+        self.down_until: dict[Origin, float] = {}
+        # When this isolate last found each marked origin down, and last asked it again.
+        self._failed_at: dict[Origin, float] = {}
+        self._asked_at: dict[Origin, float] = {}
         self.dirty = False
 
     def nearest(self, where: Location) -> tuple[Origin, ...]:
@@ -223,8 +237,8 @@ class Origins:
         if len(self.origins) == 1:
             return self.origins
         plan = self.nearest(locate())
-        if self._down_until:
-            down = self._down_until
+        if self.down_until:
+            down = self.down_until
             avoided: list[Origin] = []
             for origin, until in list(down.items()):
                 if until <= now:  # this request is its trial; the others wait for it
@@ -239,26 +253,44 @@ class Origins:
     def failed(self, origin: Origin, now: float) -> None:
         """``origin`` did not answer: try the others first for a while."""
         if len(self.origins) > 1:
-            self._down_until[origin] = now + self.avoid_seconds
+            self.down_until[origin] = now + self.avoid_seconds
+            self._failed_at[origin] = self._asked_at[origin] = now
             self.dirty = True
 
     def answered(self, origin: Origin) -> None:
         """``origin`` answered: no reason to avoid it any longer."""
-        if self._down_until and self._down_until.pop(origin, None) is not None:
+        if self.down_until and self.down_until.pop(origin, None) is not None:
+            self._failed_at.pop(origin, None)
+            self._asked_at.pop(origin, None)
             self.dirty = True
+
+    def failed_since(self, origin: Origin, since: float) -> bool:
+        """Whether this isolate found ``origin`` down at or after ``since``."""
+        return self._failed_at.get(origin, -math.inf) >= since
+
+    def due(self, now: float) -> tuple[Origin, ...]:
+        """The avoided origins whose liveness is due to be asked again (each is then not
+        due for another ``recheck_seconds``). The forwarder asks only when ``down_until``
+        holds a mark: a forward when all is well makes no call."""
+        found = []
+        for origin, until in self.down_until.items():
+            if until > now and now - self._asked_at.get(origin, -math.inf) >= self.recheck_seconds:
+                self._asked_at[origin] = now
+                found.append(origin)
+        return tuple(found)
 
     def merge(self, marks: Mapping[str, float]) -> None:
         """Marks another isolate set (``{region: down until}``): the later one holds."""
         for region, until in marks.items():
             origin = self._by_region.get(region)
-            if origin is not None and until > self._down_until.get(origin, 0.0):
-                self._down_until[origin] = until
+            if origin is not None and until > self.down_until.get(origin, 0.0):
+                self.down_until[origin] = until
 
     def marks(self) -> dict[str, float]:
         """This isolate's marks as ``{region: down until}``; ``dirty`` is reset."""
         self.dirty = False
-        return {origin.region: until for origin, until in self._down_until.items()}
+        return {origin.region: until for origin, until in self.down_until.items()}
 
     def avoided(self, now: float) -> tuple[str, ...]:
         """The regions being avoided at ``now`` (for tests and logs)."""
-        return tuple(o.region for o, until in self._down_until.items() if until > now)
+        return tuple(o.region for o, until in self.down_until.items() if until > now)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from prism import KeyRing, Limits, parse_key_secrets
 
-from .origins import DEFAULT_AVOID_SECONDS, Origin, parse_origins
+from .origins import DEFAULT_AVOID_SECONDS, DEFAULT_RECHECK_SECONDS, Origin, parse_origins
 
 __all__ = ["EdgeSettings"]
 
@@ -19,6 +19,9 @@ class EdgeSettings:
     # PRISM_ORIGINS (else ORIGIN_URL as the only one), never empty: see edge/origins.py.
     origins: tuple[Origin, ...]
     origin_avoid: float = DEFAULT_AVOID_SECONDS  # a failed origin is tried last this long
+    # While it is avoided, its /healthz is asked in the background this often (after a
+    # response, on a request's waitUntil): an answer ends the avoidance, no request waits.
+    origin_recheck: float = DEFAULT_RECHECK_SECONDS
     kv_timeout: float = 0.5  # a slow KV read falls through to the origin
     body_timeout: float = 10.0  # a request body that takes longer is a 408
     # The origin's first byte (a whole answer, for a JSON miss) may take this long; then 504.
@@ -69,6 +72,7 @@ class EdgeSettings:
             ("policy_ttl", "PRISM_POLICY_TTL_SECONDS", 1),
             ("models_ttl", "PRISM_MODELS_TTL_SECONDS", 1),
             ("origin_avoid", "PRISM_ORIGIN_AVOID_SECONDS", 1),
+            ("origin_recheck", "PRISM_ORIGIN_RECHECK_SECONDS", 1),
         ):
             value = get(binding)
             if value:

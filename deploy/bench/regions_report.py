@@ -31,7 +31,7 @@ def render_regions(result: Mapping[str, Any]) -> RenderableType:
             f"prism bench regions: {config['rate']:g} req/s for {config['duration']:g} s, "
             f"fault at {config['fault_at']:g} s, recovery at {config['resume_at']:g} s; "
             f"probe {config['probe_after']:g} s + {config['probe_timeout']:g} s, "
-            f"avoid {config['avoid_seconds']:g} s"
+            f"avoid {config['avoid_seconds']:g} s, recheck {config['recheck_seconds']:g} s"
         )
     )
     for column in ("scenario", "200s", "healthy p50", "p50 once detected", "slowest / bound",

@@ -410,8 +410,8 @@ def regions_command(
     restart; then a provider taking 20 s for every answer. Checks (exit status 1 if one
     fails): ≥ 99 % answered 200, none slower than the probe (2 s + 1 s) + its normal
     latency + 1 s, the median once detected within 10 % of the healthy one, traffic back
-    on the nearest origin within the avoid window; with the slow provider, no failover
-    and one provider call per request.
+    on the nearest origin within a recheck (5 s) once it answers; with the slow provider,
+    no failover and one provider call per request.
 
     Example: prism bench regions --quick
     """

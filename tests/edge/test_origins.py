@@ -121,6 +121,36 @@ def test_an_origin_is_tried_again_by_one_request_at_a_time() -> None:
     assert regions(origins.plan(lambda: EUROPE, 140.0))[0] == "us-west-1"
 
 
+def test_an_avoided_origin_is_due_for_a_recheck_every_interval_until_it_answers() -> None:
+    origins = Origins(parse_origins(THREE, None), avoid_seconds=30, recheck_seconds=5)
+    assert origins.due(100.0) == ()  # nothing marked: nothing to ask
+    eu = origins.nearest(EUROPE)[0]
+    origins.failed(eu, now=100.0)
+    assert origins.due(104.0) == ()  # just found down
+    assert origins.due(105.0) == (eu,)
+    assert origins.due(106.0) == ()  # asked; not due again for another interval
+    origins.failed(eu, now=106.5)  # the recheck found it down: the mark is renewed
+    assert origins.avoided(130.0) == ("eu-west-1",)
+    assert origins.due(111.0) == ()
+    assert origins.due(111.5) == (eu,)
+    origins.answered(eu)  # the next one found it up
+    assert origins.due(120.0) == ()
+    assert regions(origins.plan(lambda: EUROPE, 120.0))[0] == "eu-west-1"
+
+
+def test_a_failure_is_known_to_the_attempts_already_in_flight() -> None:
+    origins = Origins(parse_origins(THREE, None), avoid_seconds=30)
+    eu = origins.nearest(EUROPE)[0]
+    assert not origins.failed_since(eu, 90.0)
+    origins.failed(eu, now=100.0)
+    assert origins.failed_since(eu, 99.0)  # sent before the failure was found
+    assert not origins.failed_since(eu, 100.5)  # sent after: its own probe tells
+    assert origins.due(105.0) == (eu,)
+    assert not origins.failed_since(eu, 100.5)  # asking again is no failure
+    origins.answered(eu)
+    assert not origins.failed_since(eu, 0.0)
+
+
 def test_marks_from_other_isolates_are_merged_the_later_one_holding() -> None:
     origins = Origins(parse_origins(THREE, None), avoid_seconds=30)
     eu = origins.nearest(EUROPE)[0]
