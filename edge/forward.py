@@ -16,7 +16,9 @@ no request waits to find out.
 
 Retried at the same origin, never passed on: a forward the origin refused as expired (it
 read the request late; signed anew, at most twice), and a connection that failed before
-any byte of the answer (once: a pooled connection the origin had just closed). A forward
+the answer was whole (once: a pooled connection the origin had just closed, or one lost
+in the middle of a JSON answer, which is read whole before the client gets its head; a
+stream is passed through as it comes, and once its head is sent it cannot be asked again). A forward
 the origin refuses for any other reason (a signature made with another secret) is the
 gateway's fault, not the client's: a 502 ``invalid_forward`` with the origin's reason,
 never its 401.
@@ -48,7 +50,8 @@ _FORWARDED = ("content-type", "cache-control", "accept", "openai-organization")
 _ORIGIN_BUDGET = 95.0
 _MIN_ATTEMPT = 1.0
 _RESIGNS = 2  # forwards refused as expired, signed anew, per origin
-_FRESH_CONNECTIONS = 1  # connections failed before any byte, asked again, per origin
+_FRESH_CONNECTIONS = 1  # connections failed before a whole JSON answer, asked again, per origin
+_SSE = "text/event-stream"  # streamed through as it comes; every other answer read whole first
 
 
 class _Probe:
@@ -240,6 +243,8 @@ class OriginForwarder:
             try:
                 async with stage:
                     reply = await platform.fetch_origin(method, origin.url + path, headers, body)
+                    if _SSE not in (reply.header("content-type") or ""):
+                        await reply.settle()
             except TimeoutError:
                 if probe is not None and probe.down:
                     return UpstreamError(

@@ -41,6 +41,12 @@ class OriginReply(Protocol):
 
     async def text(self) -> str: ...
 
+    async def settle(self) -> None:
+        """Read the whole body now, before the client is answered (a JSON answer): a
+        connection lost in the middle of it fails here, where the request can still be
+        asked again, not after the client has the head. A stream is never settled."""
+        ...
+
 
 class Platform(Protocol):
     async def read_body(self, limit: int, length: int | None) -> bytes:

@@ -28,6 +28,7 @@ __all__ = ["serve"]
 _from_entries = js.Object.fromEntries
 _fetch = js.fetch
 _Response = js.Response
+_TextDecoder = js.TextDecoder
 _caches = js.caches
 
 
@@ -36,11 +37,12 @@ def _js_object(value: Mapping[str, Any]) -> Any:
 
 
 class _OriginReply:
-    __slots__ = ("js_response", "status")
+    __slots__ = ("body", "js_response", "status")
 
     def __init__(self, js_response: Any) -> None:
         self.js_response = js_response
         self.status = int(js_response.status)
+        self.body: Any = None  # the JS ArrayBuffer, once settled (never copied into Python)
 
     def header(self, name: str) -> str | None:
         value = self.js_response.headers.get(name)
@@ -52,7 +54,12 @@ class _OriginReply:
         return headers
 
     async def text(self) -> str:
+        if self.body is not None:  # settled: the body was read already
+            return str(_TextDecoder.new().decode(self.body))
         return str(await self.js_response.text())
+
+    async def settle(self) -> None:
+        self.body = await self.js_response.arrayBuffer()
 
 
 class WorkersPlatform:
@@ -177,10 +184,11 @@ def _request(js_request: Any) -> EdgeRequest:
 def _response(response: EdgeResponse) -> Any:
     init = _js_object({"status": response.status, "headers": response.headers})
     if response.passthrough is not None:
-        # Stream the origin's body through untouched: no buffering in Python.
+        # The origin's body untouched, never in Python: as read (settled), or streamed.
         reply = response.passthrough
         assert isinstance(reply, _OriginReply)
-        return _Response.new(reply.js_response.body, init)
+        body = reply.js_response.body if reply.body is None else reply.body
+        return _Response.new(body, init)
     body = response.body
     if isinstance(body, bytes):
         body = to_js(body)

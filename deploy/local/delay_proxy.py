@@ -4,6 +4,10 @@ Where the kernel has no ``netem`` (no qdisc modules in this machine's kernel), t
 region's distance between two local parts: each chunk read on one side is written to the
 other ``delay`` seconds later, in order, in both directions, so a round trip costs
 ``2 * delay`` and bandwidth is not limited. It runs its own event loop in a thread.
+
+It also breaks a connection on request, as a network path does: ``cut_in_body(n)`` cuts
+the next ``n`` HTTP answers from the target a few bytes into their body (the head
+delivered, then both sides closed).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from deploy.local.ports import free_port
 __all__ = ["DelayProxy"]
 
 _CHUNK = 65_536
+_CUT_AT = 5  # bytes of a cut answer's body that still arrive
 
 
 class DelayProxy:
@@ -31,6 +36,7 @@ class DelayProxy:
         self.host = host
         self.port = free_port(host)
         self.connections = 0  # accepted so far
+        self.cuts_left = 0  # answers still to cut in their body (see cut_in_body)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
         self._thread: threading.Thread | None = None
@@ -38,6 +44,10 @@ class DelayProxy:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    def cut_in_body(self, count: int = 1) -> None:
+        """Cut the next ``count`` answers (on any connection) just after their head."""
+        self.cuts_left = count
 
     def start(self) -> DelayProxy:
         ready = threading.Event()
@@ -88,15 +98,18 @@ class DelayProxy:
             try:
                 await asyncio.gather(
                     self._pipe(reader, up_writer),
-                    self._pipe(up_reader, writer),
+                    self._pipe(up_reader, writer, answers=True),
                     return_exceptions=True,
                 )
             finally:
                 writer.close()
                 up_writer.close()
 
-    async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-        """Copy ``source`` to ``sink``, each chunk ``delay`` after it was read."""
+    async def _pipe(
+        self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, answers: bool = False
+    ) -> None:
+        """Copy ``source`` to ``sink``, each chunk ``delay`` after it was read; on the
+        ``answers`` side, an answer to cut ends the connection a few bytes into its body."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
 
@@ -117,6 +130,11 @@ class DelayProxy:
         try:
             while True:
                 data = await source.read(_CHUNK)
+                head_end = data.find(b"\r\n\r\n") if answers and self.cuts_left else -1
+                if head_end >= 0:
+                    self.cuts_left -= 1
+                    queue.put_nowait((loop.time() + self.delay, data[: head_end + 4 + _CUT_AT]))
+                    data = b""  # and the end: the rest of the answer never arrives
                 queue.put_nowait((loop.time() + self.delay, data))
                 if not data:  # the end, delivered after the same delay
                     break

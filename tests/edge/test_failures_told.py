@@ -93,6 +93,9 @@ class _BrokenOrigin:
     async def text(self) -> str:
         return ""
 
+    async def settle(self) -> None:
+        pass
+
 
 def test_an_unexpected_error_is_an_openai_500_and_is_logged(api_key: str) -> None:
     settings = EdgeSettings.from_env(
