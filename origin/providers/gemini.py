@@ -1,9 +1,10 @@
 """Google's Gemini API (the Generative Language API) behind the OpenAI chat-completions
-interface.
+and embeddings interfaces.
 
-``POST /{api_version}/models/{model}:generateContent`` and ``:streamGenerateContent?alt=sse``
-with the key in ``x-goog-api-key``. The wire work is ``UpstreamHTTP``'s, as for every kind;
-the shapes are translated by ``gemini_request``, ``gemini_answer`` and ``gemini_stream``,
+``POST /{api_version}/models/{model}:generateContent``, ``:streamGenerateContent?alt=sse``
+and ``:batchEmbedContents`` with the key in ``x-goog-api-key``. The wire work is
+``UpstreamHTTP``'s, as for every kind; the shapes are translated by ``gemini_request``,
+``gemini_answer``, ``gemini_stream`` and ``gemini_embeddings``,
 and Gemini's errors (``{"error": {code, message, status, details}}``) keep their meaning
 here (``raise_for_gemini``). A stream is re-encoded event by event as OpenAI chunks, and
 ``data: [DONE]`` is sent only after the event with a ``finishReason``: a cut stream ends
@@ -27,6 +28,7 @@ from prism.sse import DONE, SSEDecoder
 
 from .base import ProviderSpec, UpstreamCompletion, UpstreamStream
 from .gemini_answer import to_chat_completion
+from .gemini_embeddings import embedding_texts, to_batch_request, to_embeddings
 from .gemini_request import to_gemini_request
 from .gemini_stream import StreamTranslator
 from .upstream_http import (
@@ -221,6 +223,18 @@ class GeminiProvider:
             )
         finally:
             await body.aclose()  # releases the response (a no-op once it is read)
+
+    async def embed(self, body: dict[str, Any], model: str) -> UpstreamCompletion:
+        """An OpenAI embeddings body as one ``batchEmbedContents`` call; the answer in
+        OpenAI's list form (``gemini_embeddings``)."""
+        texts = embedding_texts(body.get("input"))
+        payload = orjson.dumps(to_batch_request(body, model, texts))
+        path = self._path(model, "batchEmbedContents")
+        content = await self._http.post(path, payload, self._headers, errors=raise_for_gemini)
+        answer = to_embeddings(parse_body(self.spec, content), body, model, texts)
+        if answer is None:
+            raise malformed(self.spec, "an unexpected body")
+        return UpstreamCompletion(body=orjson.dumps(answer), completion=answer)
 
     async def aclose(self) -> None:
         await self._http.aclose()

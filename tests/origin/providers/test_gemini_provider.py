@@ -4,6 +4,8 @@ streams, faults and errors with their meaning."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import struct
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
@@ -370,3 +372,34 @@ async def test_a_blocked_answer_is_a_content_policy_error_json_and_stream(
             with pytest.raises(InvalidRequestError) as caught:
                 await attempt(CHAT, MODEL)  # the stream fails at its start: nothing sent yet
             assert (caught.value.status, caught.value.code) == (400, "content_policy_violation")
+
+
+async def test_embeddings_are_one_batch_call_in_openai_form(
+    gemini: GeminiProvider, provider: ProviderServer
+) -> None:
+    body = {"model": "emb", "input": ["alpha", "beta gamma"], "dimensions": 4}
+    result = await gemini.embed(body, "gemini-embedding-001")
+    (sent,) = provider.control.requests()
+    assert sent["path"] == "/v1beta/models/gemini-embedding-001:batchEmbedContents"
+    assert sent["body"] == {
+        "requests": [
+            {
+                "model": "models/gemini-embedding-001",
+                "content": {"parts": [{"text": text}]},
+                "outputDimensionality": 4,
+            }
+            for text in ("alpha", "beta gamma")
+        ]
+    }
+    answer = result.completion
+    assert orjson.loads(result.body) == answer
+    assert [d["index"] for d in answer["data"]] == [0, 1]
+    vectors = [d["embedding"] for d in answer["data"]]
+    assert all(len(v) == 4 for v in vectors) and vectors[0] != vectors[1]
+    assert answer["usage"] == {"prompt_tokens": 2 + 3, "total_tokens": 5}  # 4 bytes a token
+    encoded = await gemini.embed({**body, "encoding_format": "base64"}, "gemini-embedding-001")
+    packed = base64.b64decode(encoded.completion["data"][0]["embedding"])
+    assert list(struct.unpack("<4f", packed)) == pytest.approx(vectors[0])
+    with pytest.raises(InvalidRequestError) as caught:
+        await gemini.embed({"model": "emb", "input": [1, 2, 3]}, "gemini-embedding-001")
+    assert caught.value.param == "input"

@@ -262,3 +262,24 @@ def test_a_blocked_prompt_is_a_content_policy_error_and_not_stored(
             origin.wait_stored()
             assert caught.value.code == "content_policy_violation"
             assert "PROHIBITED_CONTENT" in caught.value.message
+
+
+def test_embeddings_from_gemini_then_from_the_cache(
+    origin: RunningOrigin, api_key: str, provider: ProviderServer
+) -> None:
+    client = chat(origin, api_key)
+    texts = [f"embed me {secrets.token_hex(4)}", "and me"]
+    first = client.embeddings.with_raw_response.create(
+        model="gemini-embedding-001", input=texts, dimensions=8
+    )
+    assert first.headers["x-prism-edge-cache-layer"] == "miss"
+    vectors = [d.embedding for d in first.parse().data]
+    assert len(vectors) == 2 and all(len(v) == 8 for v in vectors)
+    origin.wait_stored()
+    again = client.embeddings.with_raw_response.create(
+        model="gemini-embedding-001", input=texts, dimensions=8
+    )
+    assert again.headers["x-prism-edge-cache-layer"] == "redis"
+    assert [d.embedding for d in again.parse().data] == vectors
+    paths: dict[str, int] = provider.control.stats()["paths"]
+    assert paths == {"/v1beta/models/gemini-embedding-001:batchEmbedContents": 1}
