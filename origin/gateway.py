@@ -185,8 +185,8 @@ class Gateway:
     async def _keep_models(self) -> None:
         """Refresh the catalog now and every ``models_refresh_interval`` (never on a
         request's path), and publish it to Workers KV for the edge: once the first
-        refresh is done (a restart does not replace a full list with a partial one), on
-        every change, and at least every ``MODELS_REPUBLISH``."""
+        refresh is done (never a list from before the providers were asked), on every
+        change, and at least every ``MODELS_REPUBLISH``."""
         catalog, writer = self.catalog, self.kv_writer
         interval = self.settings.models_refresh_interval if catalog.sources else MODELS_REPUBLISH
         loop = asyncio.get_running_loop()
