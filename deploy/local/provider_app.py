@@ -1,5 +1,5 @@
 """The local provider's ASGI app: OpenAI's chat completions, embeddings and models and
-Anthropic's messages, each answer delayed, paced and spoiled as its fault says.
+Anthropic's messages and models, each answer delayed, paced and spoiled as its fault says.
 
 The handlers check a request as the real API would (its key, its headers, its body), read
 it into a reply (``provider_replies``), put that in the API's format
@@ -36,7 +36,6 @@ from deploy.local.provider_faults import (
     error_response,
     fault_error_response,
     header_fault,
-    json_response,
 )
 from deploy.local.provider_gemini import (
     GeminiCall,
@@ -48,6 +47,7 @@ from deploy.local.provider_gemini import (
     gemini_response,
     gemini_stream,
 )
+from deploy.local.provider_models import anthropic_model_page, openai_model_list
 from deploy.local.provider_openai import openai_completion, openai_embeddings, openai_stream
 from deploy.local.provider_replies import ScriptedReply, anthropic_reply, openai_reply
 from deploy.local.provider_settings import ProviderSettings
@@ -70,20 +70,34 @@ class _Provider:
         self.state = state
 
     async def models(self, request: Request) -> Response:
-        self.state.stats.paths[request.url.path] += 1
-        key = self.settings.api_key
+        """OpenAI's model list, with an ``anthropic-version`` header Anthropic's page
+        (``provider_models``), with a Google key Gemini's; OpenAI's and Anthropic's faults
+        come from the models queue."""
+        state, settings = self.state, self.settings
         if "x-goog-api-key" in request.headers or "key" in request.query_params:
-            return gemini_models("v1", request.headers, request.query_params, key)  # Gemini's
-        if key is not None:
-            bearer = request.headers.get("authorization", "").removeprefix("Bearer ")
-            given = request.headers.get("x-api-key", bearer)
-            if not hmac.compare_digest(given.encode(), key.encode()):
-                return error_response("openai", 401, "Incorrect API key provided.")
-        data = [
-            {"id": m, "object": "model", "created": 0, "owned_by": "prism-local"}
-            for m in self.settings.models
-        ]
-        return json_response({"object": "list", "data": data})
+            return gemini_models("v1", request.headers, request.query_params, settings.api_key)
+        release = state.release
+        api: Api = "anthropic" if "anthropic-version" in request.headers else "openai"
+        denied = self._denied(request, api)
+        if denied is not None:
+            return denied
+        try:
+            if api == "anthropic":
+                data = anthropic_model_page(
+                    settings.anthropic_models, request.query_params, settings.models_page_size
+                )
+            else:
+                data = openai_model_list(settings.models)
+            fault = header_fault(request.headers) or state.model_faults.take()
+        except ValueError as exc:
+            return error_response(api, 400, str(exc))
+        state.stats.model_lists[api] += 1
+        if fault is not None:
+            state.stats.model_list_faults += 1
+        await self._before_first_byte(fault, False, release)
+        if fault is not None and fault.mode in ("status", "rate_limit"):
+            return fault_error_response(api, fault)
+        return _plain(orjson.dumps(data), fault)
 
     async def chat_completions(self, request: Request) -> Response:
         return await self._chat(request, "openai")
@@ -170,7 +184,9 @@ class _Provider:
     def _denied(self, request: Request, api: Api) -> Response | None:
         headers, key = request.headers, self.settings.api_key
         if api == "anthropic":
-            given = headers.get("x-api-key")
+            # The key as x-api-key, or as a bearer token (how the anthropic SDK 2.x sends it).
+            bearer = headers.get("authorization", "")
+            given = headers.get("x-api-key") or (bearer[7:] if bearer[:7] == "Bearer " else None)
             if given is None or (key is not None and not _same(given, key)):
                 return error_response(api, 401, "invalid x-api-key")
             if "anthropic-version" not in headers:

@@ -123,9 +123,6 @@ class ProviderConfig:
         )
         return known[0], most
 
-    def public_models(self) -> list[str]:
-        return sorted(name for name in self.routes if not any(c in name for c in "*?["))
-
 
 # The keys every kind reads; a provider table's other keys are its kind's own options.
 _COMMON_KEYS = frozenset(
