@@ -1,5 +1,6 @@
-"""The local provider's ASGI app: OpenAI's chat completions, embeddings and models and
-Anthropic's messages, each answer delayed, paced and spoiled as its fault says.
+"""The local provider's ASGI app: OpenAI's chat completions, embeddings and models,
+Anthropic's messages and Bedrock's Converse, each answer delayed, paced and spoiled as its
+fault says.
 
 The handlers check a request as the real API would (its key, its headers, its body), read
 it into a reply (``provider_replies``), put that in the API's format
@@ -28,6 +29,15 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from deploy.local.provider_anthropic import anthropic_message, anthropic_stream
+from deploy.local.provider_bedrock import (
+    EVENT_STREAM,
+    BedrockRejection,
+    bedrock_error_response,
+    bedrock_fault_response,
+    bedrock_stream,
+    check_bedrock,
+    converse_answer,
+)
 from deploy.local.provider_faults import (
     Api,
     Fault,
@@ -103,6 +113,34 @@ class _Provider:
         if fault is not None and fault.mode in ("status", "rate_limit"):
             return fault_error_response("openai", fault)
         return _plain(orjson.dumps(answer), fault)
+
+    async def converse(self, request: Request) -> Response:
+        """Bedrock's Converse and ConverseStream (``provider_bedrock``): the same faults."""
+        state = self.state
+        state.stats.chat_requests += 1
+        state.stats.paths[request.url.path] += 1
+        release = state.release  # a release from now on ends this request's stall
+        raw = await request.body()
+        try:
+            body, reply = check_bedrock(request, raw, self.settings)
+            fault = header_fault(request.headers) or state.faults.take()
+        except BedrockRejection as rejection:
+            return rejection.response
+        except ValueError as exc:  # a bad x-fault-* header
+            return bedrock_error_response(400, str(exc))
+        record = {"method": "POST", "path": request.url.path, "headers": dict(request.headers)}
+        state.recent.append({**record, "body": body})
+        stream = request.url.path.endswith("/converse-stream")
+        state.record(fault, stream)
+        await self._before_first_byte(fault, stream, release)
+        if fault is not None and fault.mode in ("status", "rate_limit"):
+            return bedrock_fault_response(fault)
+        if not stream:
+            return _plain(orjson.dumps(converse_answer(reply)), fault)
+        events = self._emit(bedrock_stream(self.settings, reply, fault), fault)
+        if fault is not None and fault.mode == "truncated_stream" and fault.abort:
+            return _CutResponse(events, EVENT_STREAM)
+        return StreamingResponse(events, media_type=EVENT_STREAM)
 
     def _denied(self, request: Request, api: Api) -> Response | None:
         headers, key = request.headers, self.settings.api_key
@@ -326,6 +364,8 @@ def create_provider_app(settings: ProviderSettings | None = None) -> Starlette:
         Route("/v1/messages", provider.messages, methods=["POST"]),
         Route("/v1/embeddings", provider.embeddings, methods=["POST"]),
         Route("/v1/models", provider.models, methods=["GET"]),
+        Route("/model/{model_id:path}/converse", provider.converse, methods=["POST"]),
+        Route("/model/{model_id:path}/converse-stream", provider.converse, methods=["POST"]),
         *control_routes(state),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})

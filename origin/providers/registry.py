@@ -13,6 +13,7 @@ import aiohttp
 
 from .anthropic import AnthropicProvider
 from .base import ChatProvider, ProviderSpec
+from .bedrock import BedrockProvider
 from .openai import OpenAICompatibleProvider
 from .upstream_http import ConnectorFactory, UpstreamHTTP
 
@@ -29,6 +30,7 @@ class Adapter(Protocol):
 ADAPTERS: dict[str, Adapter] = {
     "openai": OpenAICompatibleProvider,
     "anthropic": AnthropicProvider,
+    "bedrock": BedrockProvider,
 }
 
 

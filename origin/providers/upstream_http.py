@@ -27,6 +27,7 @@ from .base import ProviderSpec
 __all__ = [
     "CONTEXT_LENGTH_EXCEEDED",
     "ConnectorFactory",
+    "ErrorMapper",
     "UpstreamHTTP",
     "malformed",
     "parse_body",
@@ -37,6 +38,9 @@ __all__ = [
 
 # Makes the connection pool: the seam where tests count or swap connections.
 ConnectorFactory = Callable[[ProviderSpec], aiohttp.BaseConnector]
+# Maps a non-200 answer (spec, status, body, headers) to a raised PrismError: an API whose
+# errors are not OpenAI's or Anthropic's shape (Bedrock's) passes its own.
+ErrorMapper = Callable[[ProviderSpec, int, bytes, Mapping[str, str]], None]
 
 
 def _default_connector(spec: ProviderSpec) -> aiohttp.BaseConnector:
@@ -82,8 +86,15 @@ class UpstreamHTTP:
             )
         return self._session
 
-    async def post(self, path: str, payload: bytes, headers: Mapping[str, str]) -> bytes:
-        """POST within the provider's total timeout; the body of a 200, else its PrismError."""
+    async def post(
+        self,
+        path: str,
+        payload: bytes,
+        headers: Mapping[str, str],
+        raise_for: ErrorMapper | None = None,
+    ) -> bytes:
+        """POST within the provider's total timeout; the body of a 200, else its PrismError
+        (``raise_for``'s, by default ``raise_for_upstream``'s)."""
         spec = self.spec
         try:
             async with asyncio.timeout(spec.total_timeout):
@@ -94,13 +105,19 @@ class UpstreamHTTP:
                     status, response_headers = response.status, response.headers
         except (aiohttp.ClientError, TimeoutError) as error:
             raise transport_error(spec, error) from None
-        raise_for_upstream(spec, status, content, response_headers)
+        if status != 200:
+            (raise_for or raise_for_upstream)(spec, status, content, response_headers)
         return content
 
     async def open_stream(
-        self, path: str, payload: bytes, headers: Mapping[str, str]
+        self,
+        path: str,
+        payload: bytes,
+        headers: Mapping[str, str],
+        raise_for: ErrorMapper | None = None,
     ) -> aiohttp.ClientResponse:
-        """Start a streamed POST; a non-200 answer is read, released and raised."""
+        """Start a streamed POST; a non-200 answer is read, released and raised (as
+        ``post`` raises it)."""
         try:
             response = await self._get_session().post(
                 self._base + path, data=payload, headers=headers
@@ -114,7 +131,7 @@ class UpstreamHTTP:
                 content = b""
             finally:
                 response.release()
-            raise_for_upstream(self.spec, response.status, content, response.headers)
+            (raise_for or raise_for_upstream)(self.spec, response.status, content, response.headers)
         return response
 
     async def chunks(self, response: aiohttp.ClientResponse) -> AsyncGenerator[bytes, None]:
