@@ -36,6 +36,7 @@ from deploy.local.provider_bedrock import (
     bedrock_fault_response,
     bedrock_stream,
     check_bedrock,
+    check_titan,
     converse_answer,
 )
 from deploy.local.provider_faults import (
@@ -141,6 +142,26 @@ class _Provider:
         if fault is not None and fault.mode == "truncated_stream" and fault.abort:
             return _CutResponse(events, EVENT_STREAM)
         return StreamingResponse(events, media_type=EVENT_STREAM)
+
+    async def invoke(self, request: Request) -> Response:
+        """Bedrock's InvokeModel for Titan text embeddings: the faults of a JSON answer."""
+        state = self.state
+        state.stats.paths[request.url.path] += 1
+        release = state.release  # a release from now on ends this request's stall
+        raw = await request.body()
+        try:
+            body, answer = check_titan(request, raw, self.settings)
+            fault = header_fault(request.headers) or state.faults.take()
+        except BedrockRejection as rejection:
+            return rejection.response
+        except ValueError as exc:  # a bad x-fault-* header
+            return bedrock_error_response(400, str(exc))
+        state.recent.append({"method": "POST", "path": request.url.path, "body": body})
+        state.record(fault, False)
+        await self._before_first_byte(fault, False, release)
+        if fault is not None and fault.mode in ("status", "rate_limit"):
+            return bedrock_fault_response(fault)
+        return _plain(orjson.dumps(answer), fault)
 
     def _denied(self, request: Request, api: Api) -> Response | None:
         headers, key = request.headers, self.settings.api_key
@@ -366,6 +387,7 @@ def create_provider_app(settings: ProviderSettings | None = None) -> Starlette:
         Route("/v1/models", provider.models, methods=["GET"]),
         Route("/model/{model_id:path}/converse", provider.converse, methods=["POST"]),
         Route("/model/{model_id:path}/converse-stream", provider.converse, methods=["POST"]),
+        Route("/model/{model_id:path}/invoke", provider.invoke, methods=["POST"]),
         *control_routes(state),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})

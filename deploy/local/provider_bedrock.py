@@ -1,4 +1,5 @@
-"""AWS Bedrock's wire format in the local provider: Converse and ConverseStream.
+"""AWS Bedrock's wire format in the local provider: Converse and ConverseStream, and
+InvokeModel for Titan text embeddings.
 
 A request is checked as Bedrock checks it: its SigV4 signature recomputed with botocore
 from the known test credentials (or a Bedrock API key as a bearer token), its body against
@@ -35,6 +36,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from deploy.local.provider_faults import Fault
+from deploy.local.provider_openai import openai_embeddings
 from deploy.local.provider_replies import ScriptedReply, anthropic_reply
 from deploy.local.provider_settings import ProviderSettings
 from deploy.local.provider_sse import StreamPlan, fragments, word_pieces
@@ -50,6 +52,7 @@ __all__ = [
     "bedrock_fault_response",
     "bedrock_stream",
     "check_bedrock",
+    "check_titan",
     "converse_answer",
     "credentials_env",
     "encode_message",
@@ -408,6 +411,39 @@ def check_bedrock(
         return body, anthropic_reply(settings, reading)
     except ValueError as error:
         raise _invalid(str(error)) from None
+
+
+def check_titan(
+    request: Request, raw: bytes, settings: ProviderSettings
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """InvokeModel's body for a Titan text embedding, and the answer to it (deterministic
+    vectors, 1024 dimensions unless it asks for 256 or 512); else a ``BedrockRejection``."""
+    _check_signature(request, raw, settings)
+    model = request.path_params.get("model_id") or ""
+    if not model.startswith("amazon.titan-embed"):
+        raise BedrockRejection(404, "ResourceNotFoundException", "Model not found in the stand-in.")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        body = None
+    text = body.get("inputText") if isinstance(body, dict) else None
+    if not isinstance(body, dict) or not isinstance(text, str) or not text:
+        raise _invalid("Malformed input request: #: required key [inputText] not found")
+    unknown = set(body) - {"inputText", "dimensions", "normalize", "embeddingTypes"}
+    if unknown:
+        raise _invalid(
+            f"Malformed input request: extraneous key [{sorted(unknown)[0]}] is not permitted"
+        )
+    dimensions = body.get("dimensions", 1024)
+    if dimensions not in (256, 512, 1024):
+        raise _invalid("Malformed input request: #/dimensions: 8 is not a valid enum value")
+    vector = openai_embeddings({"model": model, "input": text, "dimensions": dimensions})
+    answer = {
+        "embedding": vector["data"][0]["embedding"],
+        "embeddingsByType": {"float": vector["data"][0]["embedding"]},
+        "inputTextTokenCount": vector["usage"]["prompt_tokens"],
+    }
+    return body, answer
 
 
 # ---------------------------------------------------------------- the answers

@@ -6,7 +6,8 @@ binary event stream) on ``bedrock-runtime.{region}.amazonaws.com``, each request
 with SigV4 (``bedrock_auth``) over the exact bytes sent through the provider's pool, or
 with a Bedrock API key as a bearer token when the provider has one. The shapes are
 translated by ``bedrock_request``, ``bedrock_answer`` and ``bedrock_stream``, the errors
-by ``bedrock_errors``. ``data: [DONE]`` is sent only after the stream's ``metadata`` event:
+by ``bedrock_errors``; Titan embeddings (InvokeModel) by ``bedrock_embeddings``.
+``data: [DONE]`` is sent only after the stream's ``metadata`` event:
 a cut stream ends in ``UpstreamError`` instead, so the origin never stores a partial answer.
 
 Options (the provider table's own keys): ``region`` (required: the signature's and the
@@ -32,6 +33,7 @@ from prism.sse import DONE
 from .base import ProviderSpec, UpstreamCompletion, UpstreamStream
 from .bedrock_answer import to_chat_completion
 from .bedrock_auth import SigV4Signer
+from .bedrock_embeddings import titan_requests, to_embeddings_list
 from .bedrock_errors import raise_for_bedrock
 from .bedrock_request import to_converse_request
 from .bedrock_stream import EventDecoder, StreamTranslator
@@ -124,6 +126,22 @@ class BedrockProvider:
 
         events = _events(first, chunks, decoder, translator, self.spec)
         return UpstreamStream(events=events, close=close)
+
+    async def embed(self, body: dict[str, Any], model: str) -> UpstreamCompletion:
+        """Titan text embeddings through InvokeModel: one call per input, made at once."""
+        requests = titan_requests(body)
+        answers = await asyncio.gather(*(self._invoke(model, r) for r in requests))
+        if not all(isinstance(a.get("embedding"), list) for a in answers):
+            raise malformed(self.spec, "an unexpected body")
+        answer = to_embeddings_list(answers, model, body.get("encoding_format") or "float")
+        return UpstreamCompletion(body=orjson.dumps(answer), completion=answer)
+
+    async def _invoke(self, model: str, request: dict[str, Any]) -> dict[str, Any]:
+        payload = orjson.dumps(request)
+        path = _path(model, "invoke")
+        headers = await self._headers(path, payload, _JSON)
+        content = await self._http.post(path, payload, headers, raise_for_bedrock)
+        return parse_body(self.spec, content)
 
     async def aclose(self) -> None:
         await self._http.aclose()

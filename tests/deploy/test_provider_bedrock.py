@@ -209,3 +209,23 @@ def test_conversations_bedrock_refuses_are_validation_errors(
     for messages in refused:
         with pytest.raises(bedrock.exceptions.ValidationException):
             bedrock.converse(modelId=MODEL, messages=messages)
+
+
+def test_titan_embeddings_through_invoke_model(
+    bedrock: BedrockRuntimeClient, provider: ProviderServer
+) -> None:
+    answer = bedrock.invoke_model(
+        modelId="amazon.titan-embed-text-v2:0",
+        body=orjson.dumps({"inputText": "a prism splits light", "dimensions": 512}),
+        contentType="application/json",
+        accept="application/json",
+    )
+    parsed = orjson.loads(answer["body"].read())
+    assert len(parsed["embedding"]) == 512 and parsed["inputTextTokenCount"] == 4
+    again = bedrock.invoke_model(
+        modelId="amazon.titan-embed-text-v2:0",
+        body=orjson.dumps({"inputText": "a prism splits light", "dimensions": 512}),
+    )
+    assert orjson.loads(again["body"].read())["embedding"] == parsed["embedding"]
+    with pytest.raises(bedrock.exceptions.ValidationException, match="inputText"):
+        bedrock.invoke_model(modelId="amazon.titan-embed-text-v2:0", body=b'{"text": "x"}')

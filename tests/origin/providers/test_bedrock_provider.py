@@ -4,6 +4,8 @@ signature from the test credentials): answers, streams, faults, credentials, opt
 from __future__ import annotations
 
 import asyncio
+import base64
+import struct
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -435,3 +437,41 @@ def test_the_region_gives_the_endpoint_and_bad_options_fail_at_load(tmp_path: Pa
         config.write_text(f"[providers.aws]\n{table}")
         with pytest.raises(ValueError, match=wrong):
             build_provider(load_provider_config(config, {}).providers["aws"])
+
+
+# ---------------------------------------------------------------- embeddings
+
+TITAN = "amazon.titan-embed-text-v2:0"
+
+
+async def test_titan_embeddings_one_call_per_input_in_openai_s_list(
+    bedrock: BedrockProvider, provider: ProviderServer
+) -> None:
+    body = {"model": "e", "input": ["first text", "second text here"], "dimensions": 256}
+    result = await bedrock.embed(body, TITAN)
+    data = result.completion["data"]
+    assert [d["index"] for d in data] == [0, 1] and all(len(d["embedding"]) == 256 for d in data)
+    assert data[0]["embedding"] != data[1]["embedding"]
+    assert result.completion["usage"] == {"prompt_tokens": 5, "total_tokens": 5}
+    assert orjson.loads(result.body) == result.completion
+    sent = sorted(r["body"]["inputText"] for r in provider.control.requests())
+    assert sent == ["first text", "second text here"]
+    assert provider.control.stats()["paths"] == {f"/model/{TITAN}/invoke": 2}
+    encoded = await bedrock.embed({**body, "encoding_format": "base64"}, TITAN)
+    packed = base64.b64decode(encoded.completion["data"][1]["embedding"])
+    assert list(struct.unpack("<256f", packed)) == data[1]["embedding"]
+
+
+async def test_titan_refuses_token_arrays_before_any_call_and_keeps_bedrock_errors(
+    bedrock: BedrockProvider, provider: ProviderServer
+) -> None:
+    with pytest.raises(InvalidRequestError) as caught:
+        await bedrock.embed({"model": "e", "input": [[1, 2, 3]]}, TITAN)
+    assert caught.value.param == "input"
+    assert provider.control.stats()["paths"] == {}
+    provider.control.set_fault("rate_limit")
+    with pytest.raises(RateLimitError):
+        await bedrock.embed({"model": "e", "input": "x"}, TITAN)
+    with pytest.raises(InvalidRequestError) as refused:
+        await bedrock.embed({"model": "e", "input": "x", "dimensions": 8}, TITAN)
+    assert "dimensions" in refused.value.message

@@ -50,6 +50,7 @@ label = "local"
 
 [models]
 "{MODEL}" = ["aws:{UPSTREAM}", "local:gpt-4o-mini"]
+"titan-embed" = ["aws:amazon.titan-embed-text-v2:0"]
 "*" = ["local"]
 """
     )
@@ -249,3 +250,23 @@ def test_a_cut_after_the_first_events_ends_in_an_error_and_stores_nothing(
         assert list(admin.scan_iter("prism:v1:*")) == []
     finally:
         admin.close()
+
+
+def test_embeddings_from_titan_then_a_redis_hit(
+    origin: RunningOrigin, api_key: str, provider: ProviderServer
+) -> None:
+    client, text = sdk(origin, api_key), f"embed me {secrets.token_hex(4)}"
+    first = client.embeddings.with_raw_response.create(
+        model="titan-embed", input=[text, "and me"], dimensions=256
+    )
+    origin.wait_stored()
+    second = client.embeddings.with_raw_response.create(
+        model="titan-embed", input=[text, "and me"], dimensions=256
+    )
+    layers = [r.http_response.headers["x-prism-edge-cache-layer"] for r in (first, second)]
+    assert layers == ["miss", "redis"]
+    embeddings = first.parse()
+    assert [len(e.embedding) for e in embeddings.data] == [256, 256]
+    assert embeddings.usage.prompt_tokens == 5
+    assert second.parse().data[0].embedding == embeddings.data[0].embedding
+    assert provider.control.stats()["paths"] == {"/model/amazon.titan-embed-text-v2:0/invoke": 2}
