@@ -49,6 +49,16 @@ from deploy.local.provider_faults import (
     header_fault,
     json_response,
 )
+from deploy.local.provider_gemini import (
+    GeminiCall,
+    gemini_call,
+    gemini_embeddings,
+    gemini_fault_response,
+    gemini_json_stream,
+    gemini_models,
+    gemini_response,
+    gemini_stream,
+)
 from deploy.local.provider_openai import openai_completion, openai_embeddings, openai_stream
 from deploy.local.provider_replies import ScriptedReply, anthropic_reply, openai_reply
 from deploy.local.provider_settings import ProviderSettings
@@ -73,6 +83,8 @@ class _Provider:
     async def models(self, request: Request) -> Response:
         self.state.stats.paths[request.url.path] += 1
         key = self.settings.api_key
+        if "x-goog-api-key" in request.headers or "key" in request.query_params:
+            return gemini_models("v1", request.headers, request.query_params, key)  # Gemini's
         if key is not None:
             bearer = request.headers.get("authorization", "").removeprefix("Bearer ")
             given = request.headers.get("x-api-key", bearer)
@@ -114,6 +126,57 @@ class _Provider:
         if fault is not None and fault.mode in ("status", "rate_limit"):
             return fault_error_response("openai", fault)
         return _plain(orjson.dumps(answer), fault)
+
+    async def gemini(self, request: Request) -> Response:
+        """Gemini's ``POST /{version}/models/{model}:{method}`` (``provider_gemini``): the
+        same faults as chat (a stream's own for ``streamGenerateContent``)."""
+        state = self.state
+        state.stats.paths[request.url.path] += 1
+        release = state.release  # a release from now on ends this request's stall
+        raw = await request.body()
+        params = request.path_params
+        call = gemini_call(
+            self.settings,
+            params["version"],
+            params["target"],
+            request.headers,
+            request.query_params,
+            raw,
+        )
+        if not isinstance(call, GeminiCall):
+            return call
+        if call.reply is not None:
+            state.stats.chat_requests += 1
+        state.recent.append(
+            {"method": "POST", "path": request.url.path, "query": str(request.query_params),
+             "headers": dict(request.headers), "body": call.body}
+        )  # fmt: skip
+        try:
+            fault = header_fault(request.headers) or state.faults.take()
+        except ValueError as exc:
+            return error_response("openai", 400, str(exc))
+        streamed = call.stream and call.sse
+        state.record(fault, streamed)
+        await self._before_first_byte(fault, streamed, release)
+        if fault is not None and fault.mode in ("status", "rate_limit"):
+            return gemini_fault_response(fault)
+        if call.reply is None:
+            answer = gemini_embeddings(call.model, call.method, call.body)
+            return _plain(orjson.dumps(answer), fault)
+        if not call.stream:
+            return _plain(orjson.dumps(gemini_response(call.reply)), fault)
+        if not call.sse:
+            return _plain(gemini_json_stream(self.settings, call.reply), fault)
+        events = self._emit(gemini_stream(self.settings, call.reply, fault), fault)
+        if fault is not None and fault.mode == "truncated_stream" and fault.abort:
+            return _CutResponse(events, "text/event-stream")
+        return StreamingResponse(events, media_type="text/event-stream", headers=_SSE_HEADERS)
+
+    async def gemini_models(self, request: Request) -> Response:
+        self.state.stats.paths[request.url.path] += 1
+        version = request.path_params["version"]
+        key = self.settings.api_key
+        return gemini_models(version, request.headers, request.query_params, key)
 
     async def converse(self, request: Request) -> Response:
         """Bedrock's Converse and ConverseStream (``provider_bedrock``): the same faults."""
@@ -385,6 +448,8 @@ def create_provider_app(settings: ProviderSettings | None = None) -> Starlette:
         Route("/v1/messages", provider.messages, methods=["POST"]),
         Route("/v1/embeddings", provider.embeddings, methods=["POST"]),
         Route("/v1/models", provider.models, methods=["GET"]),
+        Route("/{version}/models", provider.gemini_models, methods=["GET"]),
+        Route("/{version}/models/{target}", provider.gemini, methods=["POST"]),
         Route("/model/{model_id:path}/converse", provider.converse, methods=["POST"]),
         Route("/model/{model_id:path}/converse-stream", provider.converse, methods=["POST"]),
         Route("/model/{model_id:path}/invoke", provider.invoke, methods=["POST"]),

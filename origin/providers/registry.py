@@ -14,6 +14,7 @@ import aiohttp
 from .anthropic import AnthropicProvider
 from .base import ChatProvider, ProviderSpec
 from .bedrock import BedrockProvider
+from .gemini import GeminiProvider
 from .openai import OpenAICompatibleProvider
 from .upstream_http import ConnectorFactory, UpstreamHTTP
 
@@ -30,6 +31,7 @@ class Adapter(Protocol):
 ADAPTERS: dict[str, Adapter] = {
     "openai": OpenAICompatibleProvider,
     "anthropic": AnthropicProvider,
+    "gemini": GeminiProvider,
     "bedrock": BedrockProvider,
 }
 

@@ -38,8 +38,8 @@ __all__ = [
 
 # Makes the connection pool: the seam where tests count or swap connections.
 ConnectorFactory = Callable[[ProviderSpec], aiohttp.BaseConnector]
-# Maps a non-200 answer (spec, status, body, headers) to a raised PrismError: an API whose
-# errors are not OpenAI's or Anthropic's shape (Bedrock's) passes its own.
+# Raises the gateway's error for a provider's non-200 answer (status, body, headers): the
+# default reads OpenAI's and Anthropic's error bodies; a kind with its own passes another.
 ErrorMapper = Callable[[ProviderSpec, int, bytes, Mapping[str, str]], None]
 
 
@@ -91,10 +91,9 @@ class UpstreamHTTP:
         path: str,
         payload: bytes,
         headers: Mapping[str, str],
-        raise_for: ErrorMapper | None = None,
+        errors: ErrorMapper | None = None,
     ) -> bytes:
-        """POST within the provider's total timeout; the body of a 200, else its PrismError
-        (``raise_for``'s, by default ``raise_for_upstream``'s)."""
+        """POST within the provider's total timeout; the body of a 200, else its PrismError."""
         spec = self.spec
         try:
             async with asyncio.timeout(spec.total_timeout):
@@ -106,7 +105,7 @@ class UpstreamHTTP:
         except (aiohttp.ClientError, TimeoutError) as error:
             raise transport_error(spec, error) from None
         if status != 200:
-            (raise_for or raise_for_upstream)(spec, status, content, response_headers)
+            (errors or raise_for_upstream)(spec, status, content, response_headers)
         return content
 
     async def open_stream(
@@ -114,10 +113,9 @@ class UpstreamHTTP:
         path: str,
         payload: bytes,
         headers: Mapping[str, str],
-        raise_for: ErrorMapper | None = None,
+        errors: ErrorMapper | None = None,
     ) -> aiohttp.ClientResponse:
-        """Start a streamed POST; a non-200 answer is read, released and raised (as
-        ``post`` raises it)."""
+        """Start a streamed POST; a non-200 answer is read, released and raised."""
         try:
             response = await self._get_session().post(
                 self._base + path, data=payload, headers=headers
@@ -131,7 +129,7 @@ class UpstreamHTTP:
                 content = b""
             finally:
                 response.release()
-            (raise_for or raise_for_upstream)(self.spec, response.status, content, response.headers)
+            (errors or raise_for_upstream)(self.spec, response.status, content, response.headers)
         return response
 
     async def chunks(self, response: aiohttp.ClientResponse) -> AsyncGenerator[bytes, None]:
