@@ -1,5 +1,6 @@
-"""The local provider's ASGI app: OpenAI's chat completions, embeddings and models and
-Anthropic's messages and models, each answer delayed, paced and spoiled as its fault says.
+"""The local provider's ASGI app: OpenAI's chat completions, embeddings and models,
+Anthropic's messages and models, Google Gemini's generateContent and Bedrock's Converse,
+each answer delayed, paced and spoiled as its fault says.
 
 The handlers check a request as the real API would (its key, its headers, its body), read
 it into a reply (``provider_replies``), put that in the API's format
@@ -28,6 +29,16 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from deploy.local.provider_anthropic import anthropic_message, anthropic_stream
+from deploy.local.provider_bedrock import (
+    EVENT_STREAM,
+    BedrockRejection,
+    bedrock_error_response,
+    bedrock_fault_response,
+    bedrock_stream,
+    check_bedrock,
+    check_titan,
+    converse_answer,
+)
 from deploy.local.provider_faults import (
     Api,
     Fault,
@@ -180,6 +191,54 @@ class _Provider:
         version = request.path_params["version"]
         key = self.settings.api_key
         return gemini_models(version, request.headers, request.query_params, key)
+
+    async def converse(self, request: Request) -> Response:
+        """Bedrock's Converse and ConverseStream (``provider_bedrock``): the same faults."""
+        state = self.state
+        state.stats.chat_requests += 1
+        state.stats.paths[request.url.path] += 1
+        release = state.release  # a release from now on ends this request's stall
+        raw = await request.body()
+        try:
+            body, reply = check_bedrock(request, raw, self.settings)
+            fault = header_fault(request.headers) or state.faults.take()
+        except BedrockRejection as rejection:
+            return rejection.response
+        except ValueError as exc:  # a bad x-fault-* header
+            return bedrock_error_response(400, str(exc))
+        record = {"method": "POST", "path": request.url.path, "headers": dict(request.headers)}
+        state.recent.append({**record, "body": body})
+        stream = request.url.path.endswith("/converse-stream")
+        state.record(fault, stream)
+        await self._before_first_byte(fault, stream, release)
+        if fault is not None and fault.mode in ("status", "rate_limit"):
+            return bedrock_fault_response(fault)
+        if not stream:
+            return _plain(orjson.dumps(converse_answer(reply)), fault)
+        events = self._emit(bedrock_stream(self.settings, reply, fault), fault)
+        if fault is not None and fault.mode == "truncated_stream" and fault.abort:
+            return _CutResponse(events, EVENT_STREAM)
+        return StreamingResponse(events, media_type=EVENT_STREAM)
+
+    async def invoke(self, request: Request) -> Response:
+        """Bedrock's InvokeModel for Titan text embeddings: the faults of a JSON answer."""
+        state = self.state
+        state.stats.paths[request.url.path] += 1
+        release = state.release  # a release from now on ends this request's stall
+        raw = await request.body()
+        try:
+            body, answer = check_titan(request, raw, self.settings)
+            fault = header_fault(request.headers) or state.faults.take()
+        except BedrockRejection as rejection:
+            return rejection.response
+        except ValueError as exc:  # a bad x-fault-* header
+            return bedrock_error_response(400, str(exc))
+        state.recent.append({"method": "POST", "path": request.url.path, "body": body})
+        state.record(fault, False)
+        await self._before_first_byte(fault, False, release)
+        if fault is not None and fault.mode in ("status", "rate_limit"):
+            return bedrock_fault_response(fault)
+        return _plain(orjson.dumps(answer), fault)
 
     def _denied(self, request: Request, api: Api) -> Response | None:
         headers, key = request.headers, self.settings.api_key
@@ -407,6 +466,9 @@ def create_provider_app(settings: ProviderSettings | None = None) -> Starlette:
         Route("/v1/models", provider.models, methods=["GET"]),
         Route("/{version}/models", provider.gemini_models, methods=["GET"]),
         Route("/{version}/models/{target}", provider.gemini, methods=["POST"]),
+        Route("/model/{model_id:path}/converse", provider.converse, methods=["POST"]),
+        Route("/model/{model_id:path}/converse-stream", provider.converse, methods=["POST"]),
+        Route("/model/{model_id:path}/invoke", provider.invoke, methods=["POST"]),
         *control_routes(state),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})

@@ -13,6 +13,7 @@ import aiohttp
 
 from .anthropic import AnthropicProvider
 from .base import ChatProvider, ProviderSpec
+from .bedrock import BedrockProvider
 from .gemini import GeminiProvider
 from .openai import OpenAICompatibleProvider
 from .upstream_http import ConnectorFactory, UpstreamHTTP
@@ -31,6 +32,7 @@ ADAPTERS: dict[str, Adapter] = {
     "openai": OpenAICompatibleProvider,
     "anthropic": AnthropicProvider,
     "gemini": GeminiProvider,
+    "bedrock": BedrockProvider,
 }
 
 
