@@ -5,8 +5,8 @@ text cannot be compared). Texts that arrive while the thread is busy wait for th
 batch, so a burst of misses costs one model call per batch, not one per request. Two
 queues: a lookup's text (someone is waiting for it) goes before a text only to be
 indexed (``urgent=False``: its answer is still being fetched), which is never dropped,
-only later. ``wait_estimate()`` says how long a new lookup would wait, from the queue
-ahead of it and the measured cost per question, so the cache can skip the semantic layer
+only later. ``wait_estimate()`` says how long a new lookup would wait for its turn, from
+the queue ahead of it and the measured cost per question, so the cache can skip the semantic layer
 at once (``shed``) instead of waiting out its timeout.
 
 The model is loaded on first use, in that same thread: an origin whose projects never
@@ -104,11 +104,12 @@ class Embedder:
         return self._running + self.queued
 
     def wait_estimate(self) -> float | None:
-        """Seconds until a lookup's text queued now would be embedded; None while the
-        model is loading (nothing measured yet)."""
+        """Seconds until a lookup's text queued now would start being embedded (the
+        lookups ahead of it, and the batch running now); None while the model is loading
+        (nothing measured yet)."""
         if self.cost is None:
             return None
-        return (self._running + len(self._urgent) + 1) * self.cost
+        return (self._running + len(self._urgent)) * self.cost
 
     def embed(self, text: str, urgent: bool = True) -> asyncio.Future[Vector | None]:
         """The vector of ``text`` (unit length), or None when it cannot be compared (too
