@@ -39,6 +39,7 @@ MAX_BATCH = 32
 # than its shortest.
 _LENGTH_SLACK = 4
 _COST_WEIGHT = 0.2  # of the newest batch in the moving cost per question
+_LATER_BATCH = 4  # texts only to index, per model call
 
 
 class EmbedderUnavailable(RuntimeError):
@@ -126,8 +127,15 @@ class Embedder:
         return future
 
     def _next_batch(self) -> list[Job]:
-        queue = self._urgent or self._later  # lookups first; the rest when none wait
-        return [queue.popleft() for _ in range(min(MAX_BATCH, len(queue)))]
+        # Lookups first; the rest when none wait, a few at a time, so a lookup arriving
+        # meanwhile waits behind a few of them, not a whole batch (under a burst past the
+        # model's rate, a long one would have every new lookup shed until the backlog
+        # of texts only to index was gone).
+        if self._urgent:
+            queue, most = self._urgent, MAX_BATCH
+        else:
+            queue, most = self._later, _LATER_BATCH
+        return [queue.popleft() for _ in range(min(most, len(queue)))]
 
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
