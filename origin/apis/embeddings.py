@@ -1,12 +1,13 @@
-"""``POST /v1/embeddings``: passed to an OpenAI-compatible provider, cached exactly.
+"""``POST /v1/embeddings``: passed to a provider that has an embeddings API (its
+adapter's ``embed``: OpenAI-compatible, Azure), cached exactly.
 
 A batch of inputs is one request to the provider and one cache entry (its fingerprint
 covers the whole body, ``input`` as sent): the answer is replayed byte for byte, and
 identical concurrent batches share one provider call. Budgets and token limits count
 the batch's input bound (``origin.governance.token_bounds``); an embedding generates no tokens, so
 its
-cost is its input tokens at the model's input price. Anthropic has no embeddings API:
-a route whose target is an Anthropic provider is refused with a 400 before any call.
+cost is its input tokens at the model's input price. An adapter without ``embed``
+(Anthropic's) is refused with a 400 before any call.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from prism.routes import EMBEDDINGS_PATH
 
 from ..governance.token_bounds import embeddings_token_bound, no_completion
 from ..providers.base import ChatProvider, UpstreamCompletion, UpstreamStream
-from ..providers.openai import OpenAICompatibleProvider
 from ..routing.operation import StreamBuilder
 from .pipeline import Api
 
@@ -30,7 +30,7 @@ __all__ = ["EMBEDDINGS", "EmbeddingsOperation"]
 def _no_embeddings(provider: ChatProvider) -> InvalidRequestError:
     return InvalidRequestError(
         f"Provider '{provider.spec.name}' ({provider.spec.kind}) has no embeddings API; "
-        "route this model to an OpenAI-compatible provider.",
+        "route this model to a provider that has one.",
         param="model",
         code="embeddings_not_supported",
     )
@@ -43,9 +43,11 @@ class EmbeddingsOperation:
     async def complete(
         self, provider: ChatProvider, body: dict[str, Any], model: str
     ) -> UpstreamCompletion:
-        if not isinstance(provider, OpenAICompatibleProvider):
+        embed = getattr(provider, "embed", None)  # the adapters of APIs that have one
+        if embed is None:
             raise _no_embeddings(provider)
-        return await provider.embed(body, model)
+        answer: UpstreamCompletion = await embed(body, model)
+        return answer
 
     async def stream(
         self, provider: ChatProvider, body: dict[str, Any], model: str

@@ -12,6 +12,7 @@ from typing import Protocol
 import aiohttp
 
 from .anthropic import AnthropicProvider
+from .azure import AzureProvider
 from .base import ChatProvider, ProviderSpec
 from .openai import OpenAICompatibleProvider
 from .upstream_http import ConnectorFactory, UpstreamHTTP
@@ -29,6 +30,7 @@ class Adapter(Protocol):
 ADAPTERS: dict[str, Adapter] = {
     "openai": OpenAICompatibleProvider,
     "anthropic": AnthropicProvider,
+    "azure": AzureProvider,
 }
 
 

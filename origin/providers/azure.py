@@ -1,0 +1,168 @@
+"""Azure OpenAI behind the OpenAI interface: OpenAI's bodies under Azure's URLs and keys.
+
+The wire is the OpenAI-compatible adapter's, composed with Azure's URLs and credential
+header (``OpenAICompatibleProvider(paths=…, auth=…)``): one per deployment, all on the
+provider's one connection pool. A deployment's URL is
+``{base_url}/openai/deployments/{deployment}/chat/completions?api-version=…`` (and
+``…/embeddings``); with ``api_version = "v1"`` it is ``{base_url}/openai/v1/chat/completions``
+with the deployment as the body's ``model``. What is Azure's own in the answers (its
+content filter's results) is taken out by ``azure_content``; a filtered answer is a
+content-policy error. Provider table options (checked here, so a bad providers file fails
+when the gateway is built):
+
+- ``api_version``: a dated version (``"2024-10-21"``, the default; ``"…-preview"``
+  allowed) or ``"v1"``;
+- ``auth``: ``"api-key"`` (the default: the key in Azure's ``api-key`` header) or
+  ``"entra-id"`` (the key is a Microsoft Entra ID access token, sent as a bearer token);
+- ``deployments``: a table of target model -> deployment name (a model not in it is
+  its own deployment's name).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncGenerator, Mapping
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import orjson
+
+from prism.sse import DONE, SSEDecoder
+
+from .azure_content import answer_of, chunk_of
+from .base import ProviderSpec, UpstreamCompletion, UpstreamStream
+from .openai import OpenAICompatibleProvider
+from .upstream_http import UpstreamHTTP, malformed
+
+__all__ = ["AZURE_API_VERSION", "AzureOptions", "AzureProvider", "azure_options"]
+
+AZURE_API_VERSION = "2024-10-21"  # the latest GA data-plane version with stream usage
+_VERSION = re.compile(r"\d{4}-\d{2}-\d{2}(?:-preview)?|v1")
+_AUTH = ("api-key", "entra-id")
+_OPTIONS = frozenset({"api_version", "auth", "deployments"})
+_WIRES = 256  # deployments whose wire is kept (a "*" route passes any name on)
+
+
+class AzureOptions:
+    """A provider table's Azure settings, checked."""
+
+    __slots__ = ("api_version", "auth", "deployments")
+
+    def __init__(self, api_version: str, auth: str, deployments: Mapping[str, str]) -> None:
+        self.api_version = api_version
+        self.auth = auth
+        self.deployments = dict(deployments)
+
+
+def azure_options(spec: ProviderSpec) -> AzureOptions:
+    """The spec's Azure options; ``ValueError`` naming what is wrong."""
+    where = f"provider '{spec.name}'"
+    options = spec.options
+    unknown = set(options) - _OPTIONS
+    if unknown:
+        raise ValueError(
+            f"{where}: unknown keys {', '.join(sorted(unknown))} "
+            f"(azure reads {', '.join(sorted(_OPTIONS))})"
+        )
+    version = options.get("api_version", AZURE_API_VERSION)
+    if not isinstance(version, str) or not _VERSION.fullmatch(version):
+        raise ValueError(f'{where}: api_version must be a date (2024-10-21) or "v1"')
+    auth = options.get("auth", "api-key")
+    if auth not in _AUTH:
+        raise ValueError(f"{where}: auth must be one of {', '.join(_AUTH)}")
+    deployments = options.get("deployments", {})
+    if not isinstance(deployments, dict) or not all(
+        isinstance(v, str) and v for v in deployments.values()
+    ):
+        raise ValueError(f'{where}: deployments must be a table of model = "deployment"')
+    path = urlsplit(spec.base_url).path.rstrip("/")
+    if path.endswith(("/openai", "/openai/v1")):
+        raise ValueError(
+            f"{where}: base_url is the resource's endpoint (https://NAME.openai.azure.com), "
+            "without /openai: the adapter adds the path"
+        )
+    return AzureOptions(version, str(auth), deployments)
+
+
+class AzureProvider:
+    def __init__(self, spec: ProviderSpec, http: UpstreamHTTP | None = None) -> None:
+        """``http``: the connection pool to call it through (``build_provider`` makes it)."""
+        self.spec = spec
+        self._http = http or UpstreamHTTP(spec)
+        options = azure_options(spec)
+        self._deployments = options.deployments
+        self._version = options.api_version
+        self._auth: dict[str, str] = {}
+        if spec.api_key:
+            bearer = options.auth == "entra-id"
+            self._auth = (
+                {"authorization": f"Bearer {spec.api_key}"} if bearer else {"api-key": spec.api_key}
+            )
+        # v1: one wire for every deployment (named in the body); else one per deployment.
+        self._v1: OpenAICompatibleProvider | None = None
+        if self._version == "v1":
+            self._v1 = self._make_wire(("/openai/v1/chat/completions", "/openai/v1/embeddings"))
+        self._wires: dict[str, OpenAICompatibleProvider] = {}
+
+    def _make_wire(self, paths: tuple[str, str]) -> OpenAICompatibleProvider:
+        return OpenAICompatibleProvider(self.spec, self._http, paths=paths, auth=self._auth)
+
+    def _wire(self, model: str) -> tuple[OpenAICompatibleProvider, str]:
+        """The wire to call for upstream ``model``, and its deployment's name."""
+        deployment = self._deployments.get(model, model)
+        if self._v1 is not None:
+            return self._v1, deployment
+        wire = self._wires.get(deployment)
+        if wire is None:
+            base = f"/openai/deployments/{quote(deployment, safe='')}"
+            query = f"?api-version={self._version}"
+            wire = self._make_wire((f"{base}/chat/completions{query}", f"{base}/embeddings{query}"))
+            if len(self._wires) < _WIRES:
+                self._wires[deployment] = wire
+        return wire, deployment
+
+    async def complete(self, body: dict[str, Any], model: str) -> UpstreamCompletion:
+        wire, deployment = self._wire(model)
+        answer = await wire.complete(body, deployment)
+        completion = answer_of(answer.completion, self.spec.name)
+        return UpstreamCompletion(body=orjson.dumps(completion), completion=completion)
+
+    async def stream(self, body: dict[str, Any], model: str) -> UpstreamStream:
+        wire, deployment = self._wire(model)
+        upstream = await wire.stream(body, deployment)
+        # The router waits for the first chunk this yields: the prompt's results are
+        # dropped first, and a filter that cuts the answer at once fails before the 200.
+        return UpstreamStream(events=self._events(upstream), close=upstream.close)
+
+    async def embed(self, body: dict[str, Any], model: str) -> UpstreamCompletion:
+        """``POST …/embeddings``: Azure's vectors are OpenAI's list, passed on as sent."""
+        wire, deployment = self._wire(model)
+        return await wire.embed(body, deployment)
+
+    async def _events(self, upstream: UpstreamStream) -> AsyncGenerator[bytes, None]:
+        """Azure's SSE bytes in, OpenAI's out: one yield per read that leaves a chunk."""
+        decoder = SSEDecoder()
+        name = self.spec.name
+        try:
+            async for raw in upstream.events:
+                out: list[bytes] = []
+                for data in decoder.feed(raw):
+                    if data == b"[DONE]":
+                        out.append(DONE)
+                        continue
+                    try:
+                        chunk = orjson.loads(data)
+                    except orjson.JSONDecodeError:
+                        raise malformed(self.spec, "a malformed stream event") from None
+                    if not isinstance(chunk, dict):
+                        raise malformed(self.spec, "a malformed stream event")
+                    plain = chunk_of(chunk, name)
+                    if plain is not None:
+                        out.append(b"data: " + orjson.dumps(plain) + b"\n\n")
+                if out:
+                    yield b"".join(out)
+        finally:
+            await upstream.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
