@@ -14,14 +14,14 @@ import httpx
 import openai
 import pytest
 from anthropic.types import TextBlock
-from openai.types.chat import ChatCompletionMessageParam
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 from deploy.local.provider import ProviderServer
 from deploy.local.provider_azure import FILTER_ANSWER, FILTER_PROMPT
 from tests.fixtures.origin import OriginFactory, RunningOrigin
 
 MODEL = "azure-mini"
-WEATHER = {
+WEATHER: ChatCompletionToolParam = {
     "type": "function",
     "function": {
         "name": "get_weather",
