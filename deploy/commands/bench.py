@@ -296,13 +296,29 @@ def semantic_command(
     engine: Annotated[
         str, typer.Option(help="The engine: auto (onnxruntime int8, else numpy), onnx, numpy.")
     ] = "auto",
+    load: Annotated[
+        bool,
+        typer.Option(
+            "--load",
+            help="Instead: the layer under load, 50/200/500 unique misses a second through "
+            "two real origins (writes semantic-load.json to --out).",
+        ),
+    ] = False,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="With --load: one small rate for 3 s, a smoke check.")
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Measure the semantic cache's precision on the labelled question pairs (paraphrases
     that should match, near misses that must not), at a sweep of thresholds, with and
     without the lexical guard; and the model's cost (ms per embedding, RSS). With
     --pairs, the same on other labelled files; with --scale, a miss's cost and the memory
-    with that many records in one partition (a private redis-server).
+    with that many records in one partition (a private redis-server); with --load, the
+    layer at 50, 200 and 500 unique misses a second (a provider answering in 100 ms):
+    lookups by outcome, the latency it adds over the same load with it off, embedding
+    cost and batches, origin CPU and RSS, and paraphrases found 10 ms (same origin) and
+    150 ms (another origin) after their original was answered (exit status 1 if a check
+    fails).
 
     Example: prism bench semantic --threshold 0.92
     """
@@ -310,6 +326,9 @@ def semantic_command(
     from origin.settings import SEMANTIC_ENGINES
     from prism import DEFAULT_SEMANTIC_THRESHOLD
 
+    if load:
+        _semantic_load(quick, out, as_json)
+        return
     chosen = DEFAULT_SEMANTIC_THRESHOLD if threshold is None else threshold
     if engine not in SEMANTIC_ENGINES:
         raise typer.BadParameter(f"--engine must be {', '.join(SEMANTIC_ENGINES)}")
@@ -355,6 +374,27 @@ def semantic_command(
         stdout.print(
             f"wrong hit ({wrong['kind']}, {wrong['score']}): {wrong['a']!r} ~ {wrong['b']!r}"
         )
+
+
+def _semantic_load(quick: bool, out: Path, as_json: bool) -> None:
+    from deploy.bench.machine import machine_info
+    from deploy.bench.semantic_load import LoadConfig, run_semantic_load
+    from deploy.bench.semantic_load_report import render_load, write_load
+
+    console = Console(stderr=True)
+    config = LoadConfig.quick() if quick else LoadConfig()
+    result = _on_the_stack(
+        console,
+        lambda step: write_load(config, run_semantic_load(config, step), machine_info(), out),
+    )
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        stdout = Console() if Console().is_terminal else Console(width=180)
+        stdout.print(render_load(result))
+        console.print(f"results: {out / 'semantic-load.json'}", markup=False)
+    if not all(check["ok"] for check in result["checks"]):
+        raise typer.Exit(1)
 
 
 @app.command("budget")

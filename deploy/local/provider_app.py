@@ -1,12 +1,12 @@
 """The local provider's ASGI app: OpenAI's chat completions, embeddings and models,
-Anthropic's messages and Azure OpenAI's deployments, each answer delayed, paced and
-spoiled as its fault says.
+Anthropic's messages, Azure OpenAI's deployments and Gemini's models, each answer delayed,
+paced and spoiled as its fault says.
 
 The handlers check a request as the real API would (its key, its headers, its body), read
 it into a reply (``provider_replies``), put that in the API's format (``provider_openai``,
-``provider_anthropic``, ``provider_azure``) and send it, whole or as a paced event stream
-(``provider_sse``). Apart from the control endpoints (faults, counters, recent
-requests: ``provider_faults``) and from running the app (a thread, a port, the command
+``provider_anthropic``, ``provider_azure``, ``provider_gemini``) and send it, whole or as a
+paced event stream (``provider_sse``). Apart from the control endpoints (faults, counters,
+recent requests: ``provider_faults``) and from running the app (a thread, a port, the command
 line: ``deploy.local.provider``): this module is the serving alone, one app instance
 with all its state on it.
 """
@@ -40,6 +40,16 @@ from deploy.local.provider_faults import (
     header_fault,
     json_response,
 )
+from deploy.local.provider_gemini import (
+    GeminiCall,
+    gemini_call,
+    gemini_embeddings,
+    gemini_fault_response,
+    gemini_json_stream,
+    gemini_models,
+    gemini_response,
+    gemini_stream,
+)
 from deploy.local.provider_openai import openai_completion, openai_embeddings, openai_stream
 from deploy.local.provider_replies import ScriptedReply, anthropic_reply, openai_reply
 from deploy.local.provider_settings import ProviderSettings
@@ -64,6 +74,8 @@ class _Provider:
     async def models(self, request: Request) -> Response:
         self.state.stats.paths[request.url.path] += 1
         key = self.settings.api_key
+        if "x-goog-api-key" in request.headers or "key" in request.query_params:
+            return gemini_models("v1", request.headers, request.query_params, key)  # Gemini's
         if key is not None:
             bearer = request.headers.get("authorization", "").removeprefix("Bearer ")
             given = request.headers.get("x-api-key", bearer)
@@ -119,6 +131,57 @@ class _Provider:
         if fault is not None and fault.mode in ("status", "rate_limit"):
             return fault_error_response(api, fault)
         return _plain(orjson.dumps(answer), fault)
+
+    async def gemini(self, request: Request) -> Response:
+        """Gemini's ``POST /{version}/models/{model}:{method}`` (``provider_gemini``): the
+        same faults as chat (a stream's own for ``streamGenerateContent``)."""
+        state = self.state
+        state.stats.paths[request.url.path] += 1
+        release = state.release  # a release from now on ends this request's stall
+        raw = await request.body()
+        params = request.path_params
+        call = gemini_call(
+            self.settings,
+            params["version"],
+            params["target"],
+            request.headers,
+            request.query_params,
+            raw,
+        )
+        if not isinstance(call, GeminiCall):
+            return call
+        if call.reply is not None:
+            state.stats.chat_requests += 1
+        state.recent.append(
+            {"method": "POST", "path": request.url.path, "query": str(request.query_params),
+             "headers": dict(request.headers), "body": call.body}
+        )  # fmt: skip
+        try:
+            fault = header_fault(request.headers) or state.faults.take()
+        except ValueError as exc:
+            return error_response("openai", 400, str(exc))
+        streamed = call.stream and call.sse
+        state.record(fault, streamed)
+        await self._before_first_byte(fault, streamed, release)
+        if fault is not None and fault.mode in ("status", "rate_limit"):
+            return gemini_fault_response(fault)
+        if call.reply is None:
+            answer = gemini_embeddings(call.model, call.method, call.body)
+            return _plain(orjson.dumps(answer), fault)
+        if not call.stream:
+            return _plain(orjson.dumps(gemini_response(call.reply)), fault)
+        if not call.sse:
+            return _plain(gemini_json_stream(self.settings, call.reply), fault)
+        events = self._emit(gemini_stream(self.settings, call.reply, fault), fault)
+        if fault is not None and fault.mode == "truncated_stream" and fault.abort:
+            return _CutResponse(events, "text/event-stream")
+        return StreamingResponse(events, media_type="text/event-stream", headers=_SSE_HEADERS)
+
+    async def gemini_models(self, request: Request) -> Response:
+        self.state.stats.paths[request.url.path] += 1
+        version = request.path_params["version"]
+        key = self.settings.api_key
+        return gemini_models(version, request.headers, request.query_params, key)
 
     def _denied(self, request: Request, api: Api) -> Response | None:
         headers, key = request.headers, self.settings.api_key
@@ -365,6 +428,8 @@ def create_provider_app(settings: ProviderSettings | None = None) -> Starlette:
         ),
         Route("/openai/v1/chat/completions", provider.azure_chat, methods=["POST"]),
         Route("/openai/v1/embeddings", provider.azure_embeddings, methods=["POST"]),
+        Route("/{version}/models", provider.gemini_models, methods=["GET"]),
+        Route("/{version}/models/{target}", provider.gemini, methods=["POST"]),
         *control_routes(state),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})

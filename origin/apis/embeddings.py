@@ -1,13 +1,13 @@
-"""``POST /v1/embeddings``: passed to a provider that has an embeddings API (its
-adapter's ``embed``: OpenAI-compatible, Azure), cached exactly.
+"""``POST /v1/embeddings``: passed to a provider with an embeddings API, cached exactly.
 
 A batch of inputs is one request to the provider and one cache entry (its fingerprint
 covers the whole body, ``input`` as sent): the answer is replayed byte for byte, and
 identical concurrent batches share one provider call. Budgets and token limits count
 the batch's input bound (``origin.governance.token_bounds``); an embedding generates no tokens, so
 its
-cost is its input tokens at the model's input price. An adapter without ``embed``
-(Anthropic's) is refused with a 400 before any call.
+cost is its input tokens at the model's input price. An adapter with an ``embed`` method
+serves them (OpenAI-compatible and Azure: as is; Gemini: translated); Anthropic has no embeddings
+API: a route whose target is an Anthropic provider is refused with a 400 before any call.
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ class EmbeddingsOperation:
     async def complete(
         self, provider: ChatProvider, body: dict[str, Any], model: str
     ) -> UpstreamCompletion:
-        embed = getattr(provider, "embed", None)  # the adapters of APIs that have one
+        embed = getattr(provider, "embed", None)
         if embed is None:
             raise _no_embeddings(provider)
-        answer: UpstreamCompletion = await embed(body, model)
-        return answer
+        result: UpstreamCompletion = await embed(body, model)
+        return result
 
     async def stream(
         self, provider: ChatProvider, body: dict[str, Any], model: str

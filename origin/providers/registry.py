@@ -14,6 +14,7 @@ import aiohttp
 from .anthropic import AnthropicProvider
 from .azure import AzureProvider
 from .base import ChatProvider, ProviderSpec
+from .gemini import GeminiProvider
 from .openai import OpenAICompatibleProvider
 from .upstream_http import ConnectorFactory, UpstreamHTTP
 
@@ -31,6 +32,7 @@ ADAPTERS: dict[str, Adapter] = {
     "openai": OpenAICompatibleProvider,
     "anthropic": AnthropicProvider,
     "azure": AzureProvider,
+    "gemini": GeminiProvider,
 }
 
 

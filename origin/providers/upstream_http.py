@@ -27,6 +27,7 @@ from .base import ProviderSpec
 __all__ = [
     "CONTEXT_LENGTH_EXCEEDED",
     "ConnectorFactory",
+    "ErrorMapper",
     "UpstreamHTTP",
     "malformed",
     "parse_body",
@@ -37,6 +38,9 @@ __all__ = [
 
 # Makes the connection pool: the seam where tests count or swap connections.
 ConnectorFactory = Callable[[ProviderSpec], aiohttp.BaseConnector]
+# Raises the gateway's error for a provider's non-200 answer (status, body, headers): the
+# default reads OpenAI's and Anthropic's error bodies; a kind with its own passes another.
+ErrorMapper = Callable[[ProviderSpec, int, bytes, Mapping[str, str]], None]
 
 
 def _default_connector(spec: ProviderSpec) -> aiohttp.BaseConnector:
@@ -82,7 +86,13 @@ class UpstreamHTTP:
             )
         return self._session
 
-    async def post(self, path: str, payload: bytes, headers: Mapping[str, str]) -> bytes:
+    async def post(
+        self,
+        path: str,
+        payload: bytes,
+        headers: Mapping[str, str],
+        errors: ErrorMapper | None = None,
+    ) -> bytes:
         """POST within the provider's total timeout; the body of a 200, else its PrismError."""
         spec = self.spec
         try:
@@ -94,11 +104,16 @@ class UpstreamHTTP:
                     status, response_headers = response.status, response.headers
         except (aiohttp.ClientError, TimeoutError) as error:
             raise transport_error(spec, error) from None
-        raise_for_upstream(spec, status, content, response_headers)
+        if status != 200:
+            (errors or raise_for_upstream)(spec, status, content, response_headers)
         return content
 
     async def open_stream(
-        self, path: str, payload: bytes, headers: Mapping[str, str]
+        self,
+        path: str,
+        payload: bytes,
+        headers: Mapping[str, str],
+        errors: ErrorMapper | None = None,
     ) -> aiohttp.ClientResponse:
         """Start a streamed POST; a non-200 answer is read, released and raised."""
         try:
@@ -114,7 +129,7 @@ class UpstreamHTTP:
                 content = b""
             finally:
                 response.release()
-            raise_for_upstream(self.spec, response.status, content, response.headers)
+            (errors or raise_for_upstream)(self.spec, response.status, content, response.headers)
         return response
 
     async def chunks(self, response: aiohttp.ClientResponse) -> AsyncGenerator[bytes, None]:

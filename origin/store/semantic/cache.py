@@ -13,9 +13,12 @@ Redis, the question's vector is indexed with the entry's expiry (in this process
 at once, then in Redis, whose subscribers hear of it: ``index``, ``notify``).
 
 Back-pressure: when the embeddings queued ahead of a new lookup would take longer than
-the timeout (``Embedder.wait_estimate``), or the model is still loading, the lookup skips
-the semantic layer at once (``shed``) instead of waiting it out; its text is still
-embedded, after the lookups, so its answer is indexed all the same.
+``max_wait`` (``Embedder.wait_estimate``; at most the timeout), or the model is still
+loading, the lookup skips the semantic layer at once (``shed``) instead of joining the
+queue; its text is still embedded, after the lookups, so its answer is indexed all the
+same. So an embedder short of CPU (a burst past its rate, a noisy neighbour) serves what
+it can at a bounded wait, and sheds the rest at no wait, instead of making every lookup
+wait out the timeout behind a queue that never drains.
 
 Nothing here fails a request: Redis errors, a slow or missing model are misses.
 """
@@ -54,6 +57,7 @@ log = logging.getLogger("prism.origin")
 
 MAX_CANDIDATES = 3  # entries read per hit attempt: the best few, in case the best is gone
 SHORTLISTED = 16  # the best-scoring records the guard is asked about
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)  # up to the embedder's MAX_BATCH, the largest call
 
 
 class Match(NamedTuple):
@@ -80,17 +84,20 @@ class SemanticCache:
         spawn: Callable[[Coroutine[Any, Any, None]], object],
         timeout: float = 0.25,
         redis_url: str | None = None,
+        max_wait: float = 0.03,
     ) -> None:
         self.index = index
         self._spawn = spawn  # the gateway's: work after the response, awaited at shutdown
         self.embedder = embedder
         self._redis = redis
         self._timeout = timeout
+        self._max_wait = min(max_wait, timeout)
         self.outcomes = Counter(
             "prism_semantic_lookups",
             "Semantic cache lookups by outcome: hit, miss, empty (no entry in the partition),"
             " slow (the embedding or the index read took longer than PRISM_SEMANTIC_TIMEOUT),"
-            " shed (skipped at once: the embeddings queued would take longer than that),"
+            " shed (skipped at once: the embeddings queued would take longer than"
+            " PRISM_SEMANTIC_MAX_WAIT),"
             " stale (the best candidate's entry was gone), too_long (or characters the model"
             " cannot see), unavailable, error.",
             ("outcome",),
@@ -186,7 +193,7 @@ class SemanticCache:
         wait = embedder.wait_estimate()
         if wait is None:  # loading (or never asked): shed only behind a load under way
             return embedder.backlog > 0
-        return wait > self._timeout
+        return wait > self._max_wait
 
     def _started(self) -> None:
         # The first opted-in question: subscribe to new records from other processes, and
@@ -249,7 +256,11 @@ class SemanticCache:
 
 def _embedding_metrics(embedder: Embedder, registry: CollectorRegistry) -> None:
     """The embedder's own counts, read at each scrape (it counts in its thread)."""
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+    )
 
     class Collector:
         def collect(self) -> Any:
@@ -273,6 +284,18 @@ def _embedding_metrics(embedder: Embedder, registry: CollectorRegistry) -> None:
             )
             yield GaugeMetricFamily(
                 "prism_semantic_embedding_queue", "Texts waiting to be embedded.", embedder.queued
+            )
+            sizes = dict(embedder.sizes)  # a copy: the thread adds to it
+            buckets, below = [], 0
+            for bound in _BATCH_BUCKETS:
+                below += sum(n for size, n in sizes.items() if bound // 2 < size <= bound)
+                buckets.append((str(bound), below))
+            buckets.append(("+Inf", sum(sizes.values())))
+            yield HistogramMetricFamily(
+                "prism_semantic_embedding_batch_size",
+                "Texts per model call: how much a burst of misses is batched.",
+                buckets=buckets,
+                sum_value=sum(size * n for size, n in sizes.items()),
             )
 
     registry.register(Collector())
@@ -306,4 +329,5 @@ def build_semantic_cache(
         spawn,
         settings.semantic_timeout,
         settings.redis_url,
+        settings.semantic_max_wait,
     )

@@ -34,12 +34,14 @@ def records(admin: redis.Redis) -> int:
     )
 
 
-def test_a_lookup_beyond_the_timeout_is_shed_and_its_question_still_indexed(
-    origin_factory: OriginFactory, api_key: str, admin: redis.Redis
+@pytest.mark.parametrize("bound", ["PRISM_SEMANTIC_MAX_WAIT", "PRISM_SEMANTIC_TIMEOUT"])
+def test_a_lookup_whose_queue_would_wait_too_long_is_shed_and_its_question_still_indexed(
+    origin_factory: OriginFactory, api_key: str, admin: redis.Redis, bound: str
 ) -> None:
     opt_in(admin)
-    # Any embedding takes longer than this: once one is measured, every lookup is shed.
-    origin = origin_factory(PRISM_SEMANTIC_TIMEOUT="0.000001")
+    # Any embedding takes longer than this: once one is measured, every lookup is shed,
+    # whether the queue's bound or the lookup's whole timeout is the shorter.
+    origin = origin_factory(**{bound: "0.000001"})
     with httpx.Client(
         base_url=origin.url, headers={"authorization": f"Bearer {api_key}"}, timeout=30
     ) as http:
