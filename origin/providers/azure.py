@@ -1,8 +1,10 @@
 """Azure OpenAI behind the OpenAI interface: OpenAI's bodies under Azure's URLs and keys.
 
 The wire is the OpenAI-compatible adapter's, composed with Azure's URLs and credential
-header (``OpenAICompatibleProvider(paths=…, auth=…)``): one per deployment, all on the
-provider's one connection pool. A deployment's URL is
+header: one ``OpenAICompatibleProvider`` per deployment, each calling through an
+``_AzureURLs`` view of the provider's one connection pool, which puts the adapter's paths
+(``/chat/completions``, ``/embeddings``) under the deployment's and adds the key (so the
+OpenAI adapter itself, on OpenAI's hot path, is not touched). A deployment's URL is
 ``{base_url}/openai/deployments/{deployment}/chat/completions?api-version=…`` (and
 ``…/embeddings``); with ``api_version = "v1"`` it is ``{base_url}/openai/v1/chat/completions``
 with the deployment as the body's ``model``. What is Azure's own in the answers (its
@@ -20,11 +22,13 @@ when the gateway is built):
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+import aiohttp
 import orjson
 
 from prism.sse import DONE, SSEDecoder
@@ -32,7 +36,7 @@ from prism.sse import DONE, SSEDecoder
 from .azure_content import answer_of, chunk_of
 from .base import ProviderSpec, UpstreamCompletion, UpstreamStream
 from .openai import OpenAICompatibleProvider
-from .upstream_http import UpstreamHTTP, malformed
+from .upstream_http import ErrorMapper, UpstreamHTTP, malformed
 
 __all__ = ["AZURE_API_VERSION", "AzureOptions", "AzureProvider", "azure_options"]
 
@@ -84,6 +88,41 @@ def azure_options(spec: ProviderSpec) -> AzureOptions:
     return AzureOptions(version, str(auth), deployments)
 
 
+class _AzureURLs(UpstreamHTTP):
+    """The provider's pool at one of Azure's URLs: a path the OpenAI adapter asks for goes
+    to ``prefix + path + query``, with Azure's credential header added. A view, not a pool
+    of its own (no ``UpstreamHTTP.__init__``): closing it leaves the pool to its provider."""
+
+    def __init__(
+        self, pool: UpstreamHTTP, prefix: str, query: str, auth: Mapping[str, str]
+    ) -> None:
+        self.spec = pool.spec
+        self._pool, self._prefix, self._query, self._auth = pool, prefix, query, auth
+
+    async def post(
+        self,
+        path: str,
+        payload: bytes,
+        headers: Mapping[str, str],
+        errors: ErrorMapper | None = None,
+    ) -> bytes:
+        url = self._prefix + path + self._query
+        return await self._pool.post(url, payload, {**headers, **self._auth}, errors)
+
+    async def open_stream(
+        self,
+        path: str,
+        payload: bytes,
+        headers: Mapping[str, str],
+        errors: ErrorMapper | None = None,
+    ) -> aiohttp.ClientResponse:
+        url = self._prefix + path + self._query
+        return await self._pool.open_stream(url, payload, {**headers, **self._auth}, errors)
+
+    async def aclose(self) -> None:
+        return None  # the pool is the provider's to close
+
+
 class AzureProvider:
     def __init__(self, spec: ProviderSpec, http: UpstreamHTTP | None = None) -> None:
         """``http``: the connection pool to call it through (``build_provider`` makes it)."""
@@ -98,14 +137,17 @@ class AzureProvider:
             self._auth = (
                 {"authorization": f"Bearer {spec.api_key}"} if bearer else {"api-key": spec.api_key}
             )
+        # The key goes in Azure's header, added by the URLs' view: not as OpenAI's bearer.
+        self._wire_spec = dataclasses.replace(spec, api_key=None)
         # v1: one wire for every deployment (named in the body); else one per deployment.
         self._v1: OpenAICompatibleProvider | None = None
         if self._version == "v1":
-            self._v1 = self._make_wire(("/openai/v1/chat/completions", "/openai/v1/embeddings"))
+            self._v1 = self._make_wire("/openai/v1", "")
         self._wires: dict[str, OpenAICompatibleProvider] = {}
 
-    def _make_wire(self, paths: tuple[str, str]) -> OpenAICompatibleProvider:
-        return OpenAICompatibleProvider(self.spec, self._http, paths=paths, auth=self._auth)
+    def _make_wire(self, prefix: str, query: str) -> OpenAICompatibleProvider:
+        urls = _AzureURLs(self._http, prefix, query, self._auth)
+        return OpenAICompatibleProvider(self._wire_spec, urls)
 
     def _wire(self, model: str) -> tuple[OpenAICompatibleProvider, str]:
         """The wire to call for upstream ``model``, and its deployment's name."""
@@ -114,9 +156,8 @@ class AzureProvider:
             return self._v1, deployment
         wire = self._wires.get(deployment)
         if wire is None:
-            base = f"/openai/deployments/{quote(deployment, safe='')}"
-            query = f"?api-version={self._version}"
-            wire = self._make_wire((f"{base}/chat/completions{query}", f"{base}/embeddings{query}"))
+            prefix = f"/openai/deployments/{quote(deployment, safe='')}"
+            wire = self._make_wire(prefix, f"?api-version={self._version}")
             if len(self._wires) < _WIRES:
                 self._wires[deployment] = wire
         return wire, deployment

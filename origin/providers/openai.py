@@ -1,13 +1,7 @@
-"""Any OpenAI-compatible API (OpenAI, Groq, Together, vLLM, Ollama…): pure data + this.
-
-Other APIs that speak OpenAI's bodies under other URLs and another key header (Azure
-OpenAI) reuse it by composition: ``paths`` and ``auth`` are given at construction, so the
-calls themselves do no more work than OpenAI's.
-"""
+"""Any OpenAI-compatible API (OpenAI, Groq, Together, vLLM, Ollama…): pure data + this."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -15,32 +9,16 @@ import orjson
 from .base import ProviderSpec, UpstreamCompletion, UpstreamStream
 from .upstream_http import UpstreamHTTP, malformed, parse_body
 
-__all__ = ["OPENAI_PATHS", "OpenAICompatibleProvider"]
-
-# (chat completions, embeddings), after the provider's base URL
-OPENAI_PATHS = ("/chat/completions", "/embeddings")
+__all__ = ["OpenAICompatibleProvider"]
 
 
 class OpenAICompatibleProvider:
-    def __init__(
-        self,
-        spec: ProviderSpec,
-        http: UpstreamHTTP | None = None,
-        *,
-        paths: tuple[str, str] = OPENAI_PATHS,
-        auth: Mapping[str, str] | None = None,
-    ) -> None:
-        """``http``: the connection pool to call it through (``build_provider`` makes it);
-        ``paths``: where chat completions and embeddings are, after the base URL (a query
-        string may follow); ``auth``: the credential headers (None: ``authorization:
-        Bearer`` with the spec's key)."""
+    def __init__(self, spec: ProviderSpec, http: UpstreamHTTP | None = None) -> None:
+        """``http``: the connection pool to call it through (``build_provider`` makes it)."""
         self.spec = spec
         self._http = http or UpstreamHTTP(spec)
-        self._chat_path, self._embeddings_path = paths
         self._headers = {"content-type": "application/json"}
-        if auth is not None:
-            self._headers.update(auth)
-        elif spec.api_key:
+        if spec.api_key:
             self._headers["authorization"] = f"Bearer {spec.api_key}"
         self._stream_headers = {**self._headers, "accept-encoding": "identity"}
 
@@ -52,7 +30,7 @@ class OpenAICompatibleProvider:
 
     async def complete(self, body: dict[str, Any], model: str) -> UpstreamCompletion:
         payload = self._payload(body, model, stream=False)
-        content = await self._http.post(self._chat_path, payload, self._headers)
+        content = await self._http.post("/chat/completions", payload, self._headers)
         completion = parse_body(self.spec, content)
         if not isinstance(completion.get("choices"), list):
             raise malformed(self.spec, "an unexpected body")
@@ -61,7 +39,7 @@ class OpenAICompatibleProvider:
 
     async def stream(self, body: dict[str, Any], model: str) -> UpstreamStream:
         payload = self._payload(body, model, stream=True)
-        response = await self._http.open_stream(self._chat_path, payload, self._stream_headers)
+        response = await self._http.open_stream("/chat/completions", payload, self._stream_headers)
 
         async def close() -> None:
             response.close()
@@ -72,7 +50,7 @@ class OpenAICompatibleProvider:
     async def embed(self, body: dict[str, Any], model: str) -> UpstreamCompletion:
         """``POST /embeddings``: the provider's list of vectors, as it sent it."""
         payload = orjson.dumps(body if body.get("model") == model else {**body, "model": model})
-        content = await self._http.post(self._embeddings_path, payload, self._headers)
+        content = await self._http.post("/embeddings", payload, self._headers)
         answer = parse_body(self.spec, content)
         if not isinstance(answer.get("data"), list):
             raise malformed(self.spec, "an unexpected body")
