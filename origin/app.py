@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import httpx
 
-from prism import AuthenticationError, Policy
+from prism import AuthenticationError
 from prism import headers as h
 from prism.routes import CHAT_PATH, EMBEDDINGS_PATH, MESSAGES_PATH, MODELS_PATH
 
@@ -25,7 +25,7 @@ from .apis.pipeline import ApiRoute
 from .auth import authenticate
 from .connection.redis_client import RedisClient
 from .dashboard import Dashboard, History, dashboard_off_routes
-from .gateway import Gateway, models_body
+from .gateway import Gateway
 from .governance.project_policies import ProjectPolicies
 from .http.access_log import AccessLog
 from .http.asgi import Route, Routes
@@ -94,12 +94,8 @@ def create_app(
     admin routes; ``on_loop_tick``: called from the event loop's every tick (systemd's
     watchdog, ``origin.http.watchdog``)."""
     gateway = Gateway(settings, redis=redis, connectors=connectors, kv_transport=kv_transport)
-    started, models_list = gateway.started, gateway.models_body
-
+    started, catalog = gateway.started, gateway.catalog
     policies = ProjectPolicies()
-    public_models = settings.providers.public_models()
-    # The list as each policy allows it, rendered once per policy (policies are few).
-    allowed_lists: dict[Policy, bytes] = {}
 
     async def models(request: Request) -> Reply:
         caller = authenticate(
@@ -113,16 +109,7 @@ def create_app(
         lookup = await gateway.cache.lookup(caller.key_id, None, caller.project)
         if lookup.revoked:
             raise AuthenticationError("This API key has been revoked.", code="key_revoked")
-        policy = policies.resolve(caller.project, lookup)
-        body = models_list
-        if policy is not None:
-            body = allowed_lists.get(policy) or b""
-            if not body:
-                if len(allowed_lists) >= 256:
-                    allowed_lists.clear()
-                body = allowed_lists[policy] = models_body(
-                    [name for name in public_models if policy.allows(name)], started
-                )
+        body = catalog.body(policies.resolve(caller.project, lookup))
         return Reply(200, {"content-type": "application/json", **_BYPASS}, body)
 
     alive_body = json_reply({"status": "ok", "version": settings.release}).body

@@ -6,12 +6,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 import httpx
-import orjson
 
 from prism import encode_envelope, entry_key
 from prism.routes import MODELS_KEY
@@ -29,6 +28,7 @@ from .providers.base import ChatProvider, UpstreamCompletion
 from .providers.registry import build_provider
 from .providers.upstream_http import ConnectorFactory
 from .routing.coalescing import FlightTable
+from .routing.model_catalog import ModelCatalog
 from .routing.router import Router
 from .settings import Settings, SettingsError
 from .store.kv_writer import KVWriter
@@ -44,10 +44,11 @@ log = logging.getLogger("prism.origin")
 
 T = TypeVar("T")
 
-# The model list in Workers KV (for the edge's /v1/models) lives this long unrefreshed,
-# and is published at start and then this often (it changes only with a restart).
+# The model list in Workers KV (for the edge's /v1/models) lives this long unrefreshed;
+# it is published once the catalog's first refresh is done, whenever it changes, and at
+# least this often.
 MODELS_TTL = 7 * 86_400
-MODELS_REFRESH = 86_400.0
+MODELS_REPUBLISH = 86_400.0
 
 
 class Gateway:
@@ -109,9 +110,11 @@ class Gateway:
             settings, self.redis, self.metrics, self.spawn
         )
         self.started = time.time()
-        # /v1/models as the origin answers it without a policy, also published to Workers
-        # KV for the edge's /v1/models.
-        self.models_body = models_body(settings.providers.public_models(), self.started)
+        # /v1/models: the named routes and the wildcard routes' providers' own lists,
+        # refreshed in the background and published to Workers KV for the edge.
+        self.catalog = ModelCatalog(
+            settings.providers, self.providers, self.metrics, created=self.started
+        )
         self._models_task: asyncio.Task[None] | None = None
 
     def _trace_configs(self) -> tuple[aiohttp.TraceConfig, ...]:
@@ -176,14 +179,25 @@ class Gateway:
         self.usage.start()
         if self.kv_writer is not None:
             self.kv_writer.start()
-            self._models_task = asyncio.create_task(self._publish_models(self.models_body))
+        if self.kv_writer is not None or self.catalog.sources:
+            self._models_task = asyncio.create_task(self._keep_models())
 
-    async def _publish_models(self, body: bytes) -> None:
-        """The model list to Workers KV for the edge, now and every ``MODELS_REFRESH``."""
-        assert self.kv_writer is not None
+    async def _keep_models(self) -> None:
+        """Refresh the catalog now and every ``models_refresh_interval`` (never on a
+        request's path), and publish it to Workers KV for the edge: once the first
+        refresh is done (never a list from before the providers were asked), on every
+        change, and at least every ``MODELS_REPUBLISH``."""
+        catalog, writer = self.catalog, self.kv_writer
+        interval = self.settings.models_refresh_interval if catalog.sources else MODELS_REPUBLISH
+        loop = asyncio.get_running_loop()
+        published_at: float | None = None
         while True:
-            self.kv_writer.submit(MODELS_KEY, body, MODELS_TTL, entry=False)
-            await asyncio.sleep(MODELS_REFRESH)
+            changed = await catalog.refresh()
+            due = published_at is None or loop.time() - published_at >= MODELS_REPUBLISH
+            if writer is not None and (changed or due):
+                writer.submit(MODELS_KEY, catalog.body(None), MODELS_TTL, entry=False)
+                published_at = loop.time()
+            await asyncio.sleep(interval)
 
     async def close(self) -> None:
         await cancel_and_wait(self._models_task)
@@ -206,19 +220,6 @@ class Gateway:
         await self.redis.close()
         if self.redis_reader is not None:
             await self.redis_reader.close()
-
-
-def models_body(names: Iterable[str], created: float) -> bytes:
-    """``/v1/models``'s body listing ``names``."""
-    return orjson.dumps(
-        {
-            "object": "list",
-            "data": [
-                {"id": name, "object": "model", "created": int(created), "owned_by": "prism"}
-                for name in names
-            ],
-        }
-    )
 
 
 def _telemetry(settings: Settings) -> Telemetry:

@@ -149,6 +149,21 @@ class Metrics:
             registry=registry,
         )
 
+        # The model catalog's fetches (origin.routing.model_catalog): a few per provider
+        # per refresh interval.
+        self.model_list_fetches = Counter(
+            "prism_model_list_fetches",
+            "Provider model-list fetches, by provider and outcome (ok, failed; a failed one"
+            " keeps the provider's last list).",
+            ("provider", "outcome"),
+            registry=registry,
+        )
+        self.models_listed = Gauge(
+            "prism_models_listed",
+            "Models /v1/models lists (named routes and the providers' own lists).",
+            registry=registry,
+        )
+
         # Rate limit refusals (origin.governance.rate_limiter): few by design, so a locked Counter
         # is fine.
         self.rate_limited = Counter(

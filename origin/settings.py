@@ -103,6 +103,9 @@ class Settings:
     # how often it samples the origin's figures.
     admin_key: str | None = field(default=None, repr=False)
     dashboard_interval: float = 5.0
+    # How often the providers behind a wildcard route are asked for their model lists
+    # (origin.routing.model_catalog): /v1/models lists what they list.
+    models_refresh_interval: float = 300.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -159,6 +162,7 @@ class Settings:
             semantic_max_wait=("PRISM_SEMANTIC_MAX_WAIT", float),
             otel_export_interval=("PRISM_OTEL_EXPORT_INTERVAL", float),
             dashboard_interval=("PRISM_DASHBOARD_INTERVAL", float),
+            models_refresh_interval=("PRISM_MODELS_REFRESH_INTERVAL", float),
         )
         if numbers.get("budget_hold", 60) < 60:
             raise SettingsError("PRISM_BUDGET_HOLD_SECONDS must be at least 60 (seconds).")
@@ -179,6 +183,8 @@ class Settings:
             raise SettingsError("PRISM_OTEL_EXPORT_INTERVAL must be more than 0 (seconds).")
         if not 0.5 <= numbers.get("dashboard_interval", 5) <= 60:
             raise SettingsError("PRISM_DASHBOARD_INTERVAL must be 0.5 to 60 (seconds).")
+        if not 0.1 <= numbers.get("models_refresh_interval", 300) <= 86_400:
+            raise SettingsError("PRISM_MODELS_REFRESH_INTERVAL must be 0.1 to 86400 (seconds).")
         admin_key = env.get("PRISM_ADMIN_KEY") or None
         if admin_key is not None and len(admin_key) < 16:
             raise SettingsError("PRISM_ADMIN_KEY must be at least 16 characters.")

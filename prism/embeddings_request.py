@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import InvalidRequestError, RequestTooLargeError
-from .request import DEFAULT_LIMITS, Limits, _integer, _kind, decode_body
+from .request import DEFAULT_LIMITS, Limits, _integer, _kind, decode_body, model_name
 
 __all__ = ["MAX_INPUTS", "EmbeddingsRequest", "parse_embeddings_request"]
 
@@ -100,9 +100,7 @@ def parse_embeddings_request(
 ) -> EmbeddingsRequest:
     """Validate ``raw`` as an embeddings body, or raise the matching ``PrismError``."""
     body = decode_body(raw, limits)
-    model = body.get("model")
-    if not isinstance(model, str) or not 0 < len(model) <= 256:
-        raise InvalidRequestError("'model' must be a non-empty string.", param="model")
+    model = model_name(body.get("model"))
     if "input" not in body:
         raise InvalidRequestError("'input' is required.", param="input")
     inputs = _count_inputs(body["input"])

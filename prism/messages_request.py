@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import InvalidRequestError, RequestTooLargeError
-from .request import DEFAULT_LIMITS, Limits, _integer, _kind, _number, decode_body
+from .request import DEFAULT_LIMITS, Limits, _integer, _kind, _number, decode_body, model_name
 
 __all__ = ["MessagesRequest", "parse_messages_request"]
 
@@ -96,9 +96,7 @@ def _check_messages(messages: Any, limits: Limits) -> None:
 def parse_messages_request(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> MessagesRequest:
     """Validate ``raw`` as a Messages API body, or raise the matching ``PrismError``."""
     body = decode_body(raw, limits)
-    model = body.get("model")
-    if not isinstance(model, str) or not 0 < len(model) <= 256:
-        raise InvalidRequestError("model: must be a non-empty string.", param="model")
+    model = model_name(body.get("model"))
     max_tokens = body.get("max_tokens")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise InvalidRequestError(

@@ -7,7 +7,11 @@ key to Workers KV (each edge isolate reads it at most once a minute). ::
     {"allow": ["gpt-4o*"], "budget": {"period": "day", "usd": 25.0}, "deny": ["o1*"],
      "revision": 3, "updated_at": "2026-11-30T22:50:00.000Z", "updated_by": "ops", "v": 1}
 
-Model patterns are globs (``fnmatch``, case-sensitive): ``*``, ``?`` and ``[...]``.
+Model patterns are globs (``fnmatch``): ``*``, ``?`` and ``[...]``, matched without regard
+to case, so ``deny: ["gpt-4o"]`` also refuses ``GPT-4O``: a provider that folds case (an
+Azure deployment name, many OpenAI-compatible servers) must not be a way past a deny.
+Names reach the provider exactly as sent; ``prism.request.model_name`` refuses the ones
+with spaces at the ends or invisible characters before any policy is read.
 A model is allowed when no ``deny`` pattern matches it and either ``allow`` is empty
 or an ``allow`` pattern matches it: deny wins. No record at all allows every model.
 
@@ -107,7 +111,7 @@ def _matcher(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
     # One regex per list, built once per policy: a check is one match per list.
     if not patterns:
         return None
-    return re.compile("|".join(fnmatch.translate(p) for p in patterns))
+    return re.compile("|".join(fnmatch.translate(p) for p in patterns), re.IGNORECASE)
 
 
 # The semantic cache's threshold (cosine similarity, all-MiniLM-L6-v2 on onnxruntime int8):

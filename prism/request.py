@@ -9,13 +9,21 @@ parameters faster than gateways do.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import InvalidRequestError, RequestTooLargeError
 
-__all__ = ["ChatRequest", "Limits", "decode_body", "parse_chat_request"]
+__all__ = [
+    "MAX_MODEL_CHARS",
+    "ChatRequest",
+    "Limits",
+    "decode_body",
+    "model_name",
+    "parse_chat_request",
+]
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
@@ -305,12 +313,61 @@ def decode_body(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> dict[str, 
     return body
 
 
+MAX_MODEL_CHARS = 256
+
+# Invisible characters ``str.isprintable`` lets through: the Default_Ignorable_Code_Points
+# outside categories Cc/Cf/Cn (combining grapheme joiner, Hangul fillers, Khmer inherent
+# vowels, Mongolian and other variation selectors).
+_INVISIBLE = re.compile(
+    "[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180d\u180f\u3164\ufe00-\ufe0f\uffa0"
+    "\U000e0100-\U000e01ef]"
+)
+
+
+def _bad_character(value: str) -> str:
+    """What is wrong with ``value``'s first refused character (error path only)."""
+    import unicodedata  # only here: a good name never needs the Unicode database
+
+    for index, char in enumerate(value):
+        if not char.isprintable() or _INVISIBLE.match(char):
+            name = unicodedata.name(char, unicodedata.category(char))
+            return f"U+{ord(char):04X} ({name}) at position {index}"
+    return "a space at its start or end"
+
+
+def model_name(value: Any) -> str:
+    """``value`` if it is an exact model name, else a 400 with ``param: "model"``.
+
+    Exact: a string of 1 to ``MAX_MODEL_CHARS`` characters with no space at either end
+    and no control, format, separator (other than an inner space), unassigned or other
+    invisible character. A name a provider would read differently from the policy (an
+    ``"gpt-4o\u200b"`` that passes ``--deny gpt-4o``) is refused before policy or routing.
+    """
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_MODEL_CHARS:
+        raise InvalidRequestError(
+            f"'model' must be a non-empty string of at most {MAX_MODEL_CHARS} characters.",
+            param="model",
+        )
+    # isprintable() refuses every Cc, Cf, Cs, Co, Cn, Zl, Zp and Zs but the ASCII space,
+    # so what is left to look at is the ends and, past ASCII, the invisible letters/marks.
+    if (
+        value.isprintable()
+        and value[0] != " "
+        and value[-1] != " "
+        and (value.isascii() or _INVISIBLE.search(value) is None)
+    ):
+        return value
+    raise InvalidRequestError(
+        f"'model' must be an exact model name; {value[:80]!r} has {_bad_character(value)}.",
+        param="model",
+        code="invalid_model_name",
+    )
+
+
 def parse_chat_request(raw: bytes | str, limits: Limits = DEFAULT_LIMITS) -> ChatRequest:
     """Validate ``raw`` as a chat-completions body, or raise the matching ``PrismError``."""
     body = decode_body(raw, limits)
-    model = body.get("model")
-    if not isinstance(model, str) or not 0 < len(model) <= 256:
-        raise InvalidRequestError("'model' must be a non-empty string.", param="model")
+    model = model_name(body.get("model"))
     _check_messages(body.get("messages"), limits)
 
     for name in _CHECKED.intersection(body):

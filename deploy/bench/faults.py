@@ -306,6 +306,7 @@ class FaultBenchRunner:
         for name, control in self._controls.items():
             snapshot = await asyncio.to_thread(control.stats)
             snapshot.pop("pending_faults", None)
+            snapshot.pop("pending_model_faults", None)
             stats[name] = snapshot
             log = await asyncio.to_thread(control.log)
             if len(log) < snapshot["chat_requests"]:

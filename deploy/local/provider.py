@@ -11,7 +11,8 @@ same content, streamed or not; different bodies get different content.
 Run it: ``python -m deploy.local.provider --host 127.0.0.1 --port 9100``, or in-process
 as a ``ProviderServer`` (a background thread on a free port). The app itself is in
 ``deploy.local.provider_app``, its replies in ``provider_replies``, the wire formats in
-``provider_openai``, ``provider_anthropic`` and ``provider_sse``, the faults and control
+``provider_openai``, ``provider_anthropic`` and ``provider_sse``, the model lists in
+``provider_models``, the faults and control
 endpoints in ``provider_faults``, the settings in ``provider_settings``.
 """
 

@@ -1,14 +1,15 @@
 """The local provider's ASGI app: OpenAI's chat completions, embeddings and models,
-Anthropic's messages, Azure OpenAI's deployments and Gemini's models, each answer delayed,
-paced and spoiled as its fault says.
+Anthropic's messages and models, Azure OpenAI's deployments, Google Gemini's
+generateContent and Bedrock's Converse, each answer delayed, paced and spoiled as its fault
+says.
 
 The handlers check a request as the real API would (its key, its headers, its body), read
 it into a reply (``provider_replies``), put that in the API's format (``provider_openai``,
-``provider_anthropic``, ``provider_azure``, ``provider_gemini``) and send it, whole or as a
-paced event stream (``provider_sse``). Apart from the control endpoints (faults, counters,
-recent requests: ``provider_faults``) and from running the app (a thread, a port, the command
-line: ``deploy.local.provider``): this module is the serving alone, one app instance
-with all its state on it.
+``provider_anthropic``, ``provider_azure``, ``provider_gemini``, ``provider_bedrock``) and
+send it, whole or as a paced event stream (``provider_sse``). Apart from the control
+endpoints (faults, counters, recent requests: ``provider_faults``) and from running the app
+(a thread, a port, the command line: ``deploy.local.provider``): this module is the serving
+alone, one app instance with all its state on it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,16 @@ from starlette.types import Receive, Scope, Send
 
 from deploy.local.provider_anthropic import anthropic_message, anthropic_stream
 from deploy.local.provider_azure import azure_checked, azure_completion, azure_denied, azure_stream
+from deploy.local.provider_bedrock import (
+    EVENT_STREAM,
+    BedrockRejection,
+    bedrock_error_response,
+    bedrock_fault_response,
+    bedrock_stream,
+    check_bedrock,
+    check_titan,
+    converse_answer,
+)
 from deploy.local.provider_faults import (
     Api,
     Fault,
@@ -38,7 +49,6 @@ from deploy.local.provider_faults import (
     error_response,
     fault_error_response,
     header_fault,
-    json_response,
 )
 from deploy.local.provider_gemini import (
     GeminiCall,
@@ -50,6 +60,7 @@ from deploy.local.provider_gemini import (
     gemini_response,
     gemini_stream,
 )
+from deploy.local.provider_models import anthropic_model_page, openai_model_list
 from deploy.local.provider_openai import openai_completion, openai_embeddings, openai_stream
 from deploy.local.provider_replies import ScriptedReply, anthropic_reply, openai_reply
 from deploy.local.provider_settings import ProviderSettings
@@ -72,20 +83,34 @@ class _Provider:
         self.state = state
 
     async def models(self, request: Request) -> Response:
-        self.state.stats.paths[request.url.path] += 1
-        key = self.settings.api_key
+        """OpenAI's model list, with an ``anthropic-version`` header Anthropic's page
+        (``provider_models``), with a Google key Gemini's; OpenAI's and Anthropic's faults
+        come from the models queue."""
+        state, settings = self.state, self.settings
         if "x-goog-api-key" in request.headers or "key" in request.query_params:
-            return gemini_models("v1", request.headers, request.query_params, key)  # Gemini's
-        if key is not None:
-            bearer = request.headers.get("authorization", "").removeprefix("Bearer ")
-            given = request.headers.get("x-api-key", bearer)
-            if not hmac.compare_digest(given.encode(), key.encode()):
-                return error_response("openai", 401, "Incorrect API key provided.")
-        data = [
-            {"id": m, "object": "model", "created": 0, "owned_by": "prism-local"}
-            for m in self.settings.models
-        ]
-        return json_response({"object": "list", "data": data})
+            return gemini_models("v1", request.headers, request.query_params, settings.api_key)
+        release = state.release
+        api: Api = "anthropic" if "anthropic-version" in request.headers else "openai"
+        denied = self._denied(request, api)
+        if denied is not None:
+            return denied
+        try:
+            if api == "anthropic":
+                data = anthropic_model_page(
+                    settings.anthropic_models, request.query_params, settings.models_page_size
+                )
+            else:
+                data = openai_model_list(settings.models)
+            fault = header_fault(request.headers) or state.model_faults.take()
+        except ValueError as exc:
+            return error_response(api, 400, str(exc))
+        state.stats.model_lists[api] += 1
+        if fault is not None:
+            state.stats.model_list_faults += 1
+        await self._before_first_byte(fault, False, release)
+        if fault is not None and fault.mode in ("status", "rate_limit"):
+            return fault_error_response(api, fault)
+        return _plain(orjson.dumps(data), fault)
 
     async def chat_completions(self, request: Request) -> Response:
         return await self._chat(request, "openai")
@@ -183,10 +208,60 @@ class _Provider:
         key = self.settings.api_key
         return gemini_models(version, request.headers, request.query_params, key)
 
+    async def converse(self, request: Request) -> Response:
+        """Bedrock's Converse and ConverseStream (``provider_bedrock``): the same faults."""
+        state = self.state
+        state.stats.chat_requests += 1
+        state.stats.paths[request.url.path] += 1
+        release = state.release  # a release from now on ends this request's stall
+        raw = await request.body()
+        try:
+            body, reply = check_bedrock(request, raw, self.settings)
+            fault = header_fault(request.headers) or state.faults.take()
+        except BedrockRejection as rejection:
+            return rejection.response
+        except ValueError as exc:  # a bad x-fault-* header
+            return bedrock_error_response(400, str(exc))
+        record = {"method": "POST", "path": request.url.path, "headers": dict(request.headers)}
+        state.recent.append({**record, "body": body})
+        stream = request.url.path.endswith("/converse-stream")
+        state.record(fault, stream)
+        await self._before_first_byte(fault, stream, release)
+        if fault is not None and fault.mode in ("status", "rate_limit"):
+            return bedrock_fault_response(fault)
+        if not stream:
+            return _plain(orjson.dumps(converse_answer(reply)), fault)
+        events = self._emit(bedrock_stream(self.settings, reply, fault), fault)
+        if fault is not None and fault.mode == "truncated_stream" and fault.abort:
+            return _CutResponse(events, EVENT_STREAM)
+        return StreamingResponse(events, media_type=EVENT_STREAM)
+
+    async def invoke(self, request: Request) -> Response:
+        """Bedrock's InvokeModel for Titan text embeddings: the faults of a JSON answer."""
+        state = self.state
+        state.stats.paths[request.url.path] += 1
+        release = state.release  # a release from now on ends this request's stall
+        raw = await request.body()
+        try:
+            body, answer = check_titan(request, raw, self.settings)
+            fault = header_fault(request.headers) or state.faults.take()
+        except BedrockRejection as rejection:
+            return rejection.response
+        except ValueError as exc:  # a bad x-fault-* header
+            return bedrock_error_response(400, str(exc))
+        state.recent.append({"method": "POST", "path": request.url.path, "body": body})
+        state.record(fault, False)
+        await self._before_first_byte(fault, False, release)
+        if fault is not None and fault.mode in ("status", "rate_limit"):
+            return bedrock_fault_response(fault)
+        return _plain(orjson.dumps(answer), fault)
+
     def _denied(self, request: Request, api: Api) -> Response | None:
         headers, key = request.headers, self.settings.api_key
         if api == "anthropic":
-            given = headers.get("x-api-key")
+            # The key as x-api-key, or as a bearer token (how the anthropic SDK 2.x sends it).
+            bearer = headers.get("authorization", "")
+            given = headers.get("x-api-key") or (bearer[7:] if bearer[:7] == "Bearer " else None)
             if given is None or (key is not None and not _same(given, key)):
                 return error_response(api, 401, "invalid x-api-key")
             if "anthropic-version" not in headers:
@@ -430,6 +505,9 @@ def create_provider_app(settings: ProviderSettings | None = None) -> Starlette:
         Route("/openai/v1/embeddings", provider.azure_embeddings, methods=["POST"]),
         Route("/{version}/models", provider.gemini_models, methods=["GET"]),
         Route("/{version}/models/{target}", provider.gemini, methods=["POST"]),
+        Route("/model/{model_id:path}/converse", provider.converse, methods=["POST"]),
+        Route("/model/{model_id:path}/converse-stream", provider.converse, methods=["POST"]),
+        Route("/model/{model_id:path}/invoke", provider.invoke, methods=["POST"]),
         *control_routes(state),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})

@@ -18,6 +18,10 @@ A stall before the first byte (``stall_before_first_byte``) and a stream's stall
 (``stall_after_headers``, ``stall_mid_stream``) last ``seconds`` or until ``/_control/release``,
 whichever comes first; a release ends the stall before the first byte of every request
 received before it, even one that had not reached its stall yet.
+
+A fault queued with ``"endpoint": "models"`` is for the model lists (``GET /v1/models``,
+either API's) instead of the chat requests: ``status``, ``rate_limit``, ``malformed_json``,
+``latency`` and the stalls apply to it as to a JSON answer.
 """
 
 from __future__ import annotations
@@ -202,6 +206,10 @@ class ProviderStats:
     faults_applied: int = 0
     # Chat requests by what they got: "ok" or the fault's mode.
     outcomes: Counter[str] = field(default_factory=Counter)
+    # Model-list pages answered, by API ("openai", "anthropic"), and those a fault spoiled:
+    # apart from ``paths``, which counts the API calls (a gateway lists in the background).
+    model_lists: Counter[str] = field(default_factory=Counter)
+    model_list_faults: int = 0
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -212,6 +220,8 @@ class ProviderStats:
             "streams_completed": self.streams_completed,
             "streams_aborted": self.streams_aborted,
             "faults_applied": self.faults_applied,
+            "model_lists": dict(self.model_lists),
+            "model_list_faults": self.model_list_faults,
         }
 
 
@@ -220,6 +230,7 @@ class ProviderState:
     """Everything mutable about one provider app."""
 
     faults: FaultQueue = field(default_factory=FaultQueue)
+    model_faults: FaultQueue = field(default_factory=FaultQueue)  # for GET /v1/models
     stats: ProviderStats = field(default_factory=ProviderStats)
     # Recent requests (path, headers, body) so tests can see what a gateway forwarded.
     recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=_RECENT_REQUESTS))
@@ -243,6 +254,7 @@ class ProviderState:
 
     def reset(self) -> None:
         self.faults.clear()
+        self.model_faults.clear()
         self.stats = ProviderStats()
         self.recent.clear()
         self.log.clear()
@@ -308,18 +320,29 @@ def control_routes(state: ProviderState) -> list[Route]:
             data = orjson.loads(await request.body())
             if not isinstance(data, dict):
                 raise ValueError("body must be a JSON object")
+            endpoint = data.pop("endpoint", "chat")
+            if endpoint not in ("chat", "models"):
+                raise ValueError("endpoint must be chat or models")
+            queue = state.model_faults if endpoint == "models" else state.faults
             fault = Fault.from_mapping(data)
-            state.faults.push(fault, int(data.get("count", 1)))
+            queue.push(fault, int(data.get("count", 1)))
         except (orjson.JSONDecodeError, TypeError, ValueError) as exc:
             return error_response("openai", 400, str(exc))
-        return json_response({"queued": fault.as_dict(), "pending": state.faults.describe()})
+        return json_response({"queued": fault.as_dict(), "pending": queue.describe()})
 
     async def clear_faults(request: Request) -> Response:
         state.faults.clear()
+        state.model_faults.clear()
         return json_response({"pending": []})
 
     async def stats(request: Request) -> Response:
-        return json_response({**state.stats.snapshot(), "pending_faults": state.faults.describe()})
+        return json_response(
+            {
+                **state.stats.snapshot(),
+                "pending_faults": state.faults.describe(),
+                "pending_model_faults": state.model_faults.describe(),
+            }
+        )
 
     async def reset(request: Request) -> Response:
         state.reset()
@@ -356,7 +379,8 @@ class ProviderControl:
         self._client = httpx.Client(base_url=base_url, timeout=timeout, trust_env=False)
 
     def set_fault(self, mode: str, count: int = 1, **params: Any) -> dict[str, Any]:
-        """Queue ``mode`` for the next ``count`` chat requests (-1 = until cleared).
+        """Queue ``mode`` for the next ``count`` chat requests (-1 = until cleared), or
+        with ``endpoint="models"`` for the next model lists.
 
         With ``probability=p`` (and ``seed``), each request gets it with chance p.
         """

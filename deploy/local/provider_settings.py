@@ -9,15 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_MODELS", "ProviderSettings"]
+from deploy.local.provider_models import ANTHROPIC_MODELS, OPENAI_MODELS
 
-DEFAULT_MODELS = (
-    "gpt-4o-mini",
-    "gpt-4o",
-    "claude-3-5-haiku-latest",
-    "claude-sonnet-4-5",
-    "prism-local-echo",
-)
+__all__ = ["DEFAULT_ANTHROPIC_MODELS", "DEFAULT_MODELS", "ProviderSettings"]
+
+DEFAULT_MODELS = tuple(OPENAI_MODELS)  # what its OpenAI GET /v1/models lists
+DEFAULT_ANTHROPIC_MODELS = tuple(ANTHROPIC_MODELS)  # what its Anthropic one lists
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,4 +27,8 @@ class ProviderSettings:
     reply_words: int = 0  # pad replies with filler words up to this length
     echo_chars: int = 80  # how much of the last user message is echoed
     models: tuple[str, ...] = DEFAULT_MODELS
+    anthropic_models: tuple[str, ...] = DEFAULT_ANTHROPIC_MODELS
+    # The most models a page of Anthropic's list holds, whatever its limit (the real API
+    # gives up to 1,000): small, so the default list takes two pages.
+    models_page_size: int = 3
     api_key: str | None = None  # when set, requests must carry it

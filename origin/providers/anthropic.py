@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
+from datetime import datetime
 from typing import Any
 
 import aiohttp
@@ -23,7 +24,7 @@ from prism.sse import DONE, SSEDecoder
 from .anthropic_answer import to_chat_completion
 from .anthropic_request import to_messages_request
 from .anthropic_stream import StreamTranslator
-from .base import ProviderSpec, UpstreamCompletion, UpstreamStream
+from .base import ListedModel, ProviderSpec, UpstreamCompletion, UpstreamStream
 from .upstream_http import UpstreamHTTP, malformed, parse_body, redact
 
 __all__ = ["ANTHROPIC_VERSION", "AnthropicProvider"]
@@ -31,6 +32,9 @@ __all__ = ["ANTHROPIC_VERSION", "AnthropicProvider"]
 ANTHROPIC_VERSION = "2023-06-01"
 _PATH = "/v1/messages"
 _FINISH_SECONDS = 0.5  # how long to wait for the body's end after message_stop
+_MODELS_PATH = "/v1/models"
+_MODELS_PAGE = "1000"  # the most one page of the list holds (its default is 20)
+_MODELS_PAGES = 50  # a list that never says has_more: false is cut there
 
 
 def _sse(chunk: dict[str, Any]) -> bytes:
@@ -151,8 +155,38 @@ class AnthropicProvider:
         finally:
             await body.aclose()  # releases the response (a no-op once it is read)
 
+    async def models(self) -> list[ListedModel]:
+        """``GET /v1/models``, page after page (``has_more``, then ``after_id=last_id``)."""
+        headers = {k: v for k, v in self._headers.items() if k != "content-type"}
+        listed: list[ListedModel] = []
+        params = {"limit": _MODELS_PAGE}
+        for _ in range(_MODELS_PAGES):
+            page = parse_body(self.spec, await self._http.get(_MODELS_PATH, headers, params))
+            data = page.get("data")
+            if not isinstance(data, list):
+                raise malformed(self.spec, "an unexpected model list")
+            listed.extend(model for model in map(_listed_model, data) if model is not None)
+            last = page.get("last_id")
+            if page.get("has_more") is not True:
+                break
+            if not isinstance(last, str) or not last:
+                raise malformed(self.spec, "a model list page with more but no last_id")
+            params = {"limit": _MODELS_PAGE, "after_id": last}
+        return listed
+
     async def aclose(self) -> None:
         await self._http.aclose()
+
+
+def _listed_model(entry: object) -> ListedModel | None:
+    """Anthropic's ``{type: "model", id, display_name, created_at}``; it names no owner."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+        return None
+    created, stamp = 0, entry.get("created_at")  # RFC 3339, e.g. 2025-02-19T00:00:00Z
+    if isinstance(stamp, str):
+        with contextlib.suppress(ValueError):
+            created = int(datetime.fromisoformat(stamp).timestamp())
+    return ListedModel(id=entry["id"], created=created)
 
 
 async def _finish_body(body: AsyncIterator[bytes]) -> None:

@@ -34,7 +34,7 @@ import orjson
 from prism.sse import DONE, SSEDecoder
 
 from .azure_content import answer_of, chunk_of
-from .base import ProviderSpec, UpstreamCompletion, UpstreamStream
+from .base import ListedModel, ProviderSpec, UpstreamCompletion, UpstreamStream
 from .openai import OpenAICompatibleProvider
 from .upstream_http import ErrorMapper, UpstreamHTTP, malformed
 
@@ -179,6 +179,12 @@ class AzureProvider:
         """``POST …/embeddings``: Azure's vectors are OpenAI's list, passed on as sent."""
         wire, deployment = self._wire(model)
         return await wire.embed(body, deployment)
+
+    async def models(self) -> list[ListedModel]:
+        """The models its ``deployments`` table names: what this resource serves. (Azure's
+        own model list is every model the region offers, deployed or not; its deployments
+        are listed only by the management API, with other credentials.)"""
+        return [ListedModel(id=model, owned_by="azure") for model in self._deployments]
 
     async def _events(self, upstream: UpstreamStream) -> AsyncGenerator[bytes, None]:
         """Azure's SSE bytes in, OpenAI's out: one yield per read that leaves a chunk."""

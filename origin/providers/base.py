@@ -10,9 +10,16 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["ChatProvider", "ProviderSpec", "UpstreamCompletion", "UpstreamStream"]
+__all__ = [
+    "ChatProvider",
+    "ListedModel",
+    "ModelLister",
+    "ProviderSpec",
+    "UpstreamCompletion",
+    "UpstreamStream",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,3 +97,22 @@ class ChatProvider(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ListedModel:
+    """One model a provider's own models endpoint lists."""
+
+    id: str
+    created: int = 0  # Unix seconds, as the provider gives it (0: not given)
+    owned_by: str | None = None  # the provider's own value; None: it gives none
+
+
+@runtime_checkable
+class ModelLister(Protocol):
+    """A provider that can list its models (optional: ``origin.routing.model_catalog``
+    checks for it, so an adapter without a models endpoint needs nothing)."""
+
+    async def models(self) -> list[ListedModel]:
+        """Every model the provider lists (all pages); ``PrismError`` on failure."""
+        ...

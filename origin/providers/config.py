@@ -39,6 +39,7 @@ Per provider, the routing policy: ``retries`` (1), ``retry_backoff`` (0.1 s),
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import tomllib
 from collections.abc import Mapping
@@ -123,9 +124,6 @@ class ProviderConfig:
         )
         return known[0], most
 
-    def public_models(self) -> list[str]:
-        return sorted(name for name in self.routes if not any(c in name for c in "*?["))
-
 
 # The keys every kind reads; a provider table's other keys are its kind's own options.
 _COMMON_KEYS = frozenset(
@@ -151,11 +149,18 @@ _COMMON_KEYS = frozenset(
 )
 
 
+# Where a kind's API is when the providers file names no base_url ({key}: the table's key).
+_DEFAULT_BASE_URLS = {"bedrock": "https://bedrock-runtime.{region}.amazonaws.com"}
+
+
 def _spec(name: str, table: Mapping[str, Any], env: Mapping[str, str]) -> ProviderSpec:
     kind = table.get("kind", "openai")
     if kind not in ADAPTERS:
         raise ValueError(f"provider '{name}': kind must be one of {', '.join(ADAPTERS)}")
     base_url = table.get("base_url")
+    if base_url is None and kind in _DEFAULT_BASE_URLS:
+        with contextlib.suppress(KeyError):  # without the key it needs, base_url is required
+            base_url = _DEFAULT_BASE_URLS[kind].format_map(table)
     if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
         raise ValueError(f"provider '{name}': base_url must be an http(s) URL")
     key_env = table.get("api_key_env")

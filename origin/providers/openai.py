@@ -6,10 +6,23 @@ from typing import Any
 
 import orjson
 
-from .base import ProviderSpec, UpstreamCompletion, UpstreamStream
+from .base import ListedModel, ProviderSpec, UpstreamCompletion, UpstreamStream
 from .upstream_http import UpstreamHTTP, malformed, parse_body
 
 __all__ = ["OpenAICompatibleProvider"]
+
+
+def _listed_model(entry: object) -> ListedModel | None:
+    """An OpenAI model object (``{id, object, created, owned_by}``) as a ``ListedModel``;
+    None for an entry without a string ``id``."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+        return None
+    created, owned_by = entry.get("created"), entry.get("owned_by")
+    return ListedModel(
+        id=entry["id"],
+        created=created if isinstance(created, int) and not isinstance(created, bool) else 0,
+        owned_by=owned_by if isinstance(owned_by, str) and owned_by else None,
+    )
 
 
 class OpenAICompatibleProvider:
@@ -21,6 +34,7 @@ class OpenAICompatibleProvider:
         if spec.api_key:
             self._headers["authorization"] = f"Bearer {spec.api_key}"
         self._stream_headers = {**self._headers, "accept-encoding": "identity"}
+        self._list_headers = {k: v for k, v in self._headers.items() if k != "content-type"}
 
     def _payload(self, body: dict[str, Any], model: str, stream: bool) -> bytes:
         payload = body if body.get("model") == model else {**body, "model": model}
@@ -55,6 +69,14 @@ class OpenAICompatibleProvider:
         if not isinstance(answer.get("data"), list):
             raise malformed(self.spec, "an unexpected body")
         return UpstreamCompletion(body=content, completion=answer)
+
+    async def models(self) -> list[ListedModel]:
+        """``GET /models``: OpenAI's ``{"object": "list", "data": [...]}``, one page."""
+        content = await self._http.get("/models", self._list_headers)
+        data = parse_body(self.spec, content).get("data")
+        if not isinstance(data, list):
+            raise malformed(self.spec, "an unexpected model list")
+        return [model for model in map(_listed_model, data) if model is not None]
 
     async def aclose(self) -> None:
         await self._http.aclose()

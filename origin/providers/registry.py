@@ -14,6 +14,7 @@ import aiohttp
 from .anthropic import AnthropicProvider
 from .azure import AzureProvider
 from .base import ChatProvider, ProviderSpec
+from .bedrock import BedrockProvider
 from .gemini import GeminiProvider
 from .openai import OpenAICompatibleProvider
 from .upstream_http import ConnectorFactory, UpstreamHTTP
@@ -33,6 +34,7 @@ ADAPTERS: dict[str, Adapter] = {
     "anthropic": AnthropicProvider,
     "azure": AzureProvider,
     "gemini": GeminiProvider,
+    "bedrock": BedrockProvider,
 }
 
 

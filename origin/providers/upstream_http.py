@@ -108,6 +108,27 @@ class UpstreamHTTP:
             (errors or raise_for_upstream)(spec, status, content, response_headers)
         return content
 
+    async def get(
+        self,
+        path: str,
+        headers: Mapping[str, str],
+        params: Mapping[str, str] | None = None,
+    ) -> bytes:
+        """GET within the provider's total timeout; the body of a 200, else its
+        PrismError (what is not a model call: the provider's model list)."""
+        spec = self.spec
+        try:
+            async with asyncio.timeout(spec.total_timeout):
+                async with self._get_session().get(
+                    self._base + path, headers=headers, params=params
+                ) as response:
+                    content = await response.read()
+                    status, response_headers = response.status, response.headers
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise transport_error(spec, error) from None
+        raise_for_upstream(spec, status, content, response_headers)
+        return content
+
     async def open_stream(
         self,
         path: str,

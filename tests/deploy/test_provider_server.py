@@ -8,9 +8,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import orjson
@@ -18,6 +20,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from deploy.local.provider import ProviderServer, ProviderSettings, closed_port
+from deploy.local.provider_models import ANTHROPIC_MODELS, OPENAI_MODELS
 from tests.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -202,7 +205,49 @@ def test_auto_tool_choice_calls_only_when_asked(http: httpx.Client) -> None:
 
 
 def test_models_lists_the_configured_models(sdk: openai.OpenAI, provider: ProviderServer) -> None:
-    assert [m.id for m in sdk.models.list()] == list(provider.settings.models)
+    models = list(sdk.models.list())
+    assert [m.id for m in models] == list(provider.settings.models)
+    assert {(m.id, m.created, m.owned_by) for m in models} == {
+        (name, created, owned_by) for name, (created, owned_by) in OPENAI_MODELS.items()
+    }
+
+
+def test_the_anthropic_sdk_reads_the_paged_model_list(provider: ProviderServer) -> None:
+    client = anthropic.Anthropic(base_url=provider.url, api_key="test-key", max_retries=0)
+    with client:
+        first = client.models.list(limit=2)  # a page of two, of a list of five
+        assert [m.id for m in first.data] == list(ANTHROPIC_MODELS)[:2] and first.has_more
+        every = list(client.models.list())  # the SDK follows has_more / last_id itself
+    assert [m.id for m in every] == list(ANTHROPIC_MODELS)
+    for model, (name, created_at) in zip(every, ANTHROPIC_MODELS.values(), strict=True):
+        assert model.type == "model" and model.display_name == name
+        assert model.created_at == datetime.fromisoformat(created_at)
+    # Five models in pages of at most three: two pages, then the two-model page above.
+    assert provider.control.stats()["model_lists"] == {"anthropic": 3}
+
+
+def test_the_anthropic_model_list_checks_its_headers_and_cursors(http: httpx.Client) -> None:
+    no_key = http.get("/v1/models", headers={"anthropic-version": "2023-06-01"})
+    assert no_key.status_code == 401 and no_key.json()["error"]["type"] == "authentication_error"
+    for query in ({"limit": "0"}, {"limit": "1001"}, {"after_id": "gpt-9"}):
+        bad = http.get("/v1/models", params=query, headers=ANTHROPIC_HEADERS)
+        assert bad.status_code == 400 and bad.json()["type"] == "error", query
+    last = list(ANTHROPIC_MODELS)[-1]
+    before = http.get("/v1/models", params={"before_id": last}, headers=ANTHROPIC_HEADERS).json()
+    assert [m["id"] for m in before["data"]] == list(ANTHROPIC_MODELS)[1:4] and before["has_more"]
+
+
+def test_a_models_fault_spoils_only_the_model_lists(
+    http: httpx.Client, provider: ProviderServer
+) -> None:
+    provider.control.set_fault("status", count=2, status=503, endpoint="models")
+    assert http.get("/v1/models").status_code == 503
+    failed = http.get("/v1/models", headers=ANTHROPIC_HEADERS)
+    assert failed.status_code == 503 and failed.json()["type"] == "error"
+    assert chat(http).status_code == 200  # chat requests take the chat queue's faults only
+    assert http.get("/v1/models").status_code == 200
+    stats = provider.control.stats()
+    assert stats["model_list_faults"] == 2 and stats["faults_applied"] == 0
 
 
 def test_bad_requests_get_openai_style_400(http: httpx.Client) -> None:
@@ -631,9 +676,12 @@ def test_stats_count_requests_per_path(provider: ProviderServer, http: httpx.Cli
     body = {"model": "claude-3-5-haiku-latest", "max_tokens": 8, "messages": MESSAGES}
     http.post("/v1/messages", json=body, headers=ANTHROPIC_HEADERS)
     http.get("/v1/models")
+    http.get("/v1/models", headers=ANTHROPIC_HEADERS)
     stats = provider.control.stats()
     assert stats["chat_requests"] == 3
-    assert stats["paths"] == {"/v1/chat/completions": 2, "/v1/messages": 1, "/v1/models": 1}
+    # A gateway lists models in the background: counted apart from the API calls.
+    assert stats["paths"] == {"/v1/chat/completions": 2, "/v1/messages": 1}
+    assert stats["model_lists"] == {"openai": 1, "anthropic": 1}
     assert stats["streams_completed"] == 1 and stats["open_streams"] == 0
 
     provider.control.reset()

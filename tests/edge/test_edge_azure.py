@@ -1,19 +1,27 @@
 """Azure OpenAI behind the edge Worker in the real local Workers runtime: the openai SDK's
 chat (streamed and not, tools) and the anthropic SDK's Messages, missed at the PoP,
 answered through the origin by the local provider's Azure, then KV hits that reach
-neither; a 429 from Azure answered by the route's next target."""
+neither; a 429 from Azure answered by the route's next target. (Its own edge and origin,
+routing ``azure-*`` to the local provider as ``kind = "azure"``, then as OpenAI.)"""
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterator
+from pathlib import Path
 
 import anthropic
 import httpx2
 import openai
+import pytest
 from anthropic.types import MessageParam, TextBlock
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
-from tests.fixtures.edge import EdgeStack
+from deploy.local.provider import ProviderServer
+from deploy.local.redis import RedisServer
+from prism import KeyRing
+from tests.fixtures.edge import EdgeStack, edge_with_providers
+from tests.fixtures.workers import WorkersRuntimeFactory
 from tests.polling import wait_for
 
 MODEL = "azure-gpt-4o-mini"  # routed to the Azure provider, deployment gpt-4o-mini
@@ -24,6 +32,52 @@ WEATHER: ChatCompletionToolParam = {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
     },
 }
+
+
+def azure_providers(folder: Path, provider_url: str) -> Path:
+    """``azure-*`` to the local provider as Azure (its deployments named by the mapping),
+    then, on a failure only (unhedged), as OpenAI; every other model as OpenAI."""
+    path = folder / "providers.toml"
+    path.write_text(
+        f"""
+[providers.openai]
+base_url = "{provider_url}/v1"
+api_key = "provider-test-key"
+
+[providers.azure]
+kind = "azure"
+base_url = "{provider_url}"
+api_key = "provider-test-key"
+deployments = {{ "{MODEL}" = "gpt-4o-mini", "azure-embed" = "text-embedding-3-small" }}
+
+[models]
+"azure-*" = {{ targets = ["azure", "openai"], hedge = false }}
+"*" = ["openai"]
+"""
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def azure_stack(
+    tmp_path_factory: pytest.TempPathFactory,
+    workers_runtime_factory: WorkersRuntimeFactory,
+    edge_redis: RedisServer,
+    provider_server: ProviderServer,
+    key_ring: KeyRing,
+) -> Iterator[EdgeStack]:
+    folder = tmp_path_factory.mktemp("azure-edge")
+    config = azure_providers(folder, provider_server.url)
+    with edge_with_providers(
+        folder, workers_runtime_factory, edge_redis, provider_server, key_ring, config
+    ) as stack:
+        yield stack
+
+
+@pytest.fixture
+def edge(azure_stack: EdgeStack) -> EdgeStack:
+    azure_stack.provider.control.reset()
+    return azure_stack
 
 
 def layer(response: httpx2.Response) -> str:

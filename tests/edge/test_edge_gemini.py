@@ -1,18 +1,24 @@
 """A Gemini target behind the edge Worker in the real local Workers runtime: the openai SDK
 gets its answers from Gemini's wire format (plain, streamed, a tool call) and a repeat is
-a KV hit at the PoP; the anthropic SDK's Messages too. (The edge stack routes
-``gemini-*`` to the local provider as ``kind = "gemini"``: tests/fixtures/edge.py.)"""
+a KV hit at the PoP; the anthropic SDK's Messages too. (Its own edge and origin, routing
+``gemini-*`` to the local provider as ``kind = "gemini"``.)"""
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
 import openai
 import pytest
 
-from tests.fixtures.edge import EdgeStack
+from deploy.local.provider import ProviderServer
+from deploy.local.redis import RedisServer
+from prism import KeyRing
+from tests.fixtures.edge import EdgeStack, edge_with_providers
+from tests.fixtures.workers import WorkersRuntimeFactory
 from tests.polling import wait_for
 
 MODEL = "gemini-2.5-flash"
@@ -23,6 +29,49 @@ WEATHER: Any = {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
     },
 }
+
+
+def gemini_providers(folder: Path, provider_url: str) -> Path:
+    path = folder / "providers.toml"
+    path.write_text(
+        f"""
+[providers.openai]
+base_url = "{provider_url}/v1"
+api_key = "provider-test-key"
+
+[providers.gemini]
+kind = "gemini"
+base_url = "{provider_url}"
+api_key = "gemini-test-key"
+
+[models]
+"gemini-*" = ["gemini"]
+"*" = ["openai"]
+"""
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def gemini_stack(
+    tmp_path_factory: pytest.TempPathFactory,
+    workers_runtime_factory: WorkersRuntimeFactory,
+    edge_redis: RedisServer,
+    provider_server: ProviderServer,
+    key_ring: KeyRing,
+) -> Iterator[EdgeStack]:
+    folder = tmp_path_factory.mktemp("gemini-edge")
+    config = gemini_providers(folder, provider_server.url)
+    with edge_with_providers(
+        folder, workers_runtime_factory, edge_redis, provider_server, key_ring, config
+    ) as stack:
+        yield stack
+
+
+@pytest.fixture
+def edge(gemini_stack: EdgeStack) -> EdgeStack:
+    gemini_stack.provider.control.reset()
+    return gemini_stack
 
 
 def question(text: str) -> list[Any]:

@@ -1,5 +1,6 @@
-"""``GET /v1/models`` at the PoP: the list the origin publishes to Workers KV, filtered by
-the project's model policy; forwarded to the origin while KV has none."""
+"""``GET /v1/models`` at the PoP: the list the origin publishes to Workers KV (its named
+routes and its wildcard routes' providers' own models), filtered by the project's model
+policy; forwarded to the origin while KV has none."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ import json
 from collections.abc import Iterator
 
 import httpx
+import openai
 import pytest
+from typer.testing import CliRunner
 
+from deploy.cli import app
+from deploy.local.provider_models import OPENAI_MODELS
 from prism import Policy, policy_key
 from prism.routes import MODELS_KEY
 from tests.fixtures.edge import EdgeStack
@@ -85,3 +90,38 @@ def test_no_cache_asks_the_origin_itself(edge: EdgeStack, api_key: str) -> None:
     fresh = httpx.get(edge.url + "/v1/models", headers={**headers, "cache-control": "no-cache"})
     assert fresh.status_code == 200 and layer(fresh) != "kv"
     assert edge.origin_requests() == before + 1
+
+
+def test_the_openai_sdk_lists_the_providers_models_minus_the_denied(edge: EdgeStack) -> None:
+    # The stack's origin has OPENAI_API_KEY's default configuration: one "*" route to the
+    # provider stand-in, no named route; its list is the stand-in's own.
+    assert list(edge.origin.gateway.settings.providers.routes) == ["*"]
+    project = "edge-models-sdk"
+    runner = CliRunner()
+    denied = runner.invoke(
+        app, ["policy", "set", "--project", project, "--deny", "gpt-4o"], env=edge.cli_env()
+    )
+    assert denied.exit_code == 0, denied.output
+    try:
+        key = edge.key_ring.mint(project)
+        sdk = openai.OpenAI(base_url=edge.url + "/v1", api_key=key, max_retries=0)
+        expected = sorted(set(OPENAI_MODELS) - {"gpt-4o"})
+        with sdk:
+            wait_for(lambda: [m.id for m in sdk.models.list()] == expected, timeout=30)
+            before = edge.origin_requests()
+            raw = sdk.models.with_raw_response.list()
+            assert raw.headers["x-prism-edge-cache-layer"] == "kv"  # from the PoP
+            models = list(raw.parse())
+            assert edge.origin_requests() == before
+        assert [m.id for m in models] == expected
+        for model in models:
+            created, owned_by = OPENAI_MODELS[model.id]
+            assert (model.object, model.created, model.owned_by) == ("model", created, owned_by)
+        # The origin itself says the same for this key.
+        at_origin = httpx.get(
+            edge.origin.url + "/v1/models", headers={"authorization": f"Bearer {key}"}
+        )
+        assert [m["id"] for m in at_origin.json()["data"]] == expected
+    finally:
+        cleared = runner.invoke(app, ["policy", "clear", "--project", project], env=edge.cli_env())
+        assert cleared.exit_code == 0, cleared.output

@@ -138,3 +138,52 @@ async def test_the_cache_reads_kv_once_per_ttl_and_keeps_the_last_policy_on_fail
     failing = False
     del records[policy_key("acme")]
     assert await cache.get("acme", 120.0, kv_get) is None  # cleared
+
+
+INEXACT = ["gpt-4o ", " gpt-4o", "gpt-4o\u200b", "\ufeffgpt-4o", "gpt-4o\u0000", "gpt-4o\n"]
+APIS: dict[str, dict[str, object]] = {
+    CHAT: {"messages": [{"role": "user", "content": "hi"}]},
+    "/v1/embeddings": {"input": "hi"},
+    "/v1/messages": {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+}
+
+
+def refused_as_inexact(response: httpx.Response, path: str) -> bool:
+    error = response.json()["error"]
+    if path == "/v1/messages":  # Anthropic's error shape: no param, the message names it
+        message: str = error["message"]
+        return response.json()["type"] == "error" and message.startswith("'model'")
+    return (error["type"], error["param"], error["code"]) == (
+        "invalid_request_error",
+        "model",
+        "invalid_model_name",
+    )
+
+
+def test_an_inexact_model_name_is_a_400_at_the_edge_and_the_origin_and_case_is_no_way_past_a_deny(
+    edge: EdgeStack, project_key: str
+) -> None:
+    result = CliRunner().invoke(
+        app, ["policy", "set", "--project", PROJECT, "--deny", "gpt-4o"], env=edge.cli_env()
+    )
+    assert result.exit_code == 0, result.output
+    headers = {"authorization": f"Bearer {project_key}"}
+    wait_for(lambda: post(edge.url, project_key, body("GPT-4O")).status_code == 403, timeout=30)
+
+    before = edge.origin_requests()
+    for path, rest in APIS.items():
+        for model in INEXACT:
+            for url in (edge.url, edge.origin.url):
+                response = httpx.post(
+                    url + path, json={"model": model, **rest}, headers=headers, timeout=30
+                )
+                assert response.status_code == 400, (url, path, model, response.text)
+                assert refused_as_inexact(response, path), response.text
+        # Any case of a denied name is denied, at the PoP and at the origin.
+        for url in (edge.url, edge.origin.url):
+            response = httpx.post(
+                url + path, json={"model": "Gpt-4O", **rest}, headers=headers, timeout=30
+            )
+            assert response.status_code == 403, (url, path, response.text)
+    # The origin was asked only by the direct calls: the edge refused every one itself.
+    assert edge.origin_requests() == before + 3 * (len(INEXACT) + 1)

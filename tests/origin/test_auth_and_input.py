@@ -177,6 +177,28 @@ def test_values_no_provider_accepts_get_a_400_not_a_hang(
     assert provider.control.stats()["chat_requests"] == 0
 
 
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("model", ["demo ", " demo", "demo\u200b", "\ufeffdemo", "de\u0000mo"])
+def test_an_inexact_model_name_is_a_400_naming_the_model_not_a_provider_call(
+    client: httpx.Client, provider: ProviderServer, model: str, stream: bool
+) -> None:
+    response = client.post(
+        "/v1/chat/completions",
+        json={**BODY, "model": model, "stream": stream},
+        timeout=10,
+    )
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["type"], error["param"], error["code"]) == (
+        "invalid_request_error",
+        "model",
+        "invalid_model_name",
+    )
+    assert "exact model name" in error["message"]
+    assert provider.control.stats()["chat_requests"] == 0
+    assert client.post("/v1/chat/completions", json=BODY).status_code == 200
+
+
 def test_chunked_upload_over_the_limit_is_413(origin_factory: OriginFactory, api_key: str) -> None:
     origin = origin_factory(PRISM_MAX_BODY_BYTES="1000")
 

@@ -13,12 +13,12 @@ Redis, the question's vector is indexed with the entry's expiry (in this process
 at once, then in Redis, whose subscribers hear of it: ``index``, ``notify``).
 
 Back-pressure: when the embeddings queued ahead of a new lookup would take longer than
-``max_wait`` (``Embedder.wait_estimate``; at most the timeout), or the model is still
-loading, the lookup skips the semantic layer at once (``shed``) instead of joining the
-queue; its text is still embedded, after the lookups, so its answer is indexed all the
-same. So an embedder short of CPU (a burst past its rate, a noisy neighbour) serves what
-it can at a bounded wait, and sheds the rest at no wait, instead of making every lookup
-wait out the timeout behind a queue that never drains.
+``max_wait`` (``Embedder.wait_estimate``), or they and its own would outlast the timeout,
+or the model is still loading, the lookup skips the semantic layer at once (``shed``)
+instead of joining the queue; its text is still embedded, after the lookups, so its
+answer is indexed all the same. So an embedder short of CPU (a burst past its rate, a
+noisy neighbour) serves what it can at a bounded wait, and sheds the rest at no wait,
+instead of making every lookup wait out the timeout behind a queue that never drains.
 
 Nothing here fails a request: Redis errors, a slow or missing model are misses.
 """
@@ -91,7 +91,7 @@ class SemanticCache:
         self.embedder = embedder
         self._redis = redis
         self._timeout = timeout
-        self._max_wait = min(max_wait, timeout)
+        self._max_wait = max_wait
         self.outcomes = Counter(
             "prism_semantic_lookups",
             "Semantic cache lookups by outcome: hit, miss, empty (no entry in the partition),"
@@ -190,10 +190,12 @@ class SemanticCache:
 
     def _overloaded(self) -> bool:
         embedder = self.embedder
-        wait = embedder.wait_estimate()
-        if wait is None:  # loading (or never asked): shed only behind a load under way
-            return embedder.backlog > 0
-        return wait > self._max_wait
+        ahead = embedder.wait_estimate()
+        if ahead is None or embedder.cost is None:  # loading (or never asked): shed only
+            return embedder.backlog > 0  # behind a load under way
+        # A queue too long to join, or one whose wait with this text's own embedding would
+        # outlast the timeout; a lookup with nothing ahead of it is never shed by the first.
+        return ahead > self._max_wait or ahead + embedder.cost > self._timeout
 
     def _started(self) -> None:
         # The first opted-in question: subscribe to new records from other processes, and

@@ -5,8 +5,8 @@ text cannot be compared). Texts that arrive while the thread is busy wait for th
 batch, so a burst of misses costs one model call per batch, not one per request. Two
 queues: a lookup's text (someone is waiting for it) goes before a text only to be
 indexed (``urgent=False``: its answer is still being fetched), which is never dropped,
-only later. ``wait_estimate()`` says how long a new lookup would wait, from the queue
-ahead of it and the measured cost per question, so the cache can skip the semantic layer
+only later. ``wait_estimate()`` says how long a new lookup would wait for its turn, from
+the queue ahead of it and the measured cost per question, so the cache can skip the semantic layer
 at once (``shed``) instead of waiting out its timeout.
 
 The model is loaded on first use, in that same thread: an origin whose projects never
@@ -39,6 +39,7 @@ MAX_BATCH = 32
 # than its shortest.
 _LENGTH_SLACK = 4
 _COST_WEIGHT = 0.2  # of the newest batch in the moving cost per question
+_LATER_BATCH = 4  # texts only to index, per model call
 
 
 class EmbedderUnavailable(RuntimeError):
@@ -104,11 +105,12 @@ class Embedder:
         return self._running + self.queued
 
     def wait_estimate(self) -> float | None:
-        """Seconds until a lookup's text queued now would be embedded; None while the
-        model is loading (nothing measured yet)."""
+        """Seconds until a lookup's text queued now would start being embedded (the
+        lookups ahead of it, and the batch running now); None while the model is loading
+        (nothing measured yet)."""
         if self.cost is None:
             return None
-        return (self._running + len(self._urgent) + 1) * self.cost
+        return (self._running + len(self._urgent)) * self.cost
 
     def embed(self, text: str, urgent: bool = True) -> asyncio.Future[Vector | None]:
         """The vector of ``text`` (unit length), or None when it cannot be compared (too
@@ -125,8 +127,15 @@ class Embedder:
         return future
 
     def _next_batch(self) -> list[Job]:
-        queue = self._urgent or self._later  # lookups first; the rest when none wait
-        return [queue.popleft() for _ in range(min(MAX_BATCH, len(queue)))]
+        # Lookups first; the rest when none wait, a few at a time, so a lookup arriving
+        # meanwhile waits behind a few of them, not a whole batch (under a burst past the
+        # model's rate, a long one would have every new lookup shed until the backlog
+        # of texts only to index was gone).
+        if self._urgent:
+            queue, most = self._urgent, MAX_BATCH
+        else:
+            queue, most = self._later, _LATER_BATCH
+        return [queue.popleft() for _ in range(min(most, len(queue)))]
 
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()

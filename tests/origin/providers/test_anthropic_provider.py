@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections.abc import AsyncIterator, Callable
+from datetime import datetime
 from typing import Any, Protocol, TypedDict, Unpack
 
 import aiohttp
@@ -17,6 +18,7 @@ from starlette.routing import Route
 
 from deploy.local.asgi_thread import ThreadedServer
 from deploy.local.provider import ProviderServer, ProviderSettings
+from deploy.local.provider_models import ANTHROPIC_MODELS
 from origin.providers.anthropic import AnthropicProvider
 from origin.providers.anthropic_answer import to_chat_completion
 from origin.providers.anthropic_request import to_messages_request
@@ -830,3 +832,25 @@ async def test_anthropic_errors_keep_their_meaning_in_openai_terms(
     error = caught.value
     assert (error.status, error.type, error.code) == (status, kind, code)
     assert message in error.message and "test-key" not in error.message
+
+
+# ---------------------------------------------------------------- the model list
+
+
+async def test_models_reads_every_page_and_a_failure_is_its_prism_error(
+    anthropic: AnthropicProvider, provider: ProviderServer
+) -> None:
+    models = await anthropic.models()
+    assert [m.id for m in models] == list(ANTHROPIC_MODELS)
+    for model, (_, created_at) in zip(models, ANTHROPIC_MODELS.values(), strict=True):
+        assert model.created == int(datetime.fromisoformat(created_at).timestamp())
+        assert model.owned_by is None  # Anthropic names no owner
+    # Five models in pages of at most three, asked with limit=1000, then after_id.
+    assert provider.control.stats()["model_lists"] == {"anthropic": 2}
+    provider.control.set_fault("status", status=529, endpoint="models")
+    with pytest.raises(UpstreamUnavailableError):
+        await anthropic.models()
+    provider.control.set_fault("malformed_json", endpoint="models")
+    with pytest.raises(UpstreamError) as raised:
+        await anthropic.models()
+    assert raised.value.code == "upstream_malformed"

@@ -13,7 +13,7 @@ from deploy.local.provider import ProviderServer, ProviderSettings
 from deploy.local.provider_azure import FILTER_ANSWER, FILTER_PROMPT
 from origin.providers.azure import AzureProvider, azure_options
 from origin.providers.azure_content import answer_of, chunk_of
-from origin.providers.base import ProviderSpec
+from origin.providers.base import ModelLister, ProviderSpec
 from origin.providers.registry import ADAPTERS
 from origin.providers.upstream_http import raise_for_upstream
 from origin.routing.retry import retry_after
@@ -398,3 +398,13 @@ async def test_wrong_keys_and_unknown_deployments_say_so(keyed: ProviderServer, 
         await make(keyed.url).complete(CHAT, "no-such-deployment")
     assert missing.value.code == "DeploymentNotFound"
     assert "deployment for this resource does not exist" in missing.value.message
+
+
+async def test_its_model_list_is_the_deployments_table(make: Make) -> None:
+    azure = make("http://127.0.0.1:9", deployments={"gpt-4o-mini": "prod-mini", "o1": "o1"})
+    assert isinstance(azure, ModelLister)
+    assert [(m.id, m.owned_by) for m in await azure.models()] == [
+        ("gpt-4o-mini", "azure"),
+        ("o1", "azure"),
+    ]
+    assert await make("http://127.0.0.1:9").models() == []

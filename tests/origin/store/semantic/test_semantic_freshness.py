@@ -5,16 +5,21 @@ stored it, and pushed to another origin sharing the Redis without a question ask
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import httpx
 import pytest
 import redis
+from prometheus_client import CollectorRegistry
 
 from deploy.local.provider import ProviderServer
 from origin.connection.redis_pipe import RedisPipe
+from origin.store.semantic.cache import SemanticCache
+from origin.store.semantic.embedder import Embedder
 from origin.store.semantic.index import INDEX_KEY_PREFIX, RedisStreamIndex
 from origin.store.semantic.notify import IndexNotifier
+from origin.store.semantic.partition import Question
 from tests.fixtures.origin import OriginFactory, RunningOrigin
 from tests.fixtures.semantic import CHAT, LAYER, QUESTION, ask, first, opt_in
 from tests.polling import async_wait_for, wait_for
@@ -34,14 +39,12 @@ def records(admin: redis.Redis) -> int:
     )
 
 
-@pytest.mark.parametrize("bound", ["PRISM_SEMANTIC_MAX_WAIT", "PRISM_SEMANTIC_TIMEOUT"])
-def test_a_lookup_whose_queue_would_wait_too_long_is_shed_and_its_question_still_indexed(
-    origin_factory: OriginFactory, api_key: str, admin: redis.Redis, bound: str
+def test_a_lookup_beyond_the_timeout_is_shed_and_its_question_still_indexed(
+    origin_factory: OriginFactory, api_key: str, admin: redis.Redis
 ) -> None:
     opt_in(admin)
-    # Any embedding takes longer than this: once one is measured, every lookup is shed,
-    # whether the queue's bound or the lookup's whole timeout is the shorter.
-    origin = origin_factory(**{bound: "0.000001"})
+    # Any embedding takes longer than this: once one is measured, every lookup is shed.
+    origin = origin_factory(PRISM_SEMANTIC_TIMEOUT="0.000001")
     with httpx.Client(
         base_url=origin.url, headers={"authorization": f"Bearer {api_key}"}, timeout=30
     ) as http:
@@ -52,6 +55,40 @@ def test_a_lookup_whose_queue_would_wait_too_long_is_shed_and_its_question_still
         origin.wait_stored()
     assert origin.metric("prism_semantic_lookups_total", outcome="shed") == 2
     assert records(admin) == 3  # shed lookups' questions are indexed all the same
+
+
+async def test_a_lookup_joins_a_queue_within_the_max_wait_and_is_shed_behind_a_longer_one(
+    redis_url: str,
+) -> None:
+    pipe = RedisPipe(redis_url, 1.0)
+    embedder = Embedder(None)
+    later: set[asyncio.Future[None]] = set()
+    registry = CollectorRegistry()
+    cache = SemanticCache(
+        RedisStreamIndex(pipe), embedder, pipe, registry,
+        lambda work: later.add(asyncio.ensure_future(work)), timeout=60.0, max_wait=0.001,
+    )  # fmt: skip
+
+    def shed() -> float:
+        return registry.get_sample_value("prism_semantic_lookups_total", {"outcome": "shed"}) or 0
+
+    try:
+        await embedder.embed("warm up the model")  # loaded, its cost measured (> 1 ms)
+        assert embedder.cost is not None and embedder.cost > 0.001
+        partition = "f" * 64
+        # Nothing ahead: looked up, however long its own embedding takes.
+        await cache.lookup(Question(partition, "How tall is the Eiffel tower?"), 0.9)
+        assert shed() == 0
+        # Three lookups' texts queued ahead (the drainer has not run: no await since).
+        ahead = [embedder.embed(f"queued question {n}") for n in range(3)]
+        _, pending = await cache.lookup(Question(partition, "How old is the Eiffel tower?"), 0.9)
+        assert shed() == 1
+        assert pending is not None and await pending.vector is not None  # still embedded
+        await asyncio.gather(*ahead)
+    finally:
+        await asyncio.gather(*later)
+        cache.close()
+        await pipe.close()
 
 
 def test_the_storing_origin_finds_a_paraphrase_as_soon_as_its_entry_is_stored(

@@ -12,6 +12,7 @@ from origin.store.semantic.guard import agree, words
 from origin.store.semantic.partition import MAX_TEXT_CHARS, normalized, question
 from prism import ChatRequest, parse_chat_request
 from prism.routes import CHAT_PATH
+from tests.polling import async_wait_for
 
 np = pytest.importorskip("numpy", reason="the semantic extra is not installed")
 
@@ -128,6 +129,25 @@ async def test_concurrent_embeddings_are_batched_and_too_long_texts_are_refused(
         assert abs(float(np.linalg.norm(first)) - 1) < 1e-5
         alone = await embedder.embed(texts[0])
         assert alone is not None and float(alone @ first) > 0.9999  # batching changes nothing
+    finally:
+        embedder.close()
+
+
+async def test_a_lookup_waits_behind_a_few_texts_only_to_index_not_all_of_them() -> None:
+    from origin.store.semantic.embedder import Embedder
+
+    embedder = Embedder(None)
+    try:
+        await embedder.embed("warm up")  # loads the model
+        later = [embedder.embed(f"indexed only {i}", urgent=False) for i in range(12)]
+        # Polled at every turn of the loop: the first few are being embedded now.
+        await async_wait_for(lambda: embedder.queued < 12, interval=0)
+        taken = 12 - embedder.queued
+        lookup = embedder.embed("a lookup's question")
+        await lookup
+        # The lookup went next: only the texts already taken were embedded before it.
+        assert sum(future.done() for future in later) == taken <= 4
+        await asyncio.gather(*later)
     finally:
         embedder.close()
 
