@@ -1,14 +1,15 @@
 """The local provider's ASGI app: OpenAI's chat completions, embeddings and models,
-Anthropic's messages and models, Google Gemini's generateContent and Bedrock's Converse,
-each answer delayed, paced and spoiled as its fault says.
+Anthropic's messages and models, Azure OpenAI's deployments, Google Gemini's
+generateContent and Bedrock's Converse, each answer delayed, paced and spoiled as its fault
+says.
 
 The handlers check a request as the real API would (its key, its headers, its body), read
-it into a reply (``provider_replies``), put that in the API's format
-(``provider_openai``, ``provider_anthropic``) and send it, whole or as a paced event
-stream (``provider_sse``). Apart from the control endpoints (faults, counters, recent
-requests: ``provider_faults``) and from running the app (a thread, a port, the command
-line: ``deploy.local.provider``): this module is the serving alone, one app instance
-with all its state on it.
+it into a reply (``provider_replies``), put that in the API's format (``provider_openai``,
+``provider_anthropic``, ``provider_azure``, ``provider_gemini``, ``provider_bedrock``) and
+send it, whole or as a paced event stream (``provider_sse``). Apart from the control
+endpoints (faults, counters, recent requests: ``provider_faults``) and from running the app
+(a thread, a port, the command line: ``deploy.local.provider``): this module is the serving
+alone, one app instance with all its state on it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from deploy.local.provider_anthropic import anthropic_message, anthropic_stream
+from deploy.local.provider_azure import azure_checked, azure_completion, azure_denied, azure_stream
 from deploy.local.provider_bedrock import (
     EVENT_STREAM,
     BedrockRejection,
@@ -116,29 +118,43 @@ class _Provider:
     async def messages(self, request: Request) -> Response:
         return await self._chat(request, "anthropic")
 
+    async def azure_chat(self, request: Request) -> Response:
+        return await self._chat(request, "azure")
+
     async def embeddings(self, request: Request) -> Response:
-        """Deterministic vectors (``openai_embeddings``); the same faults as chat, but
-        those of streams (an embedding is never streamed)."""
+        return await self._embeddings(request, "openai")
+
+    async def azure_embeddings(self, request: Request) -> Response:
+        return await self._embeddings(request, "azure")
+
+    async def _embeddings(self, request: Request, api: Api) -> Response:
+        """Deterministic vectors (``openai_embeddings``, Azure's too); the same faults as
+        chat, but those of streams (an embedding is never streamed)."""
         state = self.state
         state.stats.paths[request.url.path] += 1
         release = state.release  # a release from now on ends this request's stall
         raw = await request.body()
-        denied = self._denied(request, "openai")
+        denied = self._denied(request, api)
         if denied is not None:
             return denied
         try:
             body = orjson.loads(raw)
             if not isinstance(body, dict):
                 raise ValueError("The request body must be a JSON object.")
+            if api == "azure":
+                checked = azure_checked(request, body, self.settings)
+                if isinstance(checked, Response):
+                    return checked
+                body = checked
             answer = openai_embeddings(body)
             fault = header_fault(request.headers) or state.faults.take()
         except (orjson.JSONDecodeError, ValueError) as exc:
-            return error_response("openai", 400, str(exc))
+            return error_response(api, 400, str(exc))
         state.recent.append({"method": "POST", "path": request.url.path, "body": body})
         state.record(fault, False)
         await self._before_first_byte(fault, False, release)
         if fault is not None and fault.mode in ("status", "rate_limit"):
-            return fault_error_response("openai", fault)
+            return fault_error_response(api, fault)
         return _plain(orjson.dumps(answer), fault)
 
     async def gemini(self, request: Request) -> Response:
@@ -250,6 +266,8 @@ class _Provider:
                 return error_response(api, 401, "invalid x-api-key")
             if "anthropic-version" not in headers:
                 return error_response(api, 400, "anthropic-version: header is required")
+        elif api == "azure":
+            return azure_denied(request, self.settings)
         elif key is not None and not _same(headers.get("authorization", ""), f"Bearer {key}"):
             return error_response(api, 401, "Incorrect API key provided.")
         return None
@@ -277,8 +295,13 @@ class _Provider:
                 "body": body,
             }
         )
+        if api == "azure":
+            checked = azure_checked(request, body, settings)
+            if isinstance(checked, Response):
+                return checked
+            body = checked
         try:
-            reply = (openai_reply if api == "openai" else anthropic_reply)(settings, body)
+            reply = (anthropic_reply if api == "anthropic" else openai_reply)(settings, body)
             fault = header_fault(request.headers) or state.faults.take()
         except ValueError as exc:
             return error_response(api, 400, str(exc))
@@ -318,16 +341,19 @@ class _Provider:
         created = int(time.time())
         mode = fault.mode if fault is not None else None
         if not stream:
-            data = (
-                openai_completion(reply, created) if api == "openai" else anthropic_message(reply)
-            )
+            if api == "anthropic":
+                data = anthropic_message(reply)
+            else:
+                data = (azure_completion if api == "azure" else openai_completion)(reply, created)
             return _plain(orjson.dumps(data), fault)
-        if api == "openai":
+        if api == "anthropic":
+            plan = anthropic_stream(settings, reply)
+        else:
             options = body.get("stream_options")
             include_usage = isinstance(options, dict) and options.get("include_usage") is True
-            plan = openai_stream(settings, reply, created, include_usage)
-        else:
-            plan = anthropic_stream(settings, reply)
+            plan = (azure_stream if api == "azure" else openai_stream)(
+                settings, reply, created, include_usage
+            )
         if mode == "malformed_json":
             plan = malformed_stream(api, plan)
         elif mode == "no_done":
@@ -464,6 +490,19 @@ def create_provider_app(settings: ProviderSettings | None = None) -> Starlette:
         Route("/v1/messages", provider.messages, methods=["POST"]),
         Route("/v1/embeddings", provider.embeddings, methods=["POST"]),
         Route("/v1/models", provider.models, methods=["GET"]),
+        # Azure OpenAI: a resource's deployments, and its v1 form naming them in the body
+        Route(
+            "/openai/deployments/{deployment}/chat/completions",
+            provider.azure_chat,
+            methods=["POST"],
+        ),
+        Route(
+            "/openai/deployments/{deployment}/embeddings",
+            provider.azure_embeddings,
+            methods=["POST"],
+        ),
+        Route("/openai/v1/chat/completions", provider.azure_chat, methods=["POST"]),
+        Route("/openai/v1/embeddings", provider.azure_embeddings, methods=["POST"]),
         Route("/{version}/models", provider.gemini_models, methods=["GET"]),
         Route("/{version}/models/{target}", provider.gemini, methods=["POST"]),
         Route("/model/{model_id:path}/converse", provider.converse, methods=["POST"]),

@@ -56,7 +56,7 @@ __all__ = [
     "json_response",
 ]
 
-Api = Literal["openai", "anthropic"]
+Api = Literal["openai", "anthropic", "azure"]
 
 FAULT_MODES = frozenset(
     {
@@ -289,7 +289,10 @@ def error_response(
 ) -> Response:
     """An error in the wire format of the provider being imitated."""
     body: dict[str, Any]
-    if api == "anthropic":
+    if api == "azure" and status != 400:
+        # Azure's own errors carry the status as their code; its 400s are OpenAI's.
+        body = {"error": {"code": str(status), "message": message}}
+    elif api == "anthropic":
         kind = _ANTHROPIC_ERROR_TYPES.get(status, "api_error")
         body = {"type": "error", "error": {"type": kind, "message": message}}
     else:

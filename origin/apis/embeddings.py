@@ -6,7 +6,7 @@ identical concurrent batches share one provider call. Budgets and token limits c
 the batch's input bound (``origin.governance.token_bounds``); an embedding generates no tokens, so
 its
 cost is its input tokens at the model's input price. An adapter with an ``embed`` method
-serves them (OpenAI-compatible: as is; Gemini: translated); Anthropic has no embeddings
+serves them (OpenAI-compatible and Azure: as is; Gemini: translated); Anthropic has no embeddings
 API: a route whose target is an Anthropic provider is refused with a 400 before any call.
 """
 

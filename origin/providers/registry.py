@@ -12,6 +12,7 @@ from typing import Protocol
 import aiohttp
 
 from .anthropic import AnthropicProvider
+from .azure import AzureProvider
 from .base import ChatProvider, ProviderSpec
 from .bedrock import BedrockProvider
 from .gemini import GeminiProvider
@@ -31,6 +32,7 @@ class Adapter(Protocol):
 ADAPTERS: dict[str, Adapter] = {
     "openai": OpenAICompatibleProvider,
     "anthropic": AnthropicProvider,
+    "azure": AzureProvider,
     "gemini": GeminiProvider,
     "bedrock": BedrockProvider,
 }

@@ -275,11 +275,10 @@ def raise_for_upstream(
     suffix = f": {detail.message}" if detail.message else "."
     code, param = detail.code, detail.param
     if status == 429:
-        retry_after = headers.get("retry-after")
         raise RateLimitError(
             f"Provider '{spec.name}' is rate limiting{suffix}",
             code="upstream_rate_limited",
-            headers={"retry-after": retry_after} if retry_after else None,
+            headers=_retry_headers(headers) or None,
         )
     if status in (401, 403):
         # The client's key is fine; the gateway's credentials for the provider are not.
@@ -317,6 +316,21 @@ def raise_for_upstream(
     if status == 504:
         raise UpstreamTimeoutError(f"Provider '{spec.name}' timed out{suffix}")
     raise UpstreamError(f"Provider '{spec.name}' answered HTTP {status}{suffix}")
+
+
+def _retry_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """A 429's ``retry-after`` and ``retry-after-ms`` (OpenAI and Azure send both; the
+    milliseconds are the exact wait), passed on; seconds made from the milliseconds when
+    only those came, so every client can read one."""
+    found = {}
+    seconds, millis = headers.get("retry-after"), headers.get("retry-after-ms")
+    if millis:
+        found["retry-after-ms"] = millis
+        if not seconds and millis.isdigit():
+            seconds = str(-(-int(millis) // 1000))
+    if seconds:
+        found["retry-after"] = seconds
+    return found
 
 
 def malformed(spec: ProviderSpec, what: str) -> UpstreamError:

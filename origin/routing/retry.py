@@ -59,15 +59,24 @@ def outcome_of(error: PrismError) -> str:
 
 
 def retry_after(error: PrismError) -> float | None:
-    """A 429's ``Retry-After`` in seconds (the delta-seconds form), if it gave one."""
-    value = error.headers.get("retry-after")
-    if value is None:
-        return None
+    """A 429's wait in seconds: its ``retry-after-ms`` (OpenAI's and Azure's exact wait),
+    else its ``Retry-After`` (the delta-seconds form), if it gave one."""
+    headers = error.headers
+    millis = headers.get("retry-after-ms")
+    if millis is not None:
+        seconds = _number(millis)
+        if seconds is not None:
+            return seconds / 1000
+    value = headers.get("retry-after")
+    return None if value is None else _number(value)
+
+
+def _number(value: str) -> float | None:
     try:
-        seconds = float(value)
+        number = float(value)
     except ValueError:
         return None  # an HTTP date: not worth parsing to then refuse as too long
-    return seconds if seconds >= 0 else None
+    return number if number >= 0 else None
 
 
 def backoff(base: float, jitter: float) -> float:

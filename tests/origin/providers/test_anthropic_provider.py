@@ -671,7 +671,7 @@ async def test_upstream_faults_become_the_matching_prism_error(
     assert (caught.value.status, caught.value.code) == (status, code)
     assert b"data: [DONE]\n\n" not in received
     if fault["mode"] == "rate_limit":
-        assert caught.value.headers == {"retry-after": "7"}
+        assert caught.value.headers == {"retry-after": "7", "retry-after-ms": "7000"}
 
 
 class _CountingConnector(aiohttp.TCPConnector):
