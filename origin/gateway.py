@@ -75,10 +75,14 @@ class Gateway:
         # Tracing first: the parts that report to it are given it as they are made.
         self.telemetry = _telemetry(settings) if settings.otel_endpoint else None
         connectors = connectors or {}
-        self.providers: dict[str, ChatProvider] = {
-            name: build_provider(spec, connectors.get(name), self._trace_configs())
-            for name, spec in settings.providers.providers.items()
-        }
+        self.providers: dict[str, ChatProvider] = {}
+        for name, spec in settings.providers.providers.items():
+            try:  # a kind's adapter checks its own settings (the provider table's other keys)
+                self.providers[name] = build_provider(
+                    spec, connectors.get(name), self._trace_configs()
+                )
+            except ValueError as error:
+                raise SettingsError(f"provider {name!r}: {error}") from None
         self.router = Router(
             settings.providers, self.providers, self.metrics, telemetry=self.telemetry
         )

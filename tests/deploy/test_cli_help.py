@@ -94,3 +94,19 @@ def test_dev_with_unreachable_redis_is_one_line(tmp_path: Path) -> None:
 def test_origin_serve_without_secrets_is_one_line() -> None:
     result = runner.invoke(app, ["origin", "serve"], env={"PRISM_KEY_SECRET": ""})
     assert result.exit_code == 2 and "PRISM_KEY_SECRET" in result.output
+
+
+def test_origin_serve_with_a_kinds_bad_setting_is_one_line_naming_the_provider(
+    tmp_path: Path,
+) -> None:
+    providers = tmp_path / "providers.toml"
+    providers.write_text(
+        '[providers.az]\nkind = "azure"\nbase_url = "https://x.openai.azure.com"\n'
+        'api_key = "k"\nauth = "password"\n\n[models]\n"*" = ["az"]\n'
+    )
+    env = {"PRISM_KEY_SECRET": "k" * 32, "PRISM_FORWARD_SECRET": "f" * 32,
+           "PRISM_PROVIDERS_FILE": str(providers), "REDIS_URL": "redis://127.0.0.1:1/0"}  # fmt: skip
+    result = runner.invoke(app, ["origin", "serve", "--port", "0", "--admin-port", "0"], env=env)
+    assert result.exit_code == 2, result.output
+    assert "provider 'az'" in result.output and "auth" in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
