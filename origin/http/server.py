@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib.util
 import re
 import secrets
 import socket
 from http import HTTPStatus
 from typing import Any
 
+import uvicorn
 from uvicorn.protocols.http import httptools_impl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -49,9 +51,11 @@ __all__ = [
     "YOUNG_GENERATION",
     "DeadlineProtocol",
     "NameCheckMemo",
+    "bind",
     "freeze_heap",
     "listen",
     "server_options",
+    "uvicorn_config",
 ]
 
 
@@ -134,9 +138,9 @@ def listen(host: str, port: int, admin_host: str, admin_port: int) -> list[socke
     """Bind the public and the admin listener (port 0: any free port), in that order; the
     app made for them (``Routes``' ``admin_port``) serves its admin routes on the admin
     one only."""
-    public = _bind(host, port)
+    public = bind(host, port)
     try:
-        admin = _bind(admin_host, admin_port)
+        admin = bind(admin_host, admin_port)
     except OSError:
         public.close()
         raise
@@ -147,7 +151,8 @@ def listen(host: str, port: int, admin_host: str, admin_port: int) -> list[socke
     return [public, admin]
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int) -> socket.socket:
+    """A listening-ready TCP socket on ``host:port`` (0: any free port), inheritable."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -224,3 +229,17 @@ def server_options(settings: Settings) -> dict[str, Any]:
         "server_header": False,
         "proxy_headers": False,  # the origin reads no client address: skip that middleware
     }
+
+
+def uvicorn_config(app: Any, settings: Settings, log_level: str) -> uvicorn.Config:
+    """The origin's uvicorn config, loaded (its modules imported: ``freeze_heap`` after
+    it freezes them too); one process or each worker of many alike."""
+    config = uvicorn.Config(
+        app,
+        log_level=log_level,
+        access_log=False,
+        loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
+        **server_options(settings),
+    )
+    config.load()
+    return config

@@ -147,6 +147,7 @@ def test_two_origin_processes_hold_one_limit_exactly(
     ports = [free_port() for _ in range(2)]
     env = origin_env(redis_url, provider.url, PATH="/usr/bin:/bin")
     serve = [sys.executable, "-m", "deploy.cli", "origin", "serve", "--admin-port", "0"]
+    serve += ["--workers", "1"]
     servers = [
         subprocess.Popen(
             [*serve, "--port", str(port)],
