@@ -92,7 +92,7 @@ def merge_health(
     the queues summed and the youngest uptime; every worker's own answer is under
     ``workers``."""
     answers = [body for _, body in workers if body is not None]
-    healthy = len(answers) == expected == len(workers) and all(
+    healthy = 0 < len(answers) == expected == len(workers) and all(
         body.get("status") == "ok" for body in answers
     )
     merged: dict[str, Any] = dict(answers[0]) if answers else {}
