@@ -55,10 +55,8 @@ def serve(
 
     Example: prism origin serve --port 8080 --admin-port 9090 --workers 4
     """
-    import uvicorn
-
-    from origin import Settings, SettingsError, create_app
-    from origin.http.server import freeze_heap, listen, uvicorn_config
+    from origin import Settings, SettingsError
+    from origin.http.server import listen
     from origin.http.watchdog import SystemdWatchdog
 
     try:
@@ -81,6 +79,11 @@ def serve(
         if not serve_workers(count, sockets[0], sockets[1], WorkerOptions(log_level), watchdog):
             raise typer.Exit(3)  # a worker failed to start (its error is above)
         return
+    import uvicorn
+
+    from origin import create_app
+    from origin.http.server import freeze_heap, uvicorn_config
+
     try:
         app = create_app(
             settings,
