@@ -44,6 +44,10 @@ __all__ = ["Supervisor", "WorkerProcess", "serve_workers"]
 
 log = logging.getLogger("prism.origin")
 
+# Seconds a replacement worker may take to serve on SIGHUP (uvicorn allows its ping timeout,
+# 5 s: less than importing and building the app takes on a busy machine).
+START_TIMEOUT = 60.0
+
 
 class WorkerProcess(Process):
     """uvicorn's worker process, running the origin: its ``target`` runs in the child."""
@@ -173,7 +177,7 @@ class Supervisor(Multiprocess):
             if self.should_exit.is_set():
                 return
             new = self.spawn()
-            if not new.wait_until_ready(self.config.timeout_worker_healthcheck, self.should_exit):
+            if not new.wait_until_ready(START_TIMEOUT, self.should_exit):
                 new.kill()
                 new.join()
                 if not self.should_exit.is_set():

@@ -24,6 +24,7 @@ from tests.fixtures.origin import origin_env
 from tests.fixtures.origin_workers import WorkersOriginFactory, sample_value
 from tests.fixtures.stacks import CLI_START
 from tests.polling import wait_for
+from tests.redis_replies import reply_as
 
 pytestmark = pytest.mark.timeout(300)  # `prism` processes' start-up (CLI_START) on a slow machine
 
@@ -75,8 +76,11 @@ def requests_of(text: str) -> float:
 def usage_requests(admin: redis.Redis, project: str = "acme") -> int:
     """Requests counted in the project's usage today, every key and model (Redis)."""
     day = datetime.now(UTC).strftime("%Y-%m-%d")
-    fields = admin.hgetall(usage_key(project, day))
-    return sum(int(v) for k, v in fields.items() if k.decode().startswith("requests."))
+    fields = {
+        reply_as(bytes, k).decode(): int(v)
+        for k, v in admin.hgetall(usage_key(project, day)).items()
+    }
+    return sum(count for name, count in fields.items() if name.startswith("requests."))
 
 
 def test_two_workers_serve_one_port_and_the_admin_port_shows_both(
@@ -157,6 +161,31 @@ def test_a_killed_worker_is_logged_and_restarted_and_only_its_requests_fail(
     assert origin.metric("prism_origin_worker_restarts_total") == 1
     after = asyncio.run(send(origin.url, api_key, [chat("after")] * 100, 16))
     assert set(after) == {200}
+
+
+def test_sighup_replaces_every_worker_one_at_a_time_and_no_request_fails(
+    workers_origin_factory: WorkersOriginFactory, api_key: str
+) -> None:
+    """SIGHUP under load: each worker is replaced by a new one that serves before the old
+    one stops (gracefully), so the load sees no failure and both pids are new after."""
+    origin = workers_origin_factory(2)
+    before = set(origin.worker_pids())
+
+    def replaced() -> bool:
+        return origin.serving() and not before & set(origin.worker_pids())
+
+    async def load_and_reload() -> list[int | str]:
+        load = asyncio.create_task(send(origin.url, api_key, [chat("reload")] * 400, 8))
+        await asyncio.sleep(0.2)  # paced: the reload lands mid-load, not a synchronisation
+        origin.process.popen.send_signal(signal.SIGHUP)
+        results = await load
+        while not await asyncio.to_thread(replaced):  # the load goes on until both are new
+            results += await send(origin.url, api_key, [chat("reload")] * 50, 8)
+        return results
+
+    results = asyncio.run(asyncio.wait_for(load_and_reload(), CLI_START))
+    assert set(results) == {200}
+    assert len(origin.worker_pids()) == 2 and origin.process.alive()
 
 
 def test_sigterm_lets_a_stream_in_flight_end_with_done_and_exits_0(

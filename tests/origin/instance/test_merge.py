@@ -28,7 +28,10 @@ def worker_metrics(requests: int, queued: float, lag: float, state: float) -> st
 def test_counters_histograms_and_amounts_are_summed_and_the_rest_is_the_largest() -> None:
     texts = [worker_metrics(3, 2, 0.25, 0), worker_metrics(5, 7, 0.05, 2)]
     merged = merge_metrics(texts).decode()
-    value = lambda name, **labels: sample_value(merged, name, labels or None)  # noqa: E731
+
+    def value(name: str, **labels: str) -> float:
+        return sample_value(merged, name, labels or None)
+
     assert value("prism_origin_requests_total", route="chat", layer="redis") == 8
     assert value("prism_origin_requests_total", route="chat", layer="miss") == 2
     assert value("prism_kv_writer_queue_depth") == 9
