@@ -18,17 +18,24 @@ What is added here:
   ``/metrics``, ``/healthz`` and ``/dashboard`` for the instance) from a thread;
 - a worker that dies is logged with its exit code (or signal) before it is restarted;
 - under systemd (``NOTIFY_SOCKET``, ``WATCHDOG_USEC``) the parent says READY once every
-  worker serves, and pings the watchdog from its supervision loop while they answer.
+  worker serves, and pings the watchdog from its supervision loop while they answer; a
+  worker whose event loop has not ticked for the watchdog's time is killed and replaced,
+  as systemd restarts a single origin whose loop is stuck that long (the pings above come
+  from a thread of the worker's own, which a stuck loop does not stop). Each worker's loop
+  watch (``origin.http.loop_watch``, ten ticks a second) writes the time of its last tick
+  into memory shared with the parent: nothing per request.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import signal
 import socket
 import sys
 import threading
+import time
 from multiprocessing import Pipe
 
 import uvicorn
@@ -47,6 +54,7 @@ log = logging.getLogger("prism.origin")
 # Seconds a replacement worker may take to serve on SIGHUP (uvicorn allows its ping timeout,
 # 5 s: less than importing and building the app takes on a busy machine).
 START_TIMEOUT = 60.0
+_SPAWN = multiprocessing.get_context("spawn")
 
 
 class WorkerProcess(Process):
@@ -57,6 +65,8 @@ class WorkerProcess(Process):
     ):
         self.options = options
         self._told, self._tell = Pipe(duplex=False)  # the child sends its admin port
+        # time.monotonic() at the worker loop's last tick (0: not started): one shared double.
+        self.beat = _SPAWN.RawValue("d", 0.0)
         self._admin_port: int | None = None
         self._port_lock = threading.Lock()
         self.started = False  # at the last ping: the worker's server had started
@@ -75,7 +85,12 @@ class WorkerProcess(Process):
         # Answer the supervisor's pings from the start ("not started yet" until the server
         # is): importing and building the app can take longer than its ping timeout.
         threading.Thread(target=self.always_pong, daemon=True).start()
-        server, admin = worker_server(self.options)
+        beat = self.beat
+
+        def tick() -> None:
+            beat.value = time.monotonic()
+
+        server, admin = worker_server(self.options, tick)
         self._server = server
         self._tell.send(admin.getsockname()[1])
         server.run([*(sockets or []), admin])
@@ -98,6 +113,12 @@ class WorkerProcess(Process):
         self.started = started is True
         return started is not None
 
+    def stalled(self, now: float, limit: float) -> float | None:
+        """Seconds since the worker's loop last ticked, if more than ``limit`` (None: it
+        ticked since, or has not started yet)."""
+        last = self.beat.value
+        return now - last if last and now - last > limit else None
+
     def close_pipes(self) -> None:
         self._told.close()
         self._tell.close()
@@ -118,6 +139,8 @@ class Supervisor(Multiprocess):
         self.options = options
         self.admin_socket = admin_socket
         self.watchdog = watchdog
+        # A worker's loop silent this long is stuck: systemd's watchdog time, when there is one.
+        self.stall_limit = watchdog.interval if watchdog is not None else None
         self.restarts = 0
         self.failed = False  # a worker failed to start: the instance stopped
         self.processes: list[WorkerProcess] = []  # type: ignore[assignment]
@@ -141,7 +164,9 @@ class Supervisor(Multiprocess):
         if self.should_exit.is_set():
             return
         for index, process in enumerate(self.processes):
-            if process.is_alive(timeout=self.config.timeout_worker_healthcheck):
+            limit = self.stall_limit
+            stalled = process.stalled(time.monotonic(), limit) if limit is not None else None
+            if stalled is None and process.is_alive(timeout=self.config.timeout_worker_healthcheck):
                 continue
             hung = process.process.is_alive()
             process.kill()
@@ -155,7 +180,9 @@ class Supervisor(Multiprocess):
                 return
             if self.should_exit.is_set():
                 return
-            if hung:
+            if stalled is not None:
+                why = f"ran no event loop tick for {stalled:.0f} s: killed"
+            elif hung:
                 why = "did not answer its supervisor: killed"
             elif code is not None and code < 0:
                 why = f"died of {signal.Signals(-code).name} (exit code {code})"

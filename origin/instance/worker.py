@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import uvicorn
@@ -25,8 +26,11 @@ class WorkerOptions:
     log_level: str = "warning"
 
 
-def worker_server(options: WorkerOptions) -> tuple[uvicorn.Server, socket.socket]:
+def worker_server(
+    options: WorkerOptions, on_loop_tick: Callable[[], None] | None = None
+) -> tuple[uvicorn.Server, socket.socket]:
     """The worker's server and its private admin listener (127.0.0.1, any free port);
+    ``on_loop_tick``: the app's loop watch calls it at each tick (the supervisor's beat);
     a worker whose settings fail exits with uvicorn's start-up failure code, which stops
     the supervisor (every worker would fail the same way). Called in the child: the
     origin's modules are imported here, not in the supervisor."""
@@ -37,7 +41,7 @@ def worker_server(options: WorkerOptions) -> tuple[uvicorn.Server, socket.socket
     try:
         settings = Settings.from_env()
         admin = bind("127.0.0.1", 0)
-        app = create_app(settings, admin_port=admin.getsockname()[1])
+        app = create_app(settings, admin_port=admin.getsockname()[1], on_loop_tick=on_loop_tick)
     except (SettingsError, OSError) as error:
         print(f"Error: {error}", file=sys.stderr)
         sys.exit(STARTUP_FAILURE)

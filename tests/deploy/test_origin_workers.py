@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -236,6 +237,22 @@ def test_healthz_is_503_while_a_worker_does_not_answer(
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(stopped, signal.SIGCONT)
+
+
+def test_under_systemd_the_supervisor_says_ready_once_every_worker_serves_and_pings(
+    workers_origin_factory: WorkersOriginFactory, tmp_path: Path
+) -> None:
+    """With NOTIFY_SOCKET and WATCHDOG_USEC (systemd's Type=notify, WatchdogSec=), the
+    supervisor sends READY=1 with its first ping once both workers serve, then WATCHDOG=1;
+    the workers send nothing (systemd takes only the main process's, NotifyAccess=main)."""
+    address = str(tmp_path / "notify")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as systemd:
+        systemd.bind(address)
+        systemd.settimeout(CLI_START)
+        origin = workers_origin_factory(2, NOTIFY_SOCKET=address, WATCHDOG_USEC="2000000")
+        assert systemd.recv(100) == b"READY=1\nWATCHDOG=1"
+        assert len(origin.worker_pids()) == 2  # both served before READY (it answers now)
+        assert [systemd.recv(100) for _ in range(3)] == [b"WATCHDOG=1"] * 3  # no other READY
 
 
 def test_one_worker_is_the_single_process_as_before(
