@@ -11,7 +11,9 @@
   ``read_timeout`` seconds (or a connection silent for as long) with a 408 in the
   API's format, and closes. Malformed framing that the HTTP
   parser refuses (``Content-Length: -1``, a bad chunk size, ...) gets a 400 in the
-  API's format instead of uvicorn's plain text.
+  API's format instead of uvicorn's plain text. At a graceful shutdown, a connection
+  whose request has not arrived yet is given a moment for it (``SHUTDOWN_GRACE``)
+  rather than reset.
 - ``freeze_heap`` takes what start-up built (modules, classes, settings: most of the
   heap) out of the garbage collector's reach, so a full collection under load
   walks only what requests made since (milliseconds, not the hundreds of
@@ -48,6 +50,7 @@ from ..settings import Settings
 from .responses import error_reply
 
 __all__ = [
+    "SHUTDOWN_GRACE",
     "YOUNG_GENERATION",
     "DeadlineProtocol",
     "NameCheckMemo",
@@ -84,6 +87,29 @@ class DeadlineProtocol(HttpToolsProtocol):
             self._timer.cancel()
             self._timer = None
         super().connection_lost(exc)
+
+    def shutdown(self) -> None:
+        """At a graceful shutdown, uvicorn closes every connection with no request in
+        progress: one just accepted whose request is still on its way (a SIGHUP's rolling
+        restart under load) would be reset with its request sent. Such a connection gets
+        ``SHUTDOWN_GRACE`` seconds for its request to arrive, and then that request's
+        answer is its last; one idle between keep-alive requests is closed as before."""
+        if self._now_reading() is None or self.transport.is_closing():
+            super().shutdown()  # idle between requests, or a request under way
+            return
+        self._watch_last(self.loop.time() + SHUTDOWN_GRACE)
+
+    def _watch_last(self, until: float) -> None:
+        cycle = self.cycle
+        if self.transport.is_closing():
+            return
+        if cycle is not None and not cycle.response_complete:
+            cycle.keep_alive = False  # it arrived: uvicorn closes once it is answered
+            return
+        if cycle is not None or self.loop.time() >= until:
+            self.transport.close()  # answered already, or nothing came in time
+            return
+        self.loop.call_later(0.05, self._watch_last, until)
 
     def send_400_response(self, msg: str) -> None:
         self._refuse(InvalidRequestError(f"Malformed HTTP request: {msg}", code="bad_framing"))
@@ -166,6 +192,8 @@ def bind(host: str, port: int) -> socket.socket:
     sock.set_inheritable(True)
     return sock
 
+
+SHUTDOWN_GRACE = 1.0  # seconds a connection with no request yet may still send one
 
 YOUNG_GENERATION = 10_000  # tracked objects made (net of freed) between young collections
 

@@ -142,6 +142,7 @@ class Supervisor(Multiprocess):
         # A worker's loop silent this long is stuck: systemd's watchdog time, when there is one.
         self.stall_limit = watchdog.interval if watchdog is not None else None
         self.restarts = 0
+        self.retiring: list[WorkerProcess] = []  # replaced on SIGHUP, finishing their requests
         self.failed = False  # a worker failed to start: the instance stopped
         self.processes: list[WorkerProcess] = []  # type: ignore[assignment]
 
@@ -199,14 +200,17 @@ class Supervisor(Multiprocess):
             )
 
     def restart_all(self) -> None:
-        """SIGHUP: each worker replaced by a new one once the new one serves."""
+        """SIGHUP: each worker replaced by a new one once the new one serves. The old one is
+        stopped gracefully and reaped later (``reap``): its streams may take minutes, and
+        this loop must go on supervising (and feeding systemd's watchdog) meanwhile."""
         for index, old in enumerate(self.processes):
             if self.should_exit.is_set():
                 return
             new = self.spawn()
-            if not new.wait_until_ready(START_TIMEOUT, self.should_exit):
+            if not self._ready(new):
                 new.kill()
                 new.join()
+                new.close_pipes()
                 if not self.should_exit.is_set():
                     log.error(
                         "origin worker %d's replacement (pid %s) was not ready in time;"
@@ -218,7 +222,32 @@ class Supervisor(Multiprocess):
                 return
             self.processes[index] = new
             old.terminate()
-            old.join()
+            self.retiring.append(old)
+
+    def _ready(self, process: WorkerProcess) -> bool:
+        """Until ``process`` serves (False: it exited, or not within ``START_TIMEOUT``)."""
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline and not self.should_exit.is_set():
+            if not process.process.is_alive():
+                return False
+            if process.is_ready(timeout=1):
+                process.started = True
+                return True
+            self.ping_watchdog()  # the other workers serve meanwhile
+            time.sleep(0.1)
+        return False
+
+    def reap(self) -> None:
+        """Join the retired workers that have finished."""
+        for process in list(self.retiring):
+            if not process.process.is_alive():
+                process.join()
+                process.close_pipes()
+                self.retiring.remove(process)
+
+    def ping_watchdog(self) -> None:
+        if self.watchdog is not None and all(p.started for p in self.processes):
+            self.watchdog.ping()
 
     def handle_ttin(self) -> None:
         self.processes_num += 1
@@ -233,10 +262,12 @@ class Supervisor(Multiprocess):
             while not self.should_exit.wait(0.5):
                 self.handle_signals()
                 self.keep_subprocess_alive()
-                if self.watchdog is not None and all(p.started for p in self.processes):
-                    self.watchdog.ping()
+                self.reap()
+                self.ping_watchdog()
             self.terminate_all()
             self.join_all()
+            for process in self.retiring:  # SIGTERMed already: let them finish
+                process.join()
         finally:
             admin.stop()
         log.info("origin supervisor %d: stopped", os.getpid())

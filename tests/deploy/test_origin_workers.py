@@ -189,6 +189,33 @@ def test_sighup_replaces_every_worker_one_at_a_time_and_no_request_fails(
     assert len(origin.worker_pids()) == 2 and origin.process.alive()
 
 
+def test_sighup_with_a_stream_in_flight_replaces_both_while_the_stream_goes_on(
+    workers_origin_factory: WorkersOriginFactory, api_key: str, provider: ProviderServer
+) -> None:
+    """A stream stalled mid-answer through SIGHUP: both workers are replaced while it is
+    still stalled (the supervisor does not wait for the old one's requests), and its old
+    worker then finishes it to ``[DONE]``."""
+    origin = workers_origin_factory(2)
+    before = set(origin.worker_pids())
+    provider.control.set_fault("stall_mid_stream", after_chunks=2, seconds=120)
+    with (
+        httpx.Client(
+            base_url=origin.url, headers={"authorization": f"Bearer {api_key}"}, timeout=120
+        ) as http,
+        http.stream("POST", CHAT, json=chat("a long story", stream=True)) as response,
+    ):
+        chunks = response.iter_raw()
+        received = [next(chunks)]
+        wait_for(lambda: provider.control.stats()["open_streams"] == 1)
+        origin.process.popen.send_signal(signal.SIGHUP)
+        wait_for(lambda: origin.serving() and not before & set(origin.worker_pids()), CLI_START)
+        assert provider.control.stats()["open_streams"] == 1  # still stalled
+        provider.control.release()
+        received.extend(chunks)
+    assert b"".join(received).endswith(b"data: [DONE]\n\n")
+    assert origin.process.alive()
+
+
 def test_sigterm_lets_a_stream_in_flight_end_with_done_and_exits_0(
     workers_origin_factory: WorkersOriginFactory, api_key: str, provider: ProviderServer
 ) -> None:
