@@ -154,6 +154,7 @@ class Settings:
             default_ttl=("PRISM_CACHE_TTL", int),
             fallback_ttl=("PRISM_FALLBACK_TTL", int),
             read_timeout=("PRISM_READ_TIMEOUT", float),
+            redis_timeout=("PRISM_REDIS_TIMEOUT", float),
             loop_lag_limit=("PRISM_LOOP_LAG_LIMIT", float),
             budget_hold=("PRISM_BUDGET_HOLD_SECONDS", float),
             usage_flush_interval=("PRISM_USAGE_FLUSH_INTERVAL", float),
@@ -164,6 +165,8 @@ class Settings:
             dashboard_interval=("PRISM_DASHBOARD_INTERVAL", float),
             models_refresh_interval=("PRISM_MODELS_REFRESH_INTERVAL", float),
         )
+        if numbers.get("redis_timeout", 1) <= 0:
+            raise SettingsError("PRISM_REDIS_TIMEOUT must be more than 0 (seconds).")
         if numbers.get("budget_hold", 60) < 60:
             raise SettingsError("PRISM_BUDGET_HOLD_SECONDS must be at least 60 (seconds).")
         if not 0.05 <= numbers.get("usage_flush_interval", 1) <= 60:

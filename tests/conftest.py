@@ -8,6 +8,7 @@ pytest_plugins = [
     "tests.fixtures.cli",
     "tests.fixtures.aws",
     "tests.fixtures.origin",
+    "tests.fixtures.origin_workers",
     "tests.fixtures.edge",
     "tests.fixtures.otlp",
 ]

@@ -205,7 +205,7 @@ class FaultBenchRunner:
             "origin",
             [
                 *(sys.executable, "-m", "deploy.cli", "origin", "serve"),
-                *("--port", str(port), "--admin-port", str(free_port())),
+                *("--port", str(port), "--admin-port", str(free_port()), "--workers", "1"),
             ],
             self._logs / f"origin-{name}.log",
             self._env,

@@ -153,7 +153,8 @@ class GeoStack:
                 origin = ChildProcess(
                     f"origin-{region}",
                     [python, "-m", "deploy.cli", "origin", "serve", "--host", at[region],
-                     "--port", str(port), "--admin-host", at[region], "--admin-port", str(admin)],
+                     "--port", str(port), "--admin-host", at[region], "--admin-port", str(admin),
+                     "--workers", "1"],
                     logs / f"origin-{region}.log",
                     env,
                 )  # fmt: skip

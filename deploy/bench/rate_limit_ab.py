@@ -57,6 +57,7 @@ def _serve_origin(redis_url: str, provider_url: str, port: int) -> subprocess.Po
     }
     env.pop("PRISM_PROVIDERS_FILE", None)
     command = [sys.executable, "-m", "deploy.cli", "origin", "serve", "--port", str(port)]
+    command += ["--workers", "1"]
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

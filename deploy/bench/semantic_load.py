@@ -161,7 +161,7 @@ class _Origins:
             origin = self._child(
                 name,
                 ["-m", "deploy.cli", "origin", "serve", "--port", str(public),
-                 "--admin-port", str(admin)],
+                 "--admin-port", str(admin), "--workers", "1"],
                 env,
             )  # fmt: skip
             self.urls[name] = f"http://127.0.0.1:{public}"

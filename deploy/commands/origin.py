@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 from typing import Annotated
@@ -30,6 +29,16 @@ def serve(
         ),
     ] = 9090,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "warning",
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            envvar="PRISM_WORKERS",
+            help="Worker processes on the one public port (default: the cores this process"
+            " may use). 1: a single process, no supervisor.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Serve the origin (OpenAI-compatible API, Redis cache, providers, KV writer).
 
@@ -39,12 +48,15 @@ def serve(
     PRISM_PROVIDERS_FILE or OPENAI_API_KEY / OPENAI_BASE_URL / ANTHROPIC_API_KEY, and
     PRISM_KV_ACCOUNT_ID / PRISM_KV_NAMESPACE_ID / CLOUDFLARE_API_TOKEN / PRISM_KV_API_URL.
 
-    Example: prism origin serve --port 8080 --admin-port 9090
-    """
-    import uvicorn
+    With --workers N above 1, a supervisor binds both listeners, starts N workers on the
+    public one (each its own app, event loop and Redis connection), restarts any that
+    dies, replaces them one by one on SIGHUP and stops them gracefully on SIGTERM; the
+    admin listener then shows the whole instance (every worker's /metrics merged).
 
-    from origin import Settings, SettingsError, create_app
-    from origin.http.server import freeze_heap, listen, server_options
+    Example: prism origin serve --port 8080 --admin-port 9090 --workers 4
+    """
+    from origin import Settings, SettingsError
+    from origin.http.server import listen
     from origin.http.watchdog import SystemdWatchdog
 
     try:
@@ -59,6 +71,19 @@ def serve(
         raise typer.Exit(1) from None
     # Under systemd with WatchdogSec= (the deployed unit): fed from the event loop.
     watchdog = SystemdWatchdog.from_env(os.environ)
+    count = workers if workers is not None else len(os.sched_getaffinity(0))
+    if count > 1:
+        from origin.instance import WorkerOptions, serve_workers
+
+        logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+        if not serve_workers(count, sockets[0], sockets[1], WorkerOptions(log_level), watchdog):
+            raise typer.Exit(3)  # a worker failed to start (its error is above)
+        return
+    import uvicorn
+
+    from origin import create_app
+    from origin.http.server import freeze_heap, uvicorn_config
+
     try:
         app = create_app(
             settings,
@@ -75,13 +100,6 @@ def serve(
         from origin.http.access_log import print_access_log
 
         print_access_log()
-    config = uvicorn.Config(
-        app,
-        log_level=log_level,
-        access_log=False,
-        loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-        **server_options(settings),
-    )
-    config.load()  # imports the server's own modules now, so they are frozen too
+    config = uvicorn_config(app, settings, log_level)  # loaded: its modules are frozen too
     freeze_heap()
     uvicorn.Server(config).run(sockets=sockets)

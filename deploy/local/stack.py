@@ -352,7 +352,8 @@ class LocalStack:
             region,
             f"http://{cfg.host}:{port}",
             [sys.executable, "-m", "deploy.cli", "origin", "serve", "--host", cfg.host,
-             "--port", str(port), "--admin-host", cfg.host, "--admin-port", str(admin_port)],
+             "--port", str(port), "--admin-host", cfg.host, "--admin-port", str(admin_port),
+             "--workers", "1"],
             logs / f"{name}.log",
             env,
         )  # fmt: skip

@@ -11,7 +11,9 @@
   ``read_timeout`` seconds (or a connection silent for as long) with a 408 in the
   API's format, and closes. Malformed framing that the HTTP
   parser refuses (``Content-Length: -1``, a bad chunk size, ...) gets a 400 in the
-  API's format instead of uvicorn's plain text.
+  API's format instead of uvicorn's plain text. At a graceful shutdown, a connection
+  whose request has not arrived yet is given a moment for it (``SHUTDOWN_GRACE``)
+  rather than reset.
 - ``freeze_heap`` takes what start-up built (modules, classes, settings: most of the
   heap) out of the garbage collector's reach, so a full collection under load
   walks only what requests made since (milliseconds, not the hundreds of
@@ -31,12 +33,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib.util
 import re
 import secrets
 import socket
 from http import HTTPStatus
 from typing import Any
 
+import uvicorn
 from uvicorn.protocols.http import httptools_impl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -46,12 +50,15 @@ from ..settings import Settings
 from .responses import error_reply
 
 __all__ = [
+    "SHUTDOWN_GRACE",
     "YOUNG_GENERATION",
     "DeadlineProtocol",
     "NameCheckMemo",
+    "bind",
     "freeze_heap",
     "listen",
     "server_options",
+    "uvicorn_config",
 ]
 
 
@@ -80,6 +87,29 @@ class DeadlineProtocol(HttpToolsProtocol):
             self._timer.cancel()
             self._timer = None
         super().connection_lost(exc)
+
+    def shutdown(self) -> None:
+        """At a graceful shutdown, uvicorn closes every connection with no request in
+        progress: one just accepted whose request is still on its way (a SIGHUP's rolling
+        restart under load) would be reset with its request sent. Such a connection gets
+        ``SHUTDOWN_GRACE`` seconds for its request to arrive, and then that request's
+        answer is its last; one idle between keep-alive requests is closed as before."""
+        if self._now_reading() is None or self.transport.is_closing():
+            super().shutdown()  # idle between requests, or a request under way
+            return
+        self._watch_last(self.loop.time() + SHUTDOWN_GRACE)
+
+    def _watch_last(self, until: float) -> None:
+        cycle = self.cycle
+        if self.transport.is_closing():
+            return
+        if cycle is not None and not cycle.response_complete:
+            cycle.keep_alive = False  # it arrived: uvicorn closes once it is answered
+            return
+        if cycle is not None or self.loop.time() >= until:
+            self.transport.close()  # answered already, or nothing came in time
+            return
+        self.loop.call_later(0.05, self._watch_last, until)
 
     def send_400_response(self, msg: str) -> None:
         self._refuse(InvalidRequestError(f"Malformed HTTP request: {msg}", code="bad_framing"))
@@ -134,9 +164,9 @@ def listen(host: str, port: int, admin_host: str, admin_port: int) -> list[socke
     """Bind the public and the admin listener (port 0: any free port), in that order; the
     app made for them (``Routes``' ``admin_port``) serves its admin routes on the admin
     one only."""
-    public = _bind(host, port)
+    public = bind(host, port)
     try:
-        admin = _bind(admin_host, admin_port)
+        admin = bind(admin_host, admin_port)
     except OSError:
         public.close()
         raise
@@ -147,7 +177,8 @@ def listen(host: str, port: int, admin_host: str, admin_port: int) -> list[socke
     return [public, admin]
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int) -> socket.socket:
+    """A listening-ready TCP socket on ``host:port`` (0: any free port), inheritable."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -161,6 +192,8 @@ def _bind(host: str, port: int) -> socket.socket:
     sock.set_inheritable(True)
     return sock
 
+
+SHUTDOWN_GRACE = 1.0  # seconds a connection with no request yet may still send one
 
 YOUNG_GENERATION = 10_000  # tracked objects made (net of freed) between young collections
 
@@ -224,3 +257,17 @@ def server_options(settings: Settings) -> dict[str, Any]:
         "server_header": False,
         "proxy_headers": False,  # the origin reads no client address: skip that middleware
     }
+
+
+def uvicorn_config(app: Any, settings: Settings, log_level: str) -> uvicorn.Config:
+    """The origin's uvicorn config, loaded (its modules imported: ``freeze_heap`` after
+    it freezes them too); one process or each worker of many alike."""
+    config = uvicorn.Config(
+        app,
+        log_level=log_level,
+        access_log=False,
+        loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
+        **server_options(settings),
+    )
+    config.load()
+    return config

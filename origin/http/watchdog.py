@@ -24,11 +24,12 @@ class SystemdWatchdog:
     of ``WATCHDOG_USEC`` (as sd_watchdog_enabled(3) recommends); errors are ignored (the
     pings are best effort: a missed one is what the watchdog is for)."""
 
-    __slots__ = ("_address", "_every", "_last", "_ready", "_socket")
+    __slots__ = ("_address", "_every", "_last", "_ready", "_socket", "interval")
 
     def __init__(self, address: str, interval: float) -> None:
         # "@name" is Linux's abstract namespace: a leading NUL byte.
         self._address = "\0" + address[1:] if address.startswith("@") else address
+        self.interval = interval  # WatchdogSec: silent this long, the process is restarted
         self._every = interval / 2
         self._last = -interval
         self._ready = False

@@ -37,7 +37,14 @@ from origin.governance.rate_limit_scripts import LEASE_SHARE
 from origin.governance.request_leases import LEASE_SECONDS
 from origin.governance.token_bounds import completion_token_bound, prompt_token_bound
 from prism import Budget, Limit, RateLimits, parse_chat_request
-from tests.fixtures.origin import OriginFactory, RunningOrigin, redis_now_us, settled_budget
+from tests.fixtures.origin import (
+    Origin,
+    OriginFactory,
+    RunningOrigin,
+    redis_now_us,
+    settled_budget,
+)
+from tests.fixtures.origin_workers import AnyOriginFactory
 from tests.origin.governance.test_budgets import MODEL, bound_of, cost_of, providers_file
 from tests.origin.governance.test_rate_limits import limit, primed, store
 from tests.polling import async_wait_for, wait_for
@@ -52,6 +59,9 @@ COALESCED = "prism_origin_coalesced_requests_total"
 # hundreds of requests at once: a lookup that timed out would be a bypass, admitted
 # unchecked (as it must be when Redis is down), and these tests are about the limits.
 PATIENT = {"redis_timeout": 10.0}
+# The shapes a load is served by: (origin processes, workers each). One origin of two
+# workers (`prism origin serve --workers 2`, spawned) must hold a limit as two origins do.
+SHAPES = [(1, 1), (2, 1), (1, 2)]
 
 
 def plant(admin: redis.Redis, field: str, ahead_us: int = PERIOD_US // 2) -> int:
@@ -131,7 +141,7 @@ async def send_held(
     urls: Sequence[str],
     key: str,
     payloads: Sequence[dict[str, Any]],
-    origin: RunningOrigin | None = None,
+    origin: Origin | None = None,
 ) -> list[httpx.Response]:
     """``send_all``, all at once, each call held at the provider (by a queued
     ``stall_before_first_byte``) until every request is decided: its call held there,
@@ -161,19 +171,20 @@ def statuses(responses: Sequence[httpx.Response]) -> dict[int, int]:
 # ------------------------------------------------------------------ request limits
 
 
-@pytest.mark.parametrize("processes", [1, 2])
+@pytest.mark.parametrize(("processes", "workers"), SHAPES)
 def test_load_under_a_leased_limit_is_all_admitted_and_takes_what_it_spends(
-    origin_factory: OriginFactory,
+    any_origin_factory: AnyOriginFactory,
     api_key: str,
     store: PolicyStore,
     admin: redis.Redis,
     processes: int,
+    workers: int,
 ) -> None:
     """1,200 hits, 64 in flight, against a limit far above them (leases of up to 200):
     none refused, and the bucket loses what was spent plus at most the two leases each
     process may hold unspent at a time (origin/governance/request_leases.py), each lasting a
     second. Before the fix, each request without a permit took a lease of its own."""
-    origins = [origin_factory(settings=PATIENT) for _ in range(processes)]
+    origins = [any_origin_factory(workers, settings=PATIENT) for _ in range(processes)]
     payload = primed(origins[0], api_key)
     rpm, lease = 200 * LEASE_SHARE, 200
     limit(store, project={"rpm": rpm})
@@ -188,17 +199,18 @@ def test_load_under_a_leased_limit_is_all_admitted_and_takes_what_it_spends(
     assert statuses(replies) == {200: requests}
     assert {r.headers["x-prism-edge-cache-layer"] for r in replies} == {"redis"}
     taken = taken_since(admin, "s.rpm", planted, rpm)
-    assert requests <= taken <= requests + 2 * lease * processes * lifetimes
+    assert requests <= taken <= requests + 2 * lease * processes * workers * lifetimes
 
 
-@pytest.mark.parametrize("processes", [1, 2])
+@pytest.mark.parametrize(("processes", "workers"), SHAPES)
 @pytest.mark.parametrize("rpm", [1500, 2 * LEASE_SHARE + 400])  # unleased, leases of 2
 def test_load_over_the_limit_admits_the_limit_no_more_no_less(
-    origin_factory: OriginFactory,
+    any_origin_factory: AnyOriginFactory,
     api_key: str,
     store: PolicyStore,
     admin: redis.Redis,
     processes: int,
+    workers: int,
     rpm: int,
 ) -> None:
     """900 hits, 64 in flight, with room for 200 left in the bucket: exactly those 200
@@ -206,7 +218,7 @@ def test_load_over_the_limit_admits_the_limit_no_more_no_less(
     unspent, two leases a process. (The load must outrun the refill, 25 or 40 a second,
     to meet the limit: 700 more than the room are sent, so it does unless the 900 take
     over 28 or 17 s.)"""
-    origins = [origin_factory(settings=PATIENT) for _ in range(processes)]
+    origins = [any_origin_factory(workers, settings=PATIENT) for _ in range(processes)]
     payload = primed(origins[0], api_key)
     limit(store, project={"rpm": rpm})
     lease = rpm // LEASE_SHARE if rpm >= 2 * LEASE_SHARE else 0
@@ -218,7 +230,7 @@ def test_load_over_the_limit_admits_the_limit_no_more_no_less(
     counted = statuses(replies)
     refill = elapsed_us * rpm // PERIOD_US + 1
     assert set(counted) == {200, 429}, f"{elapsed_us / 1e6:.1f} s: the refill ({refill}) kept up"
-    assert room - 2 * lease * processes <= counted[200] <= room + refill
+    assert room - 2 * lease * processes * workers <= counted[200] <= room + refill
     refused = [r for r in replies if r.status_code == 429]
     assert {r.json()["error"]["type"] for r in refused} == {"requests"}
     assert {r.headers["x-ratelimit-limit-requests"] for r in refused} == {str(rpm)}
@@ -278,17 +290,20 @@ def token_bound(payload: dict[str, Any]) -> int:
     return prompt_token_bound(chat) + completion_token_bound(chat)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 def test_concurrent_misses_settle_the_token_limit_to_their_real_usage(
-    origin: RunningOrigin,
+    any_origin_factory: AnyOriginFactory,
     api_key: str,
     store: PolicyStore,
     admin: redis.Redis,
     provider: ProviderServer,
+    workers: int,
 ) -> None:
     """48 distinct misses at once whose bounds are far over what the bucket holds: as many
     are admitted as their bounds fit, and once every call has settled the limit has
     taken exactly their real usage (an unreturned bound or a double give-back moves the
     TAT by hundreds of tokens)."""
+    origin = any_origin_factory(workers)
     tpm = 12_000  # 5 ms a token
     limit(store, project={"tpm": tpm})
     planted = plant(admin, "s.tpm")  # 6,000 tokens fit now
@@ -487,14 +502,16 @@ def test_streams_left_mid_call_release_or_pay_once(
     assert state == {"spent": spent, "reserved": 0, "held": 0}
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 def test_every_provider_call_is_paid_under_identical_load_with_a_token_limit(
-    origin_factory: OriginFactory,
+    any_origin_factory: AnyOriginFactory,
     providers_file: Path,
     api_key: str,
     store: PolicyStore,
     admin: redis.Redis,
     provider: ProviderServer,
     redis_server: RedisServer,
+    workers: int,
 ) -> None:
     """One question asked every 2 ms for 0.6 s (not stored: each request joins the call
     in flight or starts one), under a budget and a token limit, Redis 20 ms away as a
@@ -502,7 +519,8 @@ def test_every_provider_call_is_paid_under_identical_load_with_a_token_limit(
     calls times one call's cost. (Requests that see a call in flight and have their
     tokens admitted while it ends start a call no budget pays for: a dozen a call.)"""
     with DelayProxy(redis_server.host, redis_server.port, 0.01) as far:
-        origin = origin_factory(
+        origin = any_origin_factory(
+            workers,
             PRISM_PROVIDERS_FILE=str(providers_file),
             REDIS_URL=f"redis://{far.host}:{far.port}/0",
             settings=PATIENT,  # a budget check that timed out would be a 503

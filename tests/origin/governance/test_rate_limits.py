@@ -35,6 +35,7 @@ from origin.providers.token_counts import tokens_of
 from prism import Budget, KeyRing, Limit, RateLimits
 from tests.fixtures.origin import (
     AccessLines,
+    Origin,
     OriginFactory,
     RunningOrigin,
     budget_totals,
@@ -69,7 +70,7 @@ def body(**extra: object) -> dict[str, object]:
 
 
 def post(
-    origin: RunningOrigin, key: str, payload: dict[str, object], http: httpx.Client | None = None
+    origin: Origin, key: str, payload: dict[str, object], http: httpx.Client | None = None
 ) -> httpx.Response:
     send = http.post if http is not None else httpx.post
     return send(
@@ -77,7 +78,7 @@ def post(
     )
 
 
-def primed(origin: RunningOrigin, key: str) -> dict[str, object]:
+def primed(origin: Origin, key: str) -> dict[str, object]:
     """A body whose answer is in Redis (stored before any limit is set)."""
     payload = body()
     assert post(origin, key, payload).status_code == 200
@@ -147,6 +148,7 @@ def test_two_origin_processes_hold_one_limit_exactly(
     ports = [free_port() for _ in range(2)]
     env = origin_env(redis_url, provider.url, PATH="/usr/bin:/bin")
     serve = [sys.executable, "-m", "deploy.cli", "origin", "serve", "--admin-port", "0"]
+    serve += ["--workers", "1"]
     servers = [
         subprocess.Popen(
             [*serve, "--port", str(port)],
