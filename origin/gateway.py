@@ -82,7 +82,10 @@ class Gateway:
                     spec, connectors.get(name), self._trace_configs()
                 )
             except ValueError as error:
-                raise SettingsError(f"provider {name!r}: {error}") from None
+                said = str(error)
+                raise SettingsError(
+                    said if repr(name) in said else f"provider {name!r}: {said}"
+                ) from None
         self.router = Router(
             settings.providers, self.providers, self.metrics, telemetry=self.telemetry
         )

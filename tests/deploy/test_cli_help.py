@@ -106,7 +106,8 @@ def test_origin_serve_with_a_kinds_bad_setting_is_one_line_naming_the_provider(
     )
     env = {"PRISM_KEY_SECRET": "k" * 32, "PRISM_FORWARD_SECRET": "f" * 32,
            "PRISM_PROVIDERS_FILE": str(providers), "REDIS_URL": "redis://127.0.0.1:1/0"}  # fmt: skip
-    result = runner.invoke(app, ["origin", "serve", "--port", "0", "--admin-port", "0"], env=env)
+    serve = ["origin", "serve", "--port", "0", "--admin-port", "0", "--workers", "1"]
+    result = runner.invoke(app, serve, env=env)
     assert result.exit_code == 2, result.output
     assert "provider 'az'" in result.output and "auth" in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
