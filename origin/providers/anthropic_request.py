@@ -15,6 +15,8 @@ import orjson
 
 from prism import InvalidRequestError
 
+from .chat_turns import TurnBlocks, alternating_turns
+
 __all__ = ["DEFAULT_MAX_TOKENS", "TOOL_CHOICES", "to_messages_request"]
 
 # Anthropic requires max_tokens; OpenAI lets the model run to its own limit.
@@ -124,49 +126,12 @@ def _system_text(content: Any, param: str) -> str:
     return "\n\n".join(block["text"] for block in blocks)
 
 
-def _turns(messages: Any) -> tuple[list[str], list[dict[str, Any]]]:
-    """System texts, and the conversation as alternating user/assistant turns."""
-    if not isinstance(messages, list):
-        raise _invalid("'messages' must be an array of message objects.", "messages")
-    system: list[str] = []
-    turns: list[dict[str, Any]] = []
-    for index, message in enumerate(messages):
-        param = f"messages[{index}]"
-        if not isinstance(message, dict):
-            raise _invalid(f"'{param}' must be an object.", param)
-        role = message.get("role")
-        content = message.get("content")
-        if role in ("system", "developer"):
-            text = _system_text(content, f"{param}.content")
-            if text:
-                system.append(text)
-            continue
-        if role == "user":
-            blocks = _content_blocks(content, f"{param}.content")
-        elif role == "assistant":
-            blocks = _content_blocks(content, f"{param}.content")
-            calls = message.get("tool_calls") or []
-            if not isinstance(calls, list):
-                raise _invalid(f"'{param}.tool_calls' must be an array.", f"{param}.tool_calls")
-            blocks += [
-                _tool_use_block(call, f"{param}.tool_calls[{i}]") for i, call in enumerate(calls)
-            ]
-        elif role == "tool":
-            role, blocks = "user", [_tool_result_block(message, param)]
-        else:
-            raise _invalid(
-                f"Role {role!r} is not supported for this model; use 'tool' messages.",
-                f"{param}.role",
-            )
-        if not blocks:
-            continue  # an empty turn says nothing, and Anthropic rejects it
-        if turns and turns[-1]["role"] == role:
-            # Anthropic wants strictly alternating turns: parallel tool results and a
-            # following user message become one user turn.
-            turns[-1]["content"].extend(blocks)
-        else:
-            turns.append({"role": role, "content": blocks})
-    return system, turns
+def _system(content: Any, param: str) -> list[str]:
+    text = _system_text(content, param)
+    return [text] if text else []
+
+
+_BLOCKS = TurnBlocks(_system, _content_blocks, _tool_use_block, _tool_result_block)
 
 
 def _tool(tool: Any, param: str) -> dict[str, Any]:
@@ -211,7 +176,7 @@ def to_messages_request(body: dict[str, Any], model: str) -> dict[str, Any]:
     n = body.get("n")
     if n is not None and n != 1:
         raise _invalid("This model supports only n=1.", "n")
-    system, turns = _turns(body.get("messages"))
+    system, turns = alternating_turns(body.get("messages"), _BLOCKS)
     limit = body.get("max_completion_tokens")
     if limit is None:
         limit = body.get("max_tokens")

@@ -16,6 +16,8 @@ import orjson
 
 from prism import InvalidRequestError
 
+from .chat_turns import TurnBlocks, alternating_turns
+
 __all__ = ["IMAGE_FORMATS", "to_converse_request"]
 
 # An image's media type -> Converse ``image.format``
@@ -121,47 +123,7 @@ def _system_blocks(content: Any, param: str) -> list[dict[str, Any]]:
     return blocks
 
 
-def _turns(messages: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """System blocks, and the conversation as alternating user/assistant turns."""
-    if not isinstance(messages, list):
-        raise _invalid("'messages' must be an array of message objects.", "messages")
-    system: list[dict[str, Any]] = []
-    turns: list[dict[str, Any]] = []
-    for index, message in enumerate(messages):
-        param = f"messages[{index}]"
-        if not isinstance(message, dict):
-            raise _invalid(f"'{param}' must be an object.", param)
-        role = message.get("role")
-        content = message.get("content")
-        if role in ("system", "developer"):
-            system += _system_blocks(content, f"{param}.content")
-            continue
-        if role == "user":
-            blocks = _content_blocks(content, f"{param}.content")
-        elif role == "assistant":
-            blocks = _content_blocks(content, f"{param}.content")
-            calls = message.get("tool_calls") or []
-            if not isinstance(calls, list):
-                raise _invalid(f"'{param}.tool_calls' must be an array.", f"{param}.tool_calls")
-            blocks += [
-                _tool_use_block(call, f"{param}.tool_calls[{i}]") for i, call in enumerate(calls)
-            ]
-        elif role == "tool":
-            role, blocks = "user", [_tool_result_block(message, param)]
-        else:
-            raise _invalid(
-                f"Role {role!r} is not supported for this model; use 'tool' messages.",
-                f"{param}.role",
-            )
-        if not blocks:
-            continue  # an empty turn says nothing, and Converse rejects it
-        if turns and turns[-1]["role"] == role:
-            # Converse wants strictly alternating turns: parallel tool results and a
-            # following user message become one user turn.
-            turns[-1]["content"].extend(blocks)
-        else:
-            turns.append({"role": role, "content": blocks})
-    return system, turns
+_BLOCKS = TurnBlocks(_system_blocks, _content_blocks, _tool_use_block, _tool_result_block)
 
 
 def _tool(tool: Any, param: str) -> dict[str, Any]:
@@ -224,7 +186,7 @@ def to_converse_request(body: dict[str, Any]) -> dict[str, Any]:
     n = body.get("n")
     if n is not None and n != 1:
         raise _invalid("This model supports only n=1.", "n")
-    system, turns = _turns(body.get("messages"))
+    system, turns = alternating_turns(body.get("messages"), _BLOCKS)
     request: dict[str, Any] = {"messages": turns}
     if system:
         request["system"] = system
