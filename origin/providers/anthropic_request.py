@@ -11,11 +11,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import orjson
-
 from prism import InvalidRequestError
 
-from .chat_turns import TurnBlocks, alternating_turns
+from .chat_turns import TurnBlocks, alternating_turns, tool_call
 
 __all__ = ["DEFAULT_MAX_TOKENS", "TOOL_CHOICES", "to_messages_request"]
 
@@ -86,21 +84,8 @@ def _content_blocks(content: Any, param: str) -> list[dict[str, Any]]:
 
 
 def _tool_use_block(call: Any, param: str) -> dict[str, Any]:
-    function = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-        raise _invalid(f"'{param}.function.name' must be a string.", param)
-    assert isinstance(call, dict)
-    arguments = function.get("arguments") or "{}"
-    try:
-        tool_input = orjson.loads(arguments) if isinstance(arguments, str) else None
-    except orjson.JSONDecodeError:
-        tool_input = None
-    if not isinstance(tool_input, dict):
-        raise _invalid(f"'{param}.function.arguments' must be a JSON object.", param)
-    call_id = call.get("id")
-    if not isinstance(call_id, str) or not call_id:
-        raise _invalid(f"'{param}.id' must be a non-empty string.", param)
-    return {"type": "tool_use", "id": call_id, "name": function["name"], "input": tool_input}
+    checked = tool_call(call, param)
+    return {"type": "tool_use", "id": checked.id, "name": checked.name, "input": checked.arguments}
 
 
 def _tool_result_block(message: dict[str, Any], param: str) -> dict[str, Any]:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
+
+import orjson
 
 from prism import InvalidRequestError
 
-__all__ = ["TurnBlocks", "alternating_turns"]
+__all__ = ["ToolCall", "TurnBlocks", "alternating_turns", "tool_call"]
 
 S = TypeVar("S")  # what a system message becomes (Anthropic: its text; Converse: blocks)
 Block = dict[str, Any]
@@ -34,6 +36,32 @@ class TurnBlocks(Generic[S]):
 
 def _invalid(message: str, param: str) -> InvalidRequestError:
     return InvalidRequestError(message, param=param)
+
+
+class ToolCall(NamedTuple):
+    id: str
+    name: str
+    arguments: dict[str, Any]  # parsed: every kind sends them as an object
+
+
+def tool_call(call: Any, param: str) -> ToolCall:
+    """An assistant message's OpenAI tool call, checked: a named function whose arguments
+    are a JSON object, with a non-empty id (400s naming ``param`` otherwise)."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise _invalid(f"'{param}.function.name' must be a string.", param)
+    assert isinstance(call, dict)
+    arguments = function.get("arguments") or "{}"
+    try:
+        parsed = orjson.loads(arguments) if isinstance(arguments, str) else None
+    except orjson.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise _invalid(f"'{param}.function.arguments' must be a JSON object.", param)
+    call_id = call.get("id")
+    if not isinstance(call_id, str) or not call_id:
+        raise _invalid(f"'{param}.id' must be a non-empty string.", param)
+    return ToolCall(call_id, function["name"], parsed)
 
 
 def alternating_turns(messages: Any, blocks: TurnBlocks[S]) -> tuple[list[S], list[Block]]:

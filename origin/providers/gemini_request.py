@@ -13,9 +13,9 @@ import mimetypes
 import re
 from typing import Any
 
-import orjson
-
 from prism import InvalidRequestError
+
+from .chat_turns import tool_call
 
 __all__ = ["SKIP_SIGNATURE", "is_generated_call_id", "to_gemini_request"]
 
@@ -127,21 +127,8 @@ def _text(content: Any, param: str) -> str:
 
 def _function_call(call: Any, param: str) -> tuple[str, dict[str, Any]]:
     """An OpenAI tool call's id and its ``functionCall`` part."""
-    function = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-        raise _invalid(f"'{param}.function.name' must be a string.", param)
-    assert isinstance(call, dict)
-    arguments = function.get("arguments") or "{}"
-    try:
-        args = orjson.loads(arguments) if isinstance(arguments, str) else None
-    except orjson.JSONDecodeError:
-        args = None
-    if not isinstance(args, dict):
-        raise _invalid(f"'{param}.function.arguments' must be a JSON object.", param)
-    call_id = call.get("id")
-    if not isinstance(call_id, str) or not call_id:
-        raise _invalid(f"'{param}.id' must be a non-empty string.", param)
-    converted: dict[str, Any] = {"name": function["name"], "args": args}
+    call_id, name, args = tool_call(call, param)
+    converted: dict[str, Any] = {"name": name, "args": args}
     if not is_generated_call_id(call_id):
         converted["id"] = call_id  # Gemini's own id goes back to it
     return call_id, {"functionCall": converted}
