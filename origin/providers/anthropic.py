@@ -9,36 +9,31 @@ and ``anthropic_stream``. A stream is re-encoded event by event as OpenAI chunks
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from datetime import datetime
 from typing import Any
 
 import aiohttp
 import orjson
 
-from prism import PrismError, UpstreamError, UpstreamUnavailableError
+from prism import UpstreamError, UpstreamUnavailableError
 from prism.sse import DONE, SSEDecoder
 
 from .anthropic_answer import to_chat_completion
 from .anthropic_request import to_messages_request
 from .anthropic_stream import StreamTranslator
 from .base import ListedModel, ProviderSpec, UpstreamCompletion, UpstreamStream
+from .translated_stream import finish_body, json_events, sse_chunk, truncated
 from .upstream_http import UpstreamHTTP, malformed, parse_body, redact
 
 __all__ = ["ANTHROPIC_VERSION", "AnthropicProvider"]
 
 ANTHROPIC_VERSION = "2023-06-01"
 _PATH = "/v1/messages"
-_FINISH_SECONDS = 0.5  # how long to wait for the body's end after message_stop
 _MODELS_PATH = "/v1/models"
 _MODELS_PAGE = "1000"  # the most one page of the list holds (its default is 20)
 _MODELS_PAGES = 50  # a list that never says has_more: false is cut there
-
-
-def _sse(chunk: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
 class AnthropicProvider:
@@ -130,29 +125,20 @@ class AnthropicProvider:
     async def _events(
         self, response: aiohttp.ClientResponse, model: str
     ) -> AsyncGenerator[bytes, None]:
-        decoder = SSEDecoder()
         translator = StreamTranslator(model, provider=self.spec.name)
         body = self._http.chunks(response)
+        events = json_events(self.spec, body)
         try:
-            async for raw in body:
-                for data in decoder.feed(raw):
-                    try:
-                        event = orjson.loads(data)
-                    except orjson.JSONDecodeError:
-                        raise malformed(self.spec, "a malformed stream event") from None
-                    if not isinstance(event, dict):
-                        raise malformed(self.spec, "a malformed stream event")
-                    for chunk in translator.feed(event):
-                        yield _sse(chunk)
-                    if translator.done:
-                        yield DONE
-                        await _finish_body(body)
-                        return
-            raise UpstreamError(
-                f"Provider '{self.spec.name}' ended the stream before it was complete.",
-                code="upstream_truncated",
-            )
+            async for _, event in events:
+                for chunk in translator.feed(event):
+                    yield sse_chunk(chunk)
+                if translator.done:
+                    yield DONE
+                    await finish_body(body)
+                    return
+            raise truncated(self.spec)
         finally:
+            await events.aclose()
             await body.aclose()  # releases the response (a no-op once it is read)
 
     async def models(self) -> list[ListedModel]:
@@ -187,19 +173,6 @@ def _listed_model(entry: object) -> ListedModel | None:
         with contextlib.suppress(ValueError):
             created = int(datetime.fromisoformat(stamp).timestamp())
     return ListedModel(id=entry["id"], created=created)
-
-
-async def _finish_body(body: AsyncIterator[bytes]) -> None:
-    """Read what follows ``message_stop`` (the end of the chunked body), briefly.
-
-    A response closed before its end takes its connection with it; read to the end,
-    the connection goes back to the pool and the next stream skips a TCP+TLS setup.
-    The answer is complete already, so a failure here costs only that connection.
-    """
-    with contextlib.suppress(PrismError, TimeoutError):
-        async with asyncio.timeout(_FINISH_SECONDS):
-            async for _ in body:
-                pass
 
 
 class _Primed:

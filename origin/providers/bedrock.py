@@ -17,17 +17,14 @@ default endpoint's) and ``profile`` (a named AWS profile; default: the standard 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
 import orjson
 import yarl
 
-from prism import PrismError, UpstreamError
 from prism.sse import DONE
 
 from .base import ProviderSpec, UpstreamCompletion, UpstreamStream
@@ -37,6 +34,7 @@ from .bedrock_embeddings import titan_requests, to_embeddings_list
 from .bedrock_errors import raise_for_bedrock
 from .bedrock_request import to_converse_request
 from .bedrock_stream import EventDecoder, StreamTranslator
+from .translated_stream import finish_body, sse_chunk, truncated
 from .upstream_http import UpstreamHTTP, malformed, parse_body
 
 __all__ = ["BedrockProvider", "bedrock_options"]
@@ -50,11 +48,6 @@ _EVENTS = {
     "accept": "application/vnd.amazon.eventstream",
     "accept-encoding": "identity",
 }
-_FINISH_SECONDS = 0.5  # how long to wait for the body's end after the last event
-
-
-def _sse(chunk: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
 def bedrock_options(spec: ProviderSpec) -> tuple[str, str | None]:
@@ -152,13 +145,6 @@ def _path(model: str, action: str) -> str:
     return f"/model/{quote(model, safe='')}/{action}"
 
 
-def _truncated(spec: ProviderSpec) -> UpstreamError:
-    return UpstreamError(
-        f"Provider '{spec.name}' ended the stream before it was complete.",
-        code="upstream_truncated",
-    )
-
-
 async def _first(
     chunks: AsyncIterator[bytes],
     decoder: EventDecoder,
@@ -169,8 +155,8 @@ async def _first(
     async for raw in chunks:
         out = [chunk for kind, event in decoder.feed(raw) for chunk in translator.feed(kind, event)]
         if out:
-            return b"".join(_sse(chunk) for chunk in out) + (DONE if translator.done else b"")
-    raise _truncated(spec)
+            return b"".join(sse_chunk(chunk) for chunk in out) + (DONE if translator.done else b"")
+    raise truncated(spec)
 
 
 async def _events(
@@ -187,22 +173,13 @@ async def _events(
         async for raw in chunks:
             out = b""
             for kind, event in decoder.feed(raw):
-                out += b"".join(_sse(chunk) for chunk in translator.feed(kind, event))
+                out += b"".join(sse_chunk(chunk) for chunk in translator.feed(kind, event))
             if translator.done:
                 yield out + DONE
-                await _finish_body(chunks)
+                await finish_body(chunks)
                 return
             if out:
                 yield out
-        raise _truncated(spec)
+        raise truncated(spec)
     finally:
         await chunks.aclose()  # releases the response (a no-op once it is read)
-
-
-async def _finish_body(body: AsyncIterator[bytes]) -> None:
-    """Read what follows the last event (the end of the chunked body), briefly, so the
-    connection goes back to the pool; the answer is complete already."""
-    with contextlib.suppress(PrismError, TimeoutError, aiohttp.ClientError):
-        async with asyncio.timeout(_FINISH_SECONDS):
-            async for _ in body:
-                pass

@@ -13,8 +13,6 @@ in ``UpstreamError`` instead, so the origin never stores a partial answer.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
@@ -23,14 +21,15 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 
-from prism import InvalidRequestError, PrismError, UpstreamError
-from prism.sse import DONE, SSEDecoder
+from prism import InvalidRequestError, UpstreamError
+from prism.sse import DONE
 
 from .base import ProviderSpec, UpstreamCompletion, UpstreamStream
 from .gemini_answer import to_chat_completion
 from .gemini_embeddings import embedding_texts, to_batch_request, to_embeddings
 from .gemini_request import to_gemini_request
 from .gemini_stream import StreamTranslator
+from .translated_stream import finish_body, json_events, sse_chunk, truncated
 from .upstream_http import (
     CONTEXT_LENGTH_EXCEEDED,
     UpstreamHTTP,
@@ -44,14 +43,9 @@ __all__ = ["API_VERSIONS", "GeminiProvider", "raise_for_gemini"]
 
 API_VERSIONS = ("v1beta", "v1")
 _OPTIONS = frozenset({"api_version", "safety_settings"})
-_FINISH_SECONDS = 0.5  # how long to wait for the body's end after the last event
 # Gemini says a prompt is too long in its own words (and with no code).
 _TOO_LONG = re.compile(r"input token count.*exceeds the maximum", re.IGNORECASE | re.DOTALL)
 _RETRY_DELAY = re.compile(r"(\d+(?:\.\d+)?)s")
-
-
-def _sse(chunk: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
 def _options(spec: ProviderSpec) -> tuple[str, list[dict[str, Any]]]:
@@ -196,32 +190,23 @@ class GeminiProvider:
     async def _events(
         self, response: aiohttp.ClientResponse, model: str
     ) -> AsyncGenerator[bytes, None]:
-        decoder = SSEDecoder()
         translator = StreamTranslator(model, provider=self.spec.name)
         body = self._http.chunks(response)
+        events = json_events(self.spec, body)
         try:
-            async for raw in body:
-                for data in decoder.feed(raw):
-                    try:
-                        event = orjson.loads(data)
-                    except orjson.JSONDecodeError:
-                        raise malformed(self.spec, "a malformed stream event") from None
-                    if not isinstance(event, dict):
-                        raise malformed(self.spec, "a malformed stream event")
-                    if "error" in event:
-                        error = event["error"] if isinstance(event["error"], dict) else {}
-                        raise_for_gemini(self.spec, _status_of(error), data, {})
-                    for chunk in translator.feed(event):
-                        yield _sse(chunk)
-                    if translator.done:
-                        yield DONE
-                        await _finish_body(body)
-                        return
-            raise UpstreamError(
-                f"Provider '{self.spec.name}' ended the stream before it was complete.",
-                code="upstream_truncated",
-            )
+            async for data, event in events:
+                if "error" in event:
+                    error = event["error"] if isinstance(event["error"], dict) else {}
+                    raise_for_gemini(self.spec, _status_of(error), data, {})
+                for chunk in translator.feed(event):
+                    yield sse_chunk(chunk)
+                if translator.done:
+                    yield DONE
+                    await finish_body(body)
+                    return
+            raise truncated(self.spec)
         finally:
+            await events.aclose()
             await body.aclose()  # releases the response (a no-op once it is read)
 
     async def embed(self, body: dict[str, Any], model: str) -> UpstreamCompletion:
@@ -244,12 +229,3 @@ async def _then(first: bytes, events: AsyncIterator[bytes]) -> AsyncGenerator[by
     yield first
     async for event in events:
         yield event
-
-
-async def _finish_body(body: AsyncIterator[bytes]) -> None:
-    """Read what follows the last event (the end of the chunked body), briefly, so the
-    connection goes back to the pool; the answer is complete already."""
-    with contextlib.suppress(PrismError, TimeoutError):
-        async with asyncio.timeout(_FINISH_SECONDS):
-            async for _ in body:
-                pass
