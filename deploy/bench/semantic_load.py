@@ -30,7 +30,7 @@ import secrets
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -350,22 +350,17 @@ def _scrape(admin_url: str) -> dict[str, float]:
     return flat
 
 
-def _delta(before: Mapping[str, float], after: Mapping[str, float]) -> Iterator[tuple[str, float]]:
-    for name, value in after.items():
-        yield name, value - before.get(name, 0.0)
-
-
 def _read_metrics(
     result: PhaseResult, before: Mapping[str, float], after: Mapping[str, float]
 ) -> None:
     lookups = "prism_semantic_lookups_total{outcome="
     sizes = "prism_semantic_embedding_batch_size_bucket{le="
-    for name, value in _delta(before, after):
+    changed = {name: value - before.get(name, 0.0) for name, value in after.items()}
+    for name, value in changed.items():
         if name.startswith(lookups) and value:
             result.outcomes[name[len(lookups) : -1]] = value
         elif name.startswith(sizes):
             result.batches[name[len(sizes) : -1]] = value
-    changed = dict(_delta(before, after))
     result.embedded = changed.get("prism_semantic_embedded_questions_total{}", 0.0)
     if result.embedded:
         per = 1000 / result.embedded
