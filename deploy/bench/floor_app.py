@@ -8,13 +8,16 @@ ratio measures what Prism's own work costs, not which Redis client is faster.
 ``--client redis-py`` runs the same app on redis-py's pooled asyncio client, for
 context: what a minimal app on the usual client achieves.
 
-Run it: ``python -m deploy.bench.floor_app --port 9200 --redis-url redis://... --key K``.
+Run it: ``python -m deploy.bench.floor_app --port 9200 --redis-url redis://... --key K``;
+``--workers N`` serves the port from N processes, as ``prism origin serve --workers N`` does,
+so a multi-process origin is judged against what N processes of nothing can do here.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -23,9 +26,11 @@ from starlette.types import Receive, Scope, Send
 
 from origin.connection.redis_pipe import RedisPipe
 
-__all__ = ["FloorApp", "main"]
+__all__ = ["FloorApp", "from_environment", "main"]
 
 _HEADERS = [(b"content-type", b"application/json")]
+# How ``--workers N`` hands its arguments to each worker's app factory.
+_URL_ENV, _KEY_ENV, _CLIENT_ENV = "PRISM_FLOOR_REDIS_URL", "PRISM_FLOOR_KEY", "PRISM_FLOOR_CLIENT"
 
 
 class FloorApp:
@@ -77,6 +82,11 @@ class FloorApp:
                 return
 
 
+def from_environment() -> FloorApp:
+    """The app of one worker of ``--workers N`` (uvicorn imports it in each process)."""
+    return FloorApp(os.environ[_URL_ENV], os.environ[_KEY_ENV], os.environ[_CLIENT_ENV])
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     import uvicorn
 
@@ -86,12 +96,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--redis-url", required=True)
     parser.add_argument("--key", required=True)
     parser.add_argument("--client", choices=("pipe", "redis-py"), default="pipe")
+    parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args(argv)
     from origin.http.server import DeadlineProtocol
 
+    app: Any = FloorApp(args.redis_url, args.key, args.client)
+    if args.workers > 1:  # uvicorn's own supervisor: each worker builds its app
+        os.environ.update({_URL_ENV: args.redis_url, _KEY_ENV: args.key, _CLIENT_ENV: args.client})
+        app = "deploy.bench.floor_app:from_environment"
     # The server `prism origin serve` runs (its HTTP protocol included), minus the app.
     uvicorn.run(
-        FloorApp(args.redis_url, args.key, args.client),
+        app,
+        factory=args.workers > 1,
+        workers=args.workers,
         host=args.host,
         port=args.port,
         log_level="warning",

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import redis as redis_py
 
 from deploy.local.ports import free_port
 from deploy.local.processes import ChildProcess, process_tree
@@ -41,6 +42,7 @@ __all__ = ["main", "run"]
 
 _SECRET = "bench-key-secret-0123456789abcdef"
 _FORWARD = "bench-forward-secret-0123456789ab"
+_FLOOR_KEY = "prism-bench:floor"
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -103,6 +105,31 @@ def _load(spec: LoadSpec, pids: Sequence[int], redis_pid: int | None) -> dict[st
     }
 
 
+@contextmanager
+def _floor(workers: int, redis_url: str, key: str, logs: Path) -> Iterator[tuple[str, int]]:
+    """The one-GET floor app on ``workers`` processes: what that many processes can serve
+    here at all, with the load generator, Redis and the origin's server on the same cores."""
+    port = free_port()
+    command = [sys.executable, "-m", "deploy.bench.floor_app", "--port", str(port)]
+    command += ["--redis-url", redis_url, "--key", key, "--workers", str(workers)]
+    process = ChildProcess(f"floor-{workers}", command, logs / f"floor-{workers}.log")
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or not process.alive():
+                raise RuntimeError(f"the floor app did not serve: see {process.log_path}")
+            time.sleep(0.1)  # polling a child we do not control, with a deadline
+        yield url, process.pid
+    finally:
+        process.stop(timeout=30)
+
+
 def run(rounds: int, duration: float, concurrency: int) -> dict[str, Any]:
     """Every row (round, workers, hit and miss figures) and the ratios of the medians."""
     key = parse_key_secrets(_SECRET).mint("bench")
@@ -111,6 +138,7 @@ def run(rounds: int, duration: float, concurrency: int) -> dict[str, Any]:
     miss = json.dumps({"model": "demo", "messages": [{"role": "user", "content": UNIQUE}]})
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as work, RedisServer(workdir=Path(work)) as redis:
+        redis_py.Redis.from_url(redis.url).set(_FLOOR_KEY, b"x" * 600)  # an answer's size
         provider = ProviderServer().start()
         env = {
             **os.environ,
@@ -139,15 +167,21 @@ def run(rounds: int, duration: float, concurrency: int) -> dict[str, Any]:
                                 nonce=secrets.token_hex(4),
                             )  # fmt: skip
                             row[kind] = _load(spec, pids, redis.pid)
+                    with _floor(workers, redis.url, _FLOOR_KEY, Path(work)) as (url, pid):
+                        spec = LoadSpec(url, concurrency, duration, body=hit, headers=headers)
+                        row["floor"] = _load(spec, process_tree(pid), redis.pid)
                         rows.append(row)
                         print(json.dumps(row), flush=True)
         finally:
             provider.stop()
     ratios = {}
-    for kind in ("hit", "miss"):
+    for kind in ("hit", "miss", "floor"):
         one = statistics.median(r[kind]["rps"] for r in rows if r["workers"] == 1)
         two = statistics.median(r[kind]["rps"] for r in rows if r["workers"] == 2)
         ratios[kind] = round(two / one, 2) if one else None
+    # What the origin's hit ratio is of what two processes of nothing gain here.
+    if ratios["hit"] and ratios["floor"]:
+        ratios["hit_of_floor"] = round(ratios["hit"] / ratios["floor"], 2)
     return {"concurrency": concurrency, "duration": duration, "rows": rows, "ratio": ratios}
 
 
