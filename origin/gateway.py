@@ -28,6 +28,7 @@ from .providers.base import ChatProvider, UpstreamCompletion
 from .providers.registry import build_provider
 from .providers.upstream_http import ConnectorFactory
 from .routing.coalescing import FlightTable
+from .routing.flight_lease import FlightLeases
 from .routing.model_catalog import ModelCatalog
 from .routing.router import Router
 from .settings import Settings, SettingsError
@@ -89,13 +90,27 @@ class Gateway:
         self.router = Router(
             settings.providers, self.providers, self.metrics, telemetry=self.telemetry
         )
-        self.flights = FlightTable(self.router, self.store, on_join=self.metrics.coalesced.inc)
+        self._background: set[asyncio.Task[Any]] = set()
+        self.flight_leases: FlightLeases | None = None
+        if settings.flight_lease > 0:
+            counter = self.metrics.shared_flights
+            self.flight_leases = FlightLeases(
+                self.redis,
+                settings.redis_url,
+                self.spawn,
+                self.router.first_byte_limit,
+                lambda outcome: counter.labels(outcome).inc(),
+                lease=settings.flight_lease,
+                timeout=settings.redis_timeout,
+            )
+        self.flights = FlightTable(
+            self.router, self.store, self.metrics.coalesced.inc, self.flight_leases
+        )
         self._kv_client: httpx.AsyncClient | None = None
         self.kv_writer: KVWriter | None = None
         if settings.kv is not None:
             self._kv_client = httpx.AsyncClient(transport=kv_transport, timeout=30.0)
             self.kv_writer = KVWriter(settings.kv, self._kv_client, self.metrics, self.telemetry)
-        self._background: set[asyncio.Task[Any]] = set()
         self.usage = UsageRecorder(
             self.redis, lambda: self.cache.available, settings.usage_flush_interval
         )
@@ -224,6 +239,8 @@ class Gateway:
         if self.telemetry is not None:  # what is left goes out (the SDK's export blocks)
             await asyncio.to_thread(self.telemetry.shutdown)
         await self.cache.close()
+        if self.flight_leases is not None:
+            await self.flight_leases.close()
         await self.redis.close()
         if self.redis_reader is not None:
             await self.redis_reader.close()

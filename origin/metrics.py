@@ -91,6 +91,15 @@ class Metrics:
             "Requests answered by joining an identical in-flight provider call.",
             registry=registry,
         )
+        self.shared_flights = Counter(
+            "prism_origin_shared_flights",
+            "Misses by their part in a provider call shared across processes: lead (this "
+            "process called), follow (another process's call answered), take_over (its "
+            "leader was lost), own (called alone: the leader failed, or was silent past the "
+            "first-byte limit, or Redis could not say).",
+            ("outcome",),
+            registry=registry,
+        )
         self.redis_errors = Counter(
             "prism_redis_errors", "Redis operations that failed.", ("op",), registry=registry
         )

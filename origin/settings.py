@@ -65,6 +65,10 @@ class Settings:
     redis_timeout: float = 0.5
     redis_retry_after: float = 1.0  # how long Redis is skipped after it failed
     redis_client: RedisClientKind = "pipe"  # RedisPipe, or redis-py's pool (the way out)
+    # Identical misses on every process sharing the Redis make one provider call: the
+    # leader's lease lasts this long unrenewed (a dead leader is replaced within about
+    # it); 0: shared within each process only (origin/routing/flight_lease.py).
+    flight_lease: float = 3.0
     # The whole request (headers and body) must arrive within this; else 408 and close.
     read_timeout: float = 30.0
     # The event loop running later than this (two watch ticks in a row) refuses new
@@ -155,6 +159,7 @@ class Settings:
             fallback_ttl=("PRISM_FALLBACK_TTL", int),
             read_timeout=("PRISM_READ_TIMEOUT", float),
             redis_timeout=("PRISM_REDIS_TIMEOUT", float),
+            flight_lease=("PRISM_FLIGHT_LEASE", float),
             loop_lag_limit=("PRISM_LOOP_LAG_LIMIT", float),
             budget_hold=("PRISM_BUDGET_HOLD_SECONDS", float),
             usage_flush_interval=("PRISM_USAGE_FLUSH_INTERVAL", float),
@@ -167,6 +172,8 @@ class Settings:
         )
         if numbers.get("redis_timeout", 1) <= 0:
             raise SettingsError("PRISM_REDIS_TIMEOUT must be more than 0 (seconds).")
+        if not 0 <= numbers.get("flight_lease", 3) <= 60:
+            raise SettingsError("PRISM_FLIGHT_LEASE must be 0 (off) to 60 (seconds).")
         if numbers.get("budget_hold", 60) < 60:
             raise SettingsError("PRISM_BUDGET_HOLD_SECONDS must be at least 60 (seconds).")
         if not 0.05 <= numbers.get("usage_flush_interval", 1) <= 60:

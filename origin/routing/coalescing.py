@@ -14,6 +14,10 @@ come, then the answer or the error), so 200 identical misses make one provider
 call, every client follows it live at its own pace, and a late joiner gets the
 events so far, then the live ones.
 
+Across processes (``leases``: ``origin.routing.flight_lease``), a flight leads the key's
+shared call or follows another process's, so identical misses on every worker and
+instance sharing the Redis make one provider call too.
+
 Lifecycle: running -> ended (answer or error, every waiter woken at once) ->
 forgotten by the table. An answer that is stored stays joinable until its Redis
 write has landed, so an identical request that missed Redis just before never
@@ -31,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..providers.base import UpstreamCompletion
+from .flight_lease import FlightLeases
 from .shared_call import Call, Flight, FlightRouter
 from .subscription import Subscription
 
@@ -47,11 +52,16 @@ class FlightTable:
     """The flights running now, by key; identical concurrent requests share one."""
 
     def __init__(
-        self, router: FlightRouter, store: Store, on_join: Callable[[], None] | None = None
+        self,
+        router: FlightRouter,
+        store: Store,
+        on_join: Callable[[], None] | None = None,
+        leases: FlightLeases | None = None,
     ) -> None:
         self._router = router
         self._store = store
         self._on_join = on_join
+        self._leases = leases  # None: identical calls are shared within this process only
         self._flights: dict[str, Flight] = {}
 
     def __len__(self) -> int:
@@ -70,7 +80,7 @@ class FlightTable:
                 if self._on_join is not None:
                     self._on_join()
                 return Subscription(flight)
-        flight = Flight(key, call, self._router, self._ended, self._forget)
+        flight = Flight(key, call, self._router, self._ended, self._forget, self._leases)
         subscription = Subscription(flight)  # joined before the call's task can run
         if key is not None:
             self._flights[key] = flight
@@ -83,6 +93,17 @@ class FlightTable:
 
     def _ended(self, flight: Flight) -> None:
         call, result = flight.call, flight.result
+        if flight.remote:
+            # Another process's call answered: it pays, and it stores the answer.
+            self._forget(flight)
+            if self._on_join is not None:
+                self._on_join()
+            if call.on_end is not None:
+                try:
+                    call.on_end.joined()
+                except Exception:
+                    log.exception("accounting for request %s failed", call.request_id)
+            return
         if call.on_end is not None:
             try:
                 call.on_end(result, *flight.served_by)

@@ -113,6 +113,18 @@ class Router:
         """A message from ``routed``'s provider, safe to show the client."""
         return redact(self._providers[routed.provider].spec, message)
 
+    def first_byte_limit(self, model: str, stream: bool) -> float:
+        """The longest a target of ``model``'s route may take to its first byte (0: no
+        such route): how long a process following another's call waits for its first news."""
+        try:
+            plan = self._plan(model)
+        except NotFoundError:
+            return 0.0
+        specs = [target.provider.spec for target in plan.targets]
+        if stream:
+            return max(spec.first_token_limit for spec in specs)
+        return max(spec.first_byte_timeout for spec in specs)
+
     def snapshot(self) -> dict[str, dict[str, object]]:
         """Per provider: state, reason, error rate, first-byte percentiles, and its targets."""
         return {name: health.snapshot() for name, health in self.health.items()}

@@ -3,6 +3,11 @@
 its own task, recording what arrives (stream events as they come, then the answer or
 the error) for its subscribers (``origin.routing.subscription``) to read at their own
 pace. ``origin.routing.coalescing`` is where identical requests find it.
+
+With shared flights on (``origin.routing.flight_lease``), a flight first asks Redis for its
+key's lease: holding it, it calls the provider and appends what arrives to its stream for
+other processes; finding another process's flight there, it follows that stream instead,
+recording the same events the same way, so its subscribers cannot tell the difference.
 """
 
 from __future__ import annotations
@@ -14,16 +19,24 @@ import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple, NoReturn, Protocol
 
+import orjson
+
 from prism import PrismError, SSEDecoder, UpstreamError
 
+from ..connection.redis_client import RedisClientError
 from ..providers.base import UpstreamCompletion, UpstreamStream
+from .flight_lease import FlightLeases, Lease
 from .operation import Operation, StreamBuilder
 from .router import Routed
 
-__all__ = ["Call", "Flight", "FlightRouter", "Storage"]
+__all__ = ["Call", "CallEnd", "Flight", "FlightRouter", "Storage"]
 
 _DRAIN_SECONDS = 1.0  # after [DONE]: how long the rest of a body may take to end
+_TAKE_OVERS = 2  # lost leaders a flight follows another after, before it calls on its own
 log = logging.getLogger("prism.origin")
+
+# How following another process's flight ended.
+_FOLLOWED, _TAKE_OVER, _OWN = "follow", "take_over", "own"
 
 
 class FlightRouter(Protocol):
@@ -44,6 +57,16 @@ class FlightRouter(Protocol):
     def redact(self, routed: Routed[Any], message: str) -> str: ...
 
 
+class CallEnd(Protocol):
+    """Told once when the call ends (``origin.governance.billing.Charge``)."""
+
+    def __call__(self, result: UpstreamCompletion | None, provider: str, upstream: str) -> None:
+        """The call this request started ended: its answer (None: failed or abandoned)."""
+
+    def joined(self) -> None:
+        """Another call answered this request: it pays nothing."""
+
+
 class Storage(NamedTuple):
     """Where a complete answer is cached."""
 
@@ -62,8 +85,9 @@ class Call(NamedTuple):  # a tuple: made on every miss, and cheaper than a froze
     request_id: str  # of the request that started the flight: its log lines name it
     storage: Storage | None = None  # None: the answer is not cached
     # Told once when the call ends: (answer or None, provider, upstream model). The
-    # request that started the flight pays for it (``origin/governance/billing.py``).
-    on_end: Callable[[UpstreamCompletion | None, str, str], None] | None = None
+    # request that started the flight pays for it (``origin/governance/billing.py``),
+    # unless another process's call answered it (``joined``).
+    on_end: CallEnd | None = None
 
 
 class Flight:
@@ -72,6 +96,8 @@ class Flight:
 
     __slots__ = (
         "_key",
+        "_lease",
+        "_leases",
         "_on_abandon",
         "_on_end",
         "_router",
@@ -82,6 +108,8 @@ class Flight:
         "fallback",
         "frames",
         "provider",
+        "published",
+        "remote",
         "result",
         "served_by",
         "usage_frames",
@@ -95,8 +123,13 @@ class Flight:
         router: FlightRouter,
         on_end: Callable[[Flight], None],
         on_abandon: Callable[[Flight], None],
+        leases: FlightLeases | None = None,
     ) -> None:
         self._key = key
+        self._leases = leases if key is not None else None
+        self._lease: Lease | None = None  # held while this process leads the shared call
+        self.published = 0  # frames appended to the lease's stream so far
+        self.remote = False  # the answer (or the failure) came from another process's call
         self.call = call
         self._router = router
         self._on_end = on_end
@@ -124,6 +157,10 @@ class Flight:
         return bool(self.frames) or self.done
 
     def _notify(self) -> None:
+        lease = self._lease
+        if lease is not None and self.published < len(self.frames):
+            lease.frames(self.frames, self.usage_frames, self.published)
+            self.published = len(self.frames)
         waiters, self.waiters = self.waiters, []
         for waiter in waiters:
             if not waiter.done():  # a waiter cancelled with its client is done already
@@ -154,12 +191,13 @@ class Flight:
     async def _run(self) -> None:
         call = self.call
         try:
+            if self._leases is not None and await self._shared(self._leases):
+                return
             if call.stream:
                 await self._stream(call)
             else:
                 routed = await self._router.complete(call.body, call.model, call.op)
-                self.provider, self.fallback = routed.label, routed.fallback
-                self.served_by = (routed.provider, routed.model)
+                self._routed(routed)
                 self._end(result=routed.value)
         except asyncio.CancelledError:
             self._end(error=UpstreamError("The request was cancelled.", code="cancelled"))
@@ -186,14 +224,113 @@ class Flight:
             return
         self.result, self.error = result, error
         self._notify()
+        lease = self._lease
+        if lease is not None:
+            if result is not None:  # a stored answer's lease lingers: see flight_lease
+                lease.end("r", result.body, linger=self.call.storage is not None)
+            elif error is not None and error.code == "cancelled":
+                lease.end("a", b"", linger=False)  # abandoned here: another process takes over
+            elif error is not None:
+                lease.end("x", orjson.dumps([error.message, error.code]), linger=False)
         self._on_end(self)
+
+    def _routed(self, routed: Routed[Any]) -> None:
+        self.provider, self.fallback = routed.label, routed.fallback
+        self.served_by = (routed.provider, routed.model)
+        if self._lease is not None:
+            self._lease.head(routed.label, routed.fallback, routed.provider, routed.model)
+
+    # -- another process's call (shared flights) ---------------------------------------
+
+    async def _shared(self, leases: FlightLeases) -> bool:
+        """Lead the key's shared call (False: call the provider) or follow the one running
+        (True: this flight ended with it)."""
+        key = self._key
+        assert key is not None
+        for attempt in range(_TAKE_OVERS + 1):
+            try:
+                claim = await leases.claim(key)
+            except RedisClientError:
+                leases.counted(_OWN)
+                return False  # Redis cannot say: call, as a process alone would
+            if isinstance(claim, Lease):
+                self._lease = claim
+                leases.counted("lead" if attempt == 0 else _TAKE_OVER)
+                return False
+            outcome = await self._follow(leases, key, claim)
+            if outcome != _TAKE_OVER:
+                leases.counted(outcome)
+                return outcome == _FOLLOWED
+        leases.counted(_OWN)
+        return False
+
+    async def _follow(self, leases: FlightLeases, key: str, flight: bytes) -> str:
+        """Record another process's flight as it arrives, until it ends (``_FOLLOWED``),
+        its leader is lost (``_TAKE_OVER``) or it failed or kept silent (``_OWN``)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + leases.wait_limit(self.call.model, self.call.stream)
+        after = b"0-0"
+        while True:
+            try:
+                holder: bytes | None = flight
+                entries = await leases.read(key, flight, after)
+                if not entries:  # quiet: does its leader still hold on?
+                    holder, entries = await leases.poll(key, flight, after)
+            except RedisClientError:
+                return self._lost(_OWN)
+            for _, field, value in entries:
+                outcome = self._heard(field, value)
+                if outcome is not None:
+                    return outcome
+            if entries:
+                after = entries[-1][0]
+                self._notify()
+            elif holder != flight:
+                return self._lost(_TAKE_OVER)
+            elif not self.started() and loop.time() > deadline:
+                return _OWN
+
+    def _heard(self, field: bytes, value: bytes) -> str | None:
+        """One entry of the followed flight's stream; an outcome when it was the last."""
+        if field == b"f":
+            self.frames.append(value)
+        elif field == b"u":
+            self.usage_frames.add(len(self.frames))
+            self.frames.append(value)
+        elif field == b"h":
+            self.provider, self.fallback, *served = orjson.loads(value)
+            self.served_by = (served[0], served[1])
+        elif field == b"r":
+            self.remote = True
+            self._end(result=UpstreamCompletion(value, orjson.loads(value)))
+            return _FOLLOWED
+        elif field == b"x":  # not shared as an answer: call again, unless part was relayed
+            message, code = orjson.loads(value)
+            return self._lost(_OWN, UpstreamError(message, code=code))
+        elif field == b"a":
+            return self._lost(_TAKE_OVER)
+        return None
+
+    def _lost(self, outcome: str, error: PrismError | None = None) -> str:
+        """The followed flight ended without an answer: ``outcome`` if nothing of it was
+        relayed yet; else its clients' streams end here, as a stream that breaks does."""
+        if not self.frames:
+            return outcome
+        self.remote = True
+        self._end(
+            error=error
+            or UpstreamError(
+                "The gateway process relaying this stream went away before it was complete.",
+                code="upstream_truncated",
+            )
+        )
+        return _FOLLOWED
 
     async def _stream(self, call: Call) -> None:
         """The stream, relayed event by event as it arrives and rebuilt by the operation's
         builder; the answer is cached only when whole."""
         routed = await self._router.stream(call.body, call.model, call.op)
-        self.provider, self.fallback = routed.label, routed.fallback
-        self.served_by = (routed.provider, routed.model)
+        self._routed(routed)
         upstream = routed.value
         builder = call.op.builder(
             routed.provider, call.body, functools.partial(self._router.redact, routed)

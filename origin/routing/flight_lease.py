@@ -1,0 +1,278 @@
+"""One provider call per question across processes and machines: a short Redis lease per
+flight key, and a Redis stream per flight that the other processes follow live.
+
+The first process to miss on a key takes its lease (``FlightLeases.claim``) and calls the
+provider; what arrives (the head, each stream frame, then the answer or the failure) is
+appended to the flight's stream (``Lease``), in order, by one writer that sends whatever has
+queued while its last write was out (no write per frame under load, no wait when quiet).
+A process that misses while the lease is held follows that stream (``FlightLeases.read``)
+instead of calling, as its own requests follow an in-process flight
+(``origin.routing.shared_call``): in-process coalescing stays the first level, so one
+process follows a flight once, however many of its requests asked.
+
+Liveness is the lease's: the leader renews it while its call runs. A follower that hears
+nothing for ``CHECK`` asks who holds the lease (``poll``): the same flight, keep waiting;
+nobody (the leader died or stalled past the lease) or another flight, the leader is lost,
+and the followers race to claim the lease again: one takes over, the others follow it.
+An answer that is stored keeps its lease a little longer (``LINGER``), pointing at the
+finished stream, so a process whose Redis lookup missed just before the entry landed
+follows the finished flight instead of calling again; an answer not stored, and every
+failure, releases the lease at once.
+
+Keys: ``prism:flight:{key}`` (the lease: the flight's id) and ``prism:flight:{key}:id`` (its
+stream; the braces keep both in one Redis Cluster slot). Each stream entry has one field:
+``h`` the head (JSON: x-prism-provider's label, fallback, provider, upstream model),
+``f`` a frame, ``u`` the trailing usage frame, ``r`` the answer's body (the end), ``x`` a
+failure (the end: not shared as an answer) or ``a`` the call abandoned by its clients (the
+end: followers take over).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import orjson
+import redis.asyncio
+import redis.exceptions
+
+from ..connection.redis_client import LoadedScript, RedisClient, RedisClientError
+
+__all__ = ["CHECK", "LINGER", "FlightLeases", "Lease"]
+
+log = logging.getLogger("prism.origin")
+
+CHECK = 0.5  # seconds a follower waits for news before asking whether the leader holds on
+LINGER = 5.0  # seconds a stored answer's lease outlives it, pointing at the finished stream
+_STREAM_TTL = 60.0  # seconds a flight's stream outlives its last entry
+_READ_COUNT = 512  # entries taken by one read
+
+# -> 1 (the caller holds the lease now), or the id of the flight that holds it (nil: it
+# ended between the two commands; claim again).
+_CLAIM = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return redis.call('GET', KEYS[1])
+"""
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+# Appends (field, value) pairs as entries; then, if the caller still holds the lease, keeps
+# it (ARGV[2] = -1), releases it (0) or lets it live that many ms more.
+_APPEND = """
+for i = 4, #ARGV, 2 do redis.call('XADD', KEYS[1], '*', ARGV[i], ARGV[i + 1]) end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+local lease = tonumber(ARGV[2])
+if lease >= 0 and redis.call('GET', KEYS[2]) == ARGV[1] then
+  if lease == 0 then redis.call('DEL', KEYS[2]) else redis.call('PEXPIRE', KEYS[2], lease) end
+end
+return 1
+"""
+# -> {the lease's holder (or nil), the stream's entries after ARGV[1]}: one atomic look, so
+# an end appended as the lease was released is seen with it.
+_POLL = """
+return {redis.call('GET', KEYS[1]), redis.call('XRANGE', KEYS[2], '(' .. ARGV[1], '+')}
+"""
+
+Entry = tuple[bytes, bytes, bytes]  # (entry id, field, value)
+
+
+def _lease_key(key: str) -> str:
+    return f"prism:flight:{{{key}}}"
+
+
+def stream_key(key: str, flight: bytes) -> str:
+    return f"prism:flight:{{{key}}}:{flight.decode()}"
+
+
+class FlightLeases:
+    """The Redis side of shared flights, one per process: the lease and stream commands on
+    the origin's client, and the blocking reads on a small pool of their own (a blocked read
+    would hold up every command behind it on the origin's one pipelined connection)."""
+
+    def __init__(
+        self,
+        redis_client: RedisClient,
+        url: str,
+        spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]],
+        wait_limit: Callable[[str, bool], float],
+        counted: Callable[[str], None],
+        *,
+        lease: float = 3.0,
+        readers: int = 32,
+        timeout: float = 0.5,
+    ) -> None:
+        self._redis = redis_client
+        self._url = url
+        self._spawn = spawn
+        # Seconds a follower waits for a model's leader's first news: its first-byte limit.
+        self.wait_limit = wait_limit
+        self.counted = counted  # an outcome: lead, follow, take_over, own
+        self.lease_ms = max(1, round(lease * 1000))
+        self.renew_every = lease / 3
+        self._readers = readers
+        self._timeout = timeout
+        self._pool: redis.asyncio.Redis | None = None
+        self._claim = LoadedScript(_CLAIM, 1)
+        self._renew = LoadedScript(_RENEW, 1)
+        self._append = LoadedScript(_APPEND, 2)
+        self._poll = LoadedScript(_POLL, 2)
+
+    async def claim(self, key: str) -> Lease | bytes:
+        """The lease for ``key`` (this process leads), or the id of the flight holding it.
+        Raises ``RedisClientError`` when Redis cannot say (the caller calls on its own)."""
+        for _ in range(3):
+            flight = secrets.token_hex(8)
+            held = await self._claim.run(self._redis, _lease_key(key), flight, self.lease_ms)
+            if held == 1:
+                return Lease(self, key, flight.encode())
+            if isinstance(held, bytes):
+                return held
+        raise RedisClientError("the flight's lease changed hands three times in a row")
+
+    async def read(self, key: str, flight: bytes, after: bytes) -> list[Entry]:
+        """The flight's entries after ``after``, waiting up to ``CHECK`` for the first."""
+        pool = self._pool
+        if pool is None:
+            pool = self._pool = redis.asyncio.Redis(
+                connection_pool=redis.asyncio.BlockingConnectionPool.from_url(
+                    self._url,
+                    max_connections=self._readers,
+                    timeout=self._timeout,
+                    socket_connect_timeout=self._timeout,
+                    socket_timeout=CHECK + self._timeout,
+                )
+            )
+        name = stream_key(key, flight)
+        try:
+            reply: Any = await pool.xread(
+                {name: after}, count=_READ_COUNT, block=round(CHECK * 1000)
+            )
+        except (redis.exceptions.RedisError, OSError) as error:
+            raise RedisClientError(str(error)) from None
+        return [_entry(item) for _, items in reply or () for item in items]
+
+    async def poll(self, key: str, flight: bytes, after: bytes) -> tuple[bytes | None, list[Entry]]:
+        """Who holds the lease now, and the flight's entries after ``after``."""
+        holder, items = await self._poll.run(
+            self._redis, _lease_key(key), stream_key(key, flight), after
+        )
+        return holder, [_entry(item) for item in items or ()]
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            with contextlib.suppress(Exception):
+                await self._pool.aclose(close_connection_pool=True)
+            self._pool = None
+
+    # -- a leader's writes ------------------------------------------------------------
+
+    def _write(self, lease: Lease, entries: list[bytes | str], release: int) -> Any:
+        return self._append.run(
+            self._redis,
+            stream_key(lease.key, lease.flight),
+            _lease_key(lease.key),
+            lease.flight,
+            release,
+            round(_STREAM_TTL * 1000),
+            *entries,
+        )
+
+
+def _entry(item: Any) -> Entry:
+    """A stream entry as Redis sends it (``[id, [field, value]]``; redis-py: a dict)."""
+    ident, fields = item
+    if isinstance(fields, dict):
+        ((field, value),) = fields.items()
+    else:
+        field, value = fields[0], fields[1]
+    return ident, field, value
+
+
+class Lease:
+    """A leader's hold on its flight: what it appends, in order, and its renewal."""
+
+    __slots__ = (
+        "_ended",
+        "_leases",
+        "_linger",
+        "_pending",
+        "_renewal",
+        "_writing",
+        "flight",
+        "key",
+    )
+
+    def __init__(self, leases: FlightLeases, key: str, flight: bytes) -> None:
+        self._leases = leases
+        self.key = key
+        self.flight = flight
+        self._pending: list[bytes | str] = []  # field, value, field, value...
+        self._writing: asyncio.Task[None] | None = None
+        self._ended = False
+        self._linger = False
+        self._renewal: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
+            leases.renew_every, self._renew
+        )
+
+    def head(self, label: str, fallback: bool, provider: str, model: str) -> None:
+        self._pending += ("h", orjson.dumps([label, fallback, provider, model]))
+        self._flush()
+
+    def frames(self, frames: list[bytes], usage: set[int], start: int) -> None:
+        """Append ``frames[start:]`` (``usage``: the indices of usage frames)."""
+        pending = self._pending
+        for index in range(start, len(frames)):
+            pending += ("u" if index in usage else "f", frames[index])
+        self._flush()
+
+    def end(self, field: str, value: bytes, linger: bool) -> None:
+        """The flight's last entry; the lease is released, or kept ``LINGER`` more."""
+        if self._ended:
+            return
+        self._ended, self._linger = True, linger
+        if self._renewal is not None:
+            self._renewal.cancel()
+            self._renewal = None
+        self._pending += (field, value)
+        self._flush()
+
+    def _flush(self) -> None:
+        if self._writing is None and self._pending:
+            self._writing = self._leases._spawn(self._write())
+
+    async def _write(self) -> None:
+        leases = self._leases
+        try:
+            while self._pending:
+                entries, self._pending = self._pending, []
+                release = -1  # the lease is kept while the flight runs
+                if self._ended and not self._pending:  # the end is in this write
+                    release = round(LINGER * 1000) if self._linger else 0
+                await leases._write(self, entries, release)
+        except (RedisClientError, OSError) as error:
+            # The followers hear nothing more: they see the lease lapse and take over.
+            log.info("a shared flight's stream could not be written: %s", error)
+            self._pending.clear()
+        finally:
+            self._writing = None
+
+    def _renew(self) -> None:
+        leases = self._leases
+        self._renewal = asyncio.get_running_loop().call_later(leases.renew_every, self._renew)
+        leases._spawn(self._renew_once())
+
+    async def _renew_once(self) -> None:
+        with contextlib.suppress(RedisClientError, OSError):
+            held = await self._leases._renew.run(
+                self._leases._redis, _lease_key(self.key), self.flight, self._leases.lease_ms
+            )
+            if not held and self._renewal is not None:
+                # Lost (the loop stalled past the lease, and another process took over):
+                # this call goes on for its own clients; its entries reach nobody new.
+                self._renewal.cancel()
+                self._renewal = None
