@@ -97,7 +97,6 @@ class Gateway:
             self.flight_leases = FlightLeases(
                 self.redis,
                 settings.redis_url,
-                self.spawn,
                 self.router.first_byte_limit,
                 lambda outcome: counter.labels(outcome).inc(),
                 lease=settings.flight_lease,

@@ -68,6 +68,8 @@ def drive_misses(
         "REDIS_URL": redis_url,
         "OPENAI_BASE_URL": provider_url.rstrip("/") + "/v1",
         "OPENAI_API_KEY": "unused",
+        # PRISM_FLIGHT_LEASE=0 in the environment measures a miss without shared flights.
+        "PRISM_FLIGHT_LEASE": os.environ.get("PRISM_FLIGHT_LEASE", "3"),
     }
     # Under valgrind a turn of the loop is 50 x slower: no Redis timeout may fire.
     settings = dataclasses.replace(Settings.from_env(env), redis_timeout=60.0)

@@ -210,6 +210,22 @@ class LoadedScript:
         self._fixed = fixed
         self._command: PreparedCommand | None = None
 
+    def start(self, redis: RedisClient, *args: Arg) -> Awaitable[Any]:
+        """``run`` with no coroutine around the reply once the script is loaded, for a
+        write that needs no task of its own. A reply of ``NoScriptError`` (Redis lost the
+        script) fails that write, and the next call loads the script again."""
+        command = self._command
+        if command is None:
+            return self.run(redis, *args)
+        reply = redis.run(command, *args)
+        if isinstance(reply, asyncio.Future):
+            reply.add_done_callback(self._check)
+        return reply
+
+    def _check(self, reply: asyncio.Future[Any]) -> None:
+        if not reply.cancelled() and isinstance(reply.exception(), NoScriptError):
+            self._command = None
+
     async def run(self, redis: RedisClient, *args: Arg) -> Any:
         command = self._command
         if command is not None:

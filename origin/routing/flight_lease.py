@@ -31,16 +31,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import itertools
 import logging
 import secrets
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 import redis.asyncio
 import redis.exceptions
 
-from ..connection.redis_client import LoadedScript, RedisClient, RedisClientError
+from ..connection.redis_client import LoadedScript, NoScriptError, RedisClient, RedisClientError
 
 __all__ = ["CHECK", "LINGER", "FlightLeases", "Lease"]
 
@@ -98,7 +100,6 @@ class FlightLeases:
         self,
         redis_client: RedisClient,
         url: str,
-        spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]],
         wait_limit: Callable[[str, bool], float],
         counted: Callable[[str], None],
         *,
@@ -108,15 +109,19 @@ class FlightLeases:
     ) -> None:
         self._redis = redis_client
         self._url = url
-        self._spawn = spawn
         # Seconds a follower waits for a model's leader's first news: its first-byte limit.
         self.wait_limit = wait_limit
         self.counted = counted  # an outcome: lead, follow, take_over, own
         self.lease_ms = max(1, round(lease * 1000))
+        self._stream_ms = round(_STREAM_TTL * 1000)
         self.renew_every = lease / 3
         self._readers = readers
         self._timeout = timeout
         self._pool: redis.asyncio.Redis | None = None
+        # A flight's id: this process's, then a count (unique, and no syscall per miss).
+        self._prefix, self._ids = secrets.token_hex(6), itertools.count()
+        self._held: set[Lease] = set()  # leases this process renews
+        self._renewing: asyncio.Task[None] | None = None
         self._claim = LoadedScript(_CLAIM, 1)
         self._renew = LoadedScript(_RENEW, 1)
         self._append = LoadedScript(_APPEND, 2)
@@ -126,10 +131,14 @@ class FlightLeases:
         """The lease for ``key`` (this process leads), or the id of the flight holding it.
         Raises ``RedisClientError`` when Redis cannot say (the caller calls on its own)."""
         for _ in range(3):
-            flight = secrets.token_hex(8)
+            flight = f"{self._prefix}{next(self._ids)}"
             held = await self._claim.run(self._redis, _lease_key(key), flight, self.lease_ms)
             if held == 1:
-                return Lease(self, key, flight.encode())
+                lease = Lease(self, key, flight.encode())
+                self._held.add(lease)
+                if self._renewing is None:
+                    self._renewing = asyncio.get_running_loop().create_task(self._renew_held())
+                return lease
             if isinstance(held, bytes):
                 return held
         raise RedisClientError("the flight's lease changed hands three times in a row")
@@ -164,6 +173,8 @@ class FlightLeases:
         return holder, [_entry(item) for item in items or ()]
 
     async def close(self) -> None:
+        if self._renewing is not None:
+            self._renewing.cancel()
         if self._pool is not None:
             with contextlib.suppress(Exception):
                 await self._pool.aclose(close_connection_pool=True)
@@ -171,16 +182,43 @@ class FlightLeases:
 
     # -- a leader's writes ------------------------------------------------------------
 
-    def _write(self, lease: Lease, entries: list[bytes | str], release: int) -> Any:
-        return self._append.run(
+    def append(self, lease: Lease, entries: list[bytes | str], release: int) -> Awaitable[Any]:
+        return self._append.start(
             self._redis,
             stream_key(lease.key, lease.flight),
             _lease_key(lease.key),
             lease.flight,
             release,
-            round(_STREAM_TTL * 1000),
+            self._stream_ms,
             *entries,
         )
+
+    def release(self, lease: Lease) -> None:
+        """``lease`` is renewed no more (its flight ended, or its stream failed)."""
+        self._held.discard(lease)
+
+    async def _renew_held(self) -> None:
+        """Every held lease, renewed each ``renew_every`` (one task for all of them, not a
+        timer per miss: most calls end before their first renewal), until none is held."""
+        try:
+            while self._held:
+                await asyncio.sleep(self.renew_every)
+                held = list(self._held)
+                replies = await asyncio.gather(
+                    *(
+                        self._renew.start(self._redis, _lease_key(lease.key), lease.flight,
+                                          self.lease_ms)
+                        for lease in held
+                    ),
+                    return_exceptions=True,
+                )  # fmt: skip
+                for lease, reply in zip(held, replies, strict=True):
+                    if reply == 0:
+                        # Lost (this loop stalled past the lease, and another process took
+                        # over): the call goes on for its own clients.
+                        self._held.discard(lease)
+        finally:
+            self._renewing = None
 
 
 def _entry(item: Any) -> Entry:
@@ -194,34 +232,24 @@ def _entry(item: Any) -> Entry:
 
 
 class Lease:
-    """A leader's hold on its flight: what it appends, in order, and its renewal."""
+    """A leader's hold on its flight: what it appends, in order (one write out at a time,
+    carrying whatever queued meanwhile), renewed by its ``FlightLeases`` while it runs."""
 
-    __slots__ = (
-        "_ended",
-        "_leases",
-        "_linger",
-        "_pending",
-        "_renewal",
-        "_writing",
-        "flight",
-        "key",
-    )
+    __slots__ = ("_ended", "_leases", "_linger", "_pending", "_writing", "flight", "key")
 
     def __init__(self, leases: FlightLeases, key: str, flight: bytes) -> None:
         self._leases = leases
         self.key = key
         self.flight = flight
         self._pending: list[bytes | str] = []  # field, value, field, value...
-        self._writing: asyncio.Task[None] | None = None
+        self._writing = False
         self._ended = False
         self._linger = False
-        self._renewal: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
-            leases.renew_every, self._renew
-        )
 
     def head(self, label: str, fallback: bool, provider: str, model: str) -> None:
+        """Queued for the write that carries what follows it (a stream's first events, a
+        JSON call's answer): no write, and no wait, of its own."""
         self._pending += ("h", orjson.dumps([label, fallback, provider, model]))
-        self._flush()
 
     def frames(self, frames: list[bytes], usage: set[int], start: int) -> None:
         """Append ``frames[start:]`` (``usage``: the indices of usage frames)."""
@@ -235,44 +263,36 @@ class Lease:
         if self._ended:
             return
         self._ended, self._linger = True, linger
-        if self._renewal is not None:
-            self._renewal.cancel()
-            self._renewal = None
+        self._leases.release(self)
         self._pending += (field, value)
         self._flush()
 
     def _flush(self) -> None:
-        if self._writing is None and self._pending:
-            self._writing = self._leases._spawn(self._write())
+        if self._writing or not self._pending:
+            return
+        entries, self._pending = self._pending, []
+        release = -1  # the lease is kept while the flight runs
+        if self._ended:  # the end is in this write
+            release = round(LINGER * 1000) if self._linger else 0
+        self._send(entries, release, retry=True)
 
-    async def _write(self) -> None:
-        leases = self._leases
-        try:
-            while self._pending:
-                entries, self._pending = self._pending, []
-                release = -1  # the lease is kept while the flight runs
-                if self._ended and not self._pending:  # the end is in this write
-                    release = round(LINGER * 1000) if self._linger else 0
-                await leases._write(self, entries, release)
-        except (RedisClientError, OSError) as error:
+    def _send(self, entries: list[bytes | str], release: int, retry: bool) -> None:
+        self._writing = True
+        write = asyncio.ensure_future(self._leases.append(self, entries, release))
+        write.add_done_callback(functools.partial(self._written, entries, release, retry))
+
+    def _written(
+        self, entries: list[bytes | str], release: int, retry: bool, write: asyncio.Future[Any]
+    ) -> None:
+        self._writing = False
+        error = None if write.cancelled() else write.exception()
+        if isinstance(error, NoScriptError) and retry:  # Redis restarted: load it, once
+            self._send(entries, release, retry=False)
+            return
+        if error is not None:
             # The followers hear nothing more: they see the lease lapse and take over.
             log.info("a shared flight's stream could not be written: %s", error)
             self._pending.clear()
-        finally:
-            self._writing = None
-
-    def _renew(self) -> None:
-        leases = self._leases
-        self._renewal = asyncio.get_running_loop().call_later(leases.renew_every, self._renew)
-        leases._spawn(self._renew_once())
-
-    async def _renew_once(self) -> None:
-        with contextlib.suppress(RedisClientError, OSError):
-            held = await self._leases._renew.run(
-                self._leases._redis, _lease_key(self.key), self.flight, self._leases.lease_ms
-            )
-            if not held and self._renewal is not None:
-                # Lost (the loop stalled past the lease, and another process took over):
-                # this call goes on for its own clients; its entries reach nobody new.
-                self._renewal.cancel()
-                self._renewal = None
+            self._leases.release(self)
+            return
+        self._flush()

@@ -5,10 +5,11 @@ decides exactly when the leader's provider answers, fails, goes silent or is aba
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import redis
 
 from deploy.local.provider import closed_port
 from origin.connection.redis_pipe import RedisPipe
@@ -42,25 +43,16 @@ class Process:
         self.stores = Stores()
         self.redis = RedisPipe(url, 1.0)
         self.outcomes: list[str] = []
-        self._tasks: set[asyncio.Task[Any]] = set()
         self.leases = FlightLeases(
             self.redis,
             url,
-            self.spawn,
             lambda model, stream: wait_limit,
             self.outcomes.append,
             lease=lease,
         )
         self.table = FlightTable(self.router, self.stores, leases=self.leases)
 
-    def spawn(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
     async def close(self) -> None:
-        await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.leases.close()
         await self.redis.close()
 
@@ -164,6 +156,38 @@ async def test_a_leader_lost_mid_stream_ends_its_followers_streams_with_an_error
     relayed = payloads(await read_all(theirs))
     assert relayed[-1]["error"]["code"] == "upstream_truncated"
     assert "[DONE]" not in relayed and other.router.calls == 0
+
+
+async def test_a_leader_whose_call_outlives_its_lease_keeps_it_renewed(
+    two: tuple[Process, Process],
+) -> None:
+    leader, other = two[1], two[0]  # the one whose lease lasts 0.6 s unrenewed
+    first = await lead(leader, stream=False)
+    joined = other.table.subscribe(KEY, call(stream=False))
+    waiting = asyncio.ensure_future(joined.answer())
+    await asyncio.sleep(2.0)  # the call itself takes this long: over three leases' worth
+    leader.router.answer.set()
+    assert await first.answer() is not None and await waiting is not None
+    assert other.router.calls == 0 and other.outcomes == ["follow"]
+
+
+async def test_after_redis_lost_its_scripts_a_flight_still_ends_for_its_followers(
+    two: tuple[Process, Process], admin: redis.Redis
+) -> None:
+    leader, other = two
+    first = leader.table.subscribe(KEY, call(stream=False, store=False))  # no lingering
+    leader.router.answer.set()
+    await first.answer()
+    await async_wait_for(lambda: not admin.exists(f"prism:flight:{{{KEY}}}"), 5)  # released
+    admin.script_flush()  # as a restarted Redis: every loaded script is gone
+    leader.router.calls = 0
+    leader.router.answer = asyncio.Event()
+    second = await lead(leader, stream=False)
+    joined = other.table.subscribe(KEY, call(stream=False))
+    waiting = asyncio.ensure_future(joined.answer())
+    leader.router.answer.set()
+    assert await second.answer() is not None
+    assert await asyncio.wait_for(waiting, 5) is not None and other.router.calls == 0
 
 
 async def test_a_silent_leader_is_waited_for_only_up_to_the_first_byte_limit(
