@@ -236,6 +236,8 @@ def origin(
                     rollback=rollback,
                     keep_failed=keep_failed,
                 )
+        except DeployConfigError as error:  # an option apply refuses (--keep-failed, …)
+            _fail(str(error), code=2, secrets=secrets)
         except (DeployError, ReleaseError) as error:
             _fail(str(error), secrets=secrets)
         except NoCredentialsError:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import json
 import shutil
 import subprocess
@@ -24,10 +25,12 @@ import typer
 from typer.testing import CliRunner
 
 from deploy.aws.origin import apply, plan
+from deploy.aws.releases import ReleaseStore, bucket_name
 from deploy.aws.stack import DeployConfigError, DeployError, DeployResult, OriginDeployConfig
 from deploy.aws.userdata import HEALTH_HOST, render_caddyfile
 from deploy.commands import deploy
-from deploy.release import Release
+from deploy.release import Release, lock_key
+from tests.deploy.aws.conftest import REPO, TARGET
 from tests.deploy.aws.refreshes import InstanceRefreshes
 from tests.deploy.aws.test_deploy_origin import AMI, SECRETS, builder, cli_env, live_instances
 from tests.fixtures.aws import MockAws
@@ -595,3 +598,42 @@ def test_cli_help_documents_the_fleet_options(cli: typer.Typer) -> None:
     assert result.exit_code == 0
     for option in ("--instances", "--min", "--max"):
         assert option in result.output
+
+
+def test_cli_deploys_three_instances_and_says_where_to_point_the_domain(
+    aws: MockAws,
+    cli: typer.Typer,
+    balancer_check: ThroughBalancer,
+    refreshes: InstanceRefreshes,
+    releases: list[Release],
+    instance_lock: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The lock for these dependencies is already stored (so no resolver runs here).
+    store = ReleaseStore(
+        aws.client("s3"), bucket_name(aws.account_id, aws.region), "origin/main/", lambda _: None
+    )
+    store.ensure_bucket(aws.region, [])
+    store.store_lock(lock_key(REPO, TARGET), instance_lock)
+    monkeypatch.setattr(deploy, "apply", functools.partial(apply, health_check=balancer_check))
+    args = ["deploy", "origin", "--ami", AMI, "--instances", "3", "--domain", DOMAIN]
+
+    result = CliRunner().invoke(cli, [*args, "--source", str(REPO)], env=cli_env())
+
+    assert result.exit_code == 0, result.output
+    [balancer] = aws.client("elbv2").describe_load_balancers()["LoadBalancers"]
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"Origin main created in {aws.region}"
+    assert f"  load balancer    {balancer['DNSName']}" in lines
+    assert f"  release          {releases[0].id}" in lines
+    assert "  launch template  version 1" in lines
+    assert lines[-1] == (
+        f"Next: point DNS CNAME {DOMAIN} at {balancer['DNSName']}; edge ORIGIN_URL=https://{DOMAIN}"
+    )
+    assert len(group_ids(aws)) == 3
+    assert all(value not in result.output for value in SECRETS.values())
+
+    kept = CliRunner().invoke(cli, [*args, "--keep-failed", "--source", str(REPO)], env=cli_env())
+
+    assert kept.exit_code == 2
+    assert kept.stderr.strip().splitlines()[-1].startswith("error: --keep-failed is for one")
