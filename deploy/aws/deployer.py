@@ -1,6 +1,7 @@
 """The AWS steps of ``prism deploy origin``, run in order by ``Deployer``: secrets, release
 and address (the access steps are in :mod:`deploy.aws.access`, the blue/green instance swap
-in :mod:`deploy.aws.instances`)."""
+in :mod:`deploy.aws.instances`; a fleet's run in :mod:`deploy.aws.fleet`, its load balancer
+in :mod:`deploy.aws.balancer`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import ClientError
 
 from deploy.aws.access import AccessSteps
+from deploy.aws.balancer import BalancerSteps
+from deploy.aws.fleet import FleetSteps
 from deploy.aws.instances import TAG_LAUNCH, TAG_RELEASE, InstanceSteps, instance_tag, launch_hash
 from deploy.aws.releases import ReleaseStore, bucket_name
 from deploy.aws.stack import (
@@ -41,7 +44,7 @@ def _code(error: ClientError) -> str:
     return str(error.response.get("Error", {}).get("Code", "Unknown"))
 
 
-class Deployer(AccessSteps, InstanceSteps):
+class Deployer(AccessSteps, InstanceSteps, BalancerSteps, FleetSteps):
     """One ``apply`` run: the clients, the config and the progress sink, shared by the steps."""
 
     def __init__(
@@ -62,12 +65,22 @@ class Deployer(AccessSteps, InstanceSteps):
         # No IAM/STS stubs are installed; these two stay untyped.
         self.iam: Any = session.client("iam", region_name=config.region)
         self.sts: Any = session.client("sts", region_name=config.region)
+        self.autoscaling: Any = session.client("autoscaling", region_name=config.region)
+        self.elbv2: Any = session.client("elbv2", region_name=config.region)
+        self.acm: Any = session.client("acm", region_name=config.region)
 
     def run(self, build: ReleaseBuilder | None, lock_key: str, *, rollback: bool) -> DeployResult:
+        if self.config.fleet:
+            return self.run_fleet(build, lock_key, rollback=rollback)
         config, progress = self.config, self.progress
         progress("Checking AWS credentials")
         arn: str = self.sts.get_caller_identity()["Arn"]
         partition, account = arn.split(":")[1], arn.split(":")[4]
+        if self.group() is not None:
+            raise DeployError(
+                f"origin {config.name} in {config.region} runs as an Auto Scaling group "
+                f"({config.fleet_name}); give --instances 2 or more to update it"
+            )
         group_id = self.security_group()
         changed, kept = self.parameters()
         store = ReleaseStore(

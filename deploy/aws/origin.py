@@ -23,6 +23,10 @@ One stack is a (name, region) pair; every resource is tagged ``prism:stack``,
 - IAM role + instance profile ``prism-origin-<name>-<region>``: may read only
   that parameter path and the stack's release objects, plus Session Manager.
 - Elastic IP: a stable address for the domain's DNS record.
+- ``instances`` > 1 (:mod:`deploy.aws.fleet`): instead of the Elastic IP and the
+  instance, a launch template, an Auto Scaling group and a Network Load Balancer
+  (TLS with an ACM certificate for the domain, else TCP passthrough); upgrades by
+  instance refresh.
 - Updates are blue/green: a new launch spec (release, image, type, user-data)
   means a new instance; the Elastic IP moves to it only once it answers
   ``/healthz`` over HTTPS with the expected version, then the old one is
@@ -49,6 +53,7 @@ from deploy.aws.stack import (
     ReleaseBuilder,
 )
 from deploy.aws.userdata import IMAGE
+from prism.routes import HEALTH_PATH
 
 if TYPE_CHECKING:
     import boto3
@@ -76,6 +81,7 @@ class DeployPlan:
     image: str
     python: str
     steps: tuple[PlanStep, ...]
+    instances: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,6 +131,23 @@ def plan(config: OriginDeployConfig, *, source: str = ".", rollback: bool = Fals
             f"create or reuse role + instance profile; may read only {path}/* and the "
             "stack's release objects; Session Manager",
         ),
+        *(_fleet_steps(config) if config.fleet else _instance_steps(config)),
+    ]
+    return DeployPlan(
+        region=config.region,
+        name=config.name,
+        site=config.domain or _address(config),
+        tls=_tls_mode(config),
+        image=IMAGE,
+        python=target.python,
+        steps=tuple(steps),
+        instances=config.instances,
+    )
+
+
+def _instance_steps(config: OriginDeployConfig) -> list[PlanStep]:
+    target = config.target
+    return [
         PlanStep("elastic-ip", config.security_group_name, "allocate or reuse"),
         PlanStep(
             "instance",
@@ -136,15 +159,74 @@ def plan(config: OriginDeployConfig, *, source: str = ".", rollback: bool = Fals
             "changed; otherwise nothing",
         ),
     ]
-    return DeployPlan(
-        region=config.region,
-        name=config.name,
-        site=config.domain or "the stack's Elastic IP",
-        tls=_tls_mode(config),
-        image=IMAGE,
-        python=target.python,
-        steps=tuple(steps),
-    )
+
+
+def _fleet_steps(config: OriginDeployConfig) -> list[PlanStep]:
+    # Imported here, as apply's steps are: they import botocore, which a plan never needs.
+    from deploy.aws.balancer import TLS_POLICY
+    from deploy.aws.fleet import REFRESH_PREFERENCES
+
+    target, name = config.target, config.fleet_name
+    low, desired, high = config.capacity
+    protocol = "TLS" if config.domain else "TCP"
+    steps = []
+    if config.domain:
+        steps.append(
+            PlanStep(
+                "acm-certificate",
+                config.domain,
+                "request or reuse (DNS validation: add the CNAME it names, then rerun)",
+            )
+        )
+    return [
+        *steps,
+        PlanStep(
+            "target-group",
+            config.elb_name(protocol.lower()),
+            f"create or reuse; {protocol}:443 to Caddy, health check HTTPS {HEALTH_PATH}",
+        ),
+        PlanStep(
+            "load-balancer",
+            config.elb_name("nlb"),
+            "create or reuse an internet-facing Network Load Balancer in every default "
+            "subnet, cross-zone",
+        ),
+        PlanStep(
+            "listener",
+            f"{protocol}:443",
+            (
+                f"forward to the target group, certificate for {config.domain}, {TLS_POLICY}"
+                if config.domain
+                else "forward TCP to the target group (Caddy's self-signed certificate)"
+            ),
+        ),
+        PlanStep(
+            "launch-template",
+            name,
+            f"a version per launch spec: {config.instance_type} ({IMAGE}, Python "
+            f"{target.python}) from {config.ami_source}, the release's hash-checked user-data; "
+            "reuse the version of an unchanged spec",
+        ),
+        PlanStep(
+            "auto-scaling-group",
+            name,
+            f"create or resize to {desired} instances (min {low}, max {high}), health check "
+            "type ELB, in the target group",
+        ),
+        PlanStep(
+            "instance-refresh",
+            name,
+            "when the launch spec or the secrets changed: replace the instances keeping "
+            f"capacity (MinHealthyPercentage {REFRESH_PREFERENCES['MinHealthyPercentage']}, "
+            f"MaxHealthyPercentage {REFRESH_PREFERENCES['MaxHealthyPercentage']}, "
+            "AutoRollback), then check /healthz through the load balancer for the release; "
+            "refresh back to the serving version if it fails; otherwise nothing",
+        ),
+    ]
+
+
+def _address(config: OriginDeployConfig) -> str:
+    return "the load balancer's DNS name" if config.fleet else "the stack's Elastic IP"
 
 
 def apply(
@@ -170,6 +252,10 @@ def apply(
 
     if (release is None) == (not rollback):
         raise DeployConfigError("give either a release to build or rollback, not both")
+    if keep_failed and config.fleet:
+        raise DeployConfigError(
+            "--keep-failed is for one instance; an instance refresh rolls failed ones back"
+        )
     deployer = Deployer(
         config,
         session,
@@ -182,6 +268,13 @@ def apply(
 
 
 def _tls_mode(config: OriginDeployConfig) -> str:
+    if config.fleet:
+        if config.domain:
+            return (
+                "ACM certificate on the load balancer's TLS listener (point the domain at "
+                "its DNS name), re-encrypted to Caddy's tls internal on each instance"
+            )
+        return "TCP passthrough to Caddy's tls internal (self-signed; the edge needs --domain)"
     if config.domain:
         return "public certificate via ACME TLS-ALPN-01 on 443 (point the domain at the Elastic IP)"
     return "tls internal (self-signed; the edge needs --domain)"

@@ -29,6 +29,7 @@ __all__ = [
     "DEFAULT_NAME",
     "DEFAULT_PARAMETER_PREFIX",
     "DEFAULT_REGION",
+    "MAX_INSTANCES",
     "PROVIDER_KEYS",
     "TAG_REGION",
     "TAG_ROLE",
@@ -58,6 +59,7 @@ _MIN_FORWARD_SECRET = 16  # origin/settings.py's rule
 # Every resource of a stack carries these three, and is found again by them.
 TAG_STACK, TAG_ROLE, TAG_REGION = "prism:stack", "prism:role", "prism:region"
 _MAX_SECRET_BYTES = 8192  # the SSM Advanced tier limit; Intelligent-Tiering picks the tier
+MAX_INSTANCES = 100  # a guard against a typo, far below any account's EC2 quota
 
 _REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
 _NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?$")
@@ -150,6 +152,11 @@ class OriginDeployConfig:
     ami: str | None = None
     parameter_prefix: str = DEFAULT_PARAMETER_PREFIX
     remove_secrets: tuple[str, ...] = ()
+    #: 1: one instance with an Elastic IP; more: an Auto Scaling group behind a load
+    #: balancer (:mod:`deploy.aws.fleet`), ``min_instances``..``max_instances`` around it.
+    instances: int = 1
+    min_instances: int | None = None
+    max_instances: int | None = None
 
     def __post_init__(self) -> None:
         checks = (
@@ -169,10 +176,24 @@ class OriginDeployConfig:
                 raise DeployConfigError(f"invalid domain: {self.domain!r}")
         if self.ami is not None and not _AMI_RE.match(self.ami):
             raise DeployConfigError(f"invalid AMI id: {self.ami!r}")
+        self._check_capacity()
         self._check_secrets()
         # Freeze a private copy so later changes to the caller's dict cannot leak in.
         object.__setattr__(self, "secrets", MappingProxyType(dict(self.secrets)))
         object.__setattr__(self, "remove_secrets", tuple(self.remove_secrets))
+
+    def _check_capacity(self) -> None:
+        if not 1 <= self.instances <= MAX_INSTANCES:
+            raise DeployConfigError(f"instances must be 1 to {MAX_INSTANCES}: {self.instances}")
+        if not self.fleet:
+            if (self.min_instances, self.max_instances) != (None, None):
+                raise DeployConfigError("--min and --max need --instances 2 or more")
+            return
+        low, desired, high = self.capacity
+        if not 1 <= low <= desired <= high <= MAX_INSTANCES:
+            raise DeployConfigError(
+                f"need 1 <= min ({low}) <= instances ({desired}) <= max ({high}) <= {MAX_INSTANCES}"
+            )
 
     def _check_secrets(self) -> None:
         required = required_secrets(self.secrets)
@@ -226,6 +247,32 @@ class OriginDeployConfig:
         return f"prism-origin-{self.name}-{self.region}"
 
     @property
+    def fleet(self) -> bool:
+        """More than one instance: an Auto Scaling group behind a load balancer."""
+        return self.instances > 1
+
+    @property
+    def capacity(self) -> tuple[int, int, int]:
+        """The group's (min, desired, max) size; min and max default to ``instances``."""
+        low = self.instances if self.min_instances is None else self.min_instances
+        high = self.instances if self.max_instances is None else self.max_instances
+        return low, self.instances, high
+
+    @property
+    def fleet_name(self) -> str:
+        """The launch template's and the Auto Scaling group's name."""
+        return f"prism-origin-{self.name}"
+
+    def elb_name(self, kind: str) -> str:
+        """A load balancer or target group name: ELB allows 32 characters, so a long
+        stack name is shortened and made unique again by a hash of it."""
+        name = f"prism-{self.name}-{kind}"
+        if len(name) <= 32:
+            return name
+        digest = hashlib.sha256(self.name.encode()).hexdigest()[:6]
+        return f"prism-{self.name[: 32 - len(kind) - 14].rstrip('-')}-{digest}-{kind}"
+
+    @property
     def release_prefix(self) -> str:
         """The stack's key prefix in the region's release bucket."""
         return f"origin/{self.name}/"
@@ -259,6 +306,7 @@ class OriginDeployConfig:
             prefix=f"{self.release_prefix}releases/{release.id}/",
             release=release.id,
             files=release.files,
+            load_balanced=self.fleet,
         )
 
 
@@ -285,6 +333,13 @@ class DeployResult:
     restarted: bool
     rolled_back: bool = False
     terminated_instance_ids: tuple[str, ...] = ()
+    # A fleet (``instances`` > 1): no ``instance_id``, ``public_ip`` or ``allocation_id``.
+    instances: int = 1
+    instance_ids: tuple[str, ...] = ()
+    load_balancer: str | None = None  # its DNS name, what the domain points at
+    launch_template_version: int | None = None
+    instance_refresh_id: str | None = None
+    certificate_arn: str | None = None
 
     @property
     def created(self) -> bool:

@@ -304,16 +304,24 @@ _UNAVAILABLE = (
 )
 
 
-def render_caddyfile(site: str, *, acme: bool) -> str:
+def render_caddyfile(site: str, *, acme: bool, load_balanced: bool = False) -> str:
     """Caddyfile for ``site`` (a domain with a public certificate, or an IP with
-    ``tls internal``) and for :data:`HEALTH_HOST` (the pre-traffic health check)."""
-    if acme:
+    ``tls internal``) and for :data:`HEALTH_HOST` (the pre-traffic health check).
+
+    ``load_balanced``: the instance is one of several behind a load balancer, which
+    holds the public certificate (ACME cannot work there: its validation lands on any
+    instance). Caddy serves ``tls internal`` and answers every Host, because the load
+    balancer's health checks name the instance's private IP, not the site.
+    """
+    if load_balanced:
+        tls = "\ttls internal\n"
+    elif acme:
         # Port 80 stays closed, so only TLS-ALPN-01 (on 443) can answer ACME.
         tls = "\ttls {\n\t\tissuer acme {\n\t\t\tdisable_http_challenge\n\t\t}\n\t}\n"
     else:
         tls = "\ttls internal\n"
     # Clients dialling an IP send no SNI; default_sni picks the site's certificate.
-    return (
+    head = (
         f"{{\n\tdefault_sni {site}\n}}\n\n"
         "(origin) {\n"
         f"\treverse_proxy 127.0.0.1:{ORIGIN_PORT} {{\n"
@@ -332,8 +340,14 @@ def render_caddyfile(site: str, *, acme: bool) -> str:
         f"\t\trespond `{_UNAVAILABLE}` 503\n"
         "\t}\n"
         "}\n\n"
-        f"https://{site} {{\n{tls}\timport origin\n}}\n\n"
-        f"https://{HEALTH_HOST} {{\n\ttls internal\n\timport origin\n}}"
+    )
+    if load_balanced:
+        # One catch-all block: certificates for the two names, routes for any Host.
+        return head + f"https://{site}, https://{HEALTH_HOST}, :443 {{\n{tls}\timport origin\n}}"
+    return (
+        head
+        + f"https://{site} {{\n{tls}\timport origin\n}}\n\n"
+        + f"https://{HEALTH_HOST} {{\n\ttls internal\n\timport origin\n}}"
     )
 
 
@@ -348,6 +362,7 @@ def render_user_data(
     prefix: str,
     release: str,
     files: Mapping[str, str],
+    load_balanced: bool = False,
 ) -> str:
     """The instance's user-data; every argument is a name or a hash, never a secret value."""
     for label, value in (
@@ -387,5 +402,5 @@ def render_user_data(
         port=str(ORIGIN_PORT),
         admin_port=str(ADMIN_PORT),
         watchdog_sec=str(WATCHDOG_SECONDS),
-        caddyfile=render_caddyfile(site, acme=acme),
+        caddyfile=render_caddyfile(site, acme=acme, load_balanced=load_balanced),
     )

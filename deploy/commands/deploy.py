@@ -143,6 +143,21 @@ def origin(
         list[str] | None,
         typer.Option(help="Delete this stored secret (repeatable); others are kept."),
     ] = None,
+    instances: Annotated[
+        int,
+        typer.Option(
+            help="Instances in the region: 1 is one instance with an Elastic IP; more is an "
+            "Auto Scaling group behind a Network Load Balancer (point the domain at its name).",
+        ),
+    ] = 1,
+    min_instances: Annotated[
+        int | None,
+        typer.Option("--min", help="The group's minimum size (default: --instances)."),
+    ] = None,
+    max_instances: Annotated[
+        int | None,
+        typer.Option("--max", help="The group's maximum size (default: --instances)."),
+    ] = None,
     rollback: Annotated[
         bool, typer.Option("--rollback", help="Return to the release that served before.")
     ] = False,
@@ -162,7 +177,8 @@ def origin(
     PRISM_FORWARD_SECRET and a provider key are required) and stored as SSM
     SecureString parameters, never in user-data; a secret not set is kept.
     A new release runs on a new instance and takes the Elastic IP only once it
-    is healthy.
+    is healthy; with --instances 2 or more, an instance refresh replaces the
+    group's instances keeping capacity, and rolls back if they are not healthy.
 
     Example:
 
@@ -181,6 +197,9 @@ def origin(
             ami=ami,
             parameter_prefix=parameter_prefix,
             remove_secrets=tuple(remove_secret or ()),
+            instances=instances,
+            min_instances=min_instances,
+            max_instances=max_instances,
         )
         checkout = None if rollback else find_source(source)
     except (UsageError, DeployConfigError, ReleaseError) as error:
@@ -217,6 +236,8 @@ def origin(
                     rollback=rollback,
                     keep_failed=keep_failed,
                 )
+        except DeployConfigError as error:  # an option apply refuses (--keep-failed, …)
+            _fail(str(error), code=2, secrets=secrets)
         except (DeployError, ReleaseError) as error:
             _fail(str(error), secrets=secrets)
         except NoCredentialsError:
@@ -362,6 +383,8 @@ def _print_plan(deploy_plan: DeployPlan, json_output: bool) -> None:
     typer.echo(f"  site:  {deploy_plan.site}")
     typer.echo(f"  tls:   {deploy_plan.tls}")
     typer.echo(f"  image: {deploy_plan.image}, Python {deploy_plan.python}")
+    if deploy_plan.instances > 1:
+        typer.echo(f"  instances: {deploy_plan.instances}")
     for step in deploy_plan.steps:
         typer.echo(f"  {step.resource:<15} {step.name}: {step.action}")
 
@@ -369,6 +392,9 @@ def _print_plan(deploy_plan: DeployPlan, json_output: bool) -> None:
 def _print_result(result: DeployResult, json_output: bool, *, domain: str | None) -> None:
     if json_output:
         typer.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    if result.load_balancer:
+        _print_fleet_result(result, domain=domain)
         return
     rows: list[tuple[str, Any]] = [
         ("instance", result.instance_id),
@@ -398,6 +424,42 @@ def _print_result(result: DeployResult, json_output: bool, *, domain: str | None
     else:
         typer.echo(
             "Note: no --domain, so Caddy uses a self-signed certificate; the edge needs one."
+        )
+
+
+def _print_fleet_result(result: DeployResult, *, domain: str | None) -> None:
+    rows: list[tuple[str, Any]] = [
+        ("instances", f"{result.instances}: {', '.join(result.instance_ids) or 'starting'}"),
+        (
+            "release",
+            result.release
+            + (f" (was {result.previous_release})" if result.previous_release else "")
+            + (" rolled back" if result.rolled_back else ""),
+        ),
+        ("launch template", f"version {result.launch_template_version}"),
+        ("load balancer", result.load_balancer),
+        ("security group", result.security_group_id),
+        (
+            "secrets",
+            f"{len(result.parameter_names)} SSM parameters, "
+            f"{len(result.parameters_changed)} changed, "
+            f"{len(result.parameters_kept)} kept from earlier deploys",
+        ),
+        ("url", result.url),
+    ]
+    if result.instance_refresh_id:
+        rows.insert(3, ("instance refresh", result.instance_refresh_id))
+    typer.echo(f"Origin {result.name} {result.action} in {result.region}")
+    for label, value in rows:
+        typer.echo(f"  {label:<16} {value}")
+    if domain:
+        typer.echo(
+            f"Next: point DNS CNAME {domain} at {result.load_balancer}; "
+            f"edge ORIGIN_URL={result.url}"
+        )
+    else:
+        typer.echo(
+            "Note: no --domain, so each Caddy uses a self-signed certificate; the edge needs one."
         )
 
 

@@ -12,9 +12,7 @@ import functools
 import json
 import os
 import re
-import shutil
 import stat
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,7 +27,7 @@ from deploy.aws.origin import apply, plan
 from deploy.aws.releases import ReleaseStore, bucket_name
 from deploy.aws.stack import DeployConfigError, DeployError, DeployResult, OriginDeployConfig
 from deploy.commands import deploy
-from deploy.release import TARGETS, Release, build_release, compile_lock, lock_key
+from deploy.release import TARGETS, Release, lock_key
 from tests.fixtures.aws import MockAws
 
 if TYPE_CHECKING:
@@ -48,39 +46,7 @@ PATH = "/prism/origin/main"
 TARGET = TARGETS["x86_64"]
 
 
-# --- releases: built once per session, for real --------------------------------------
-
-
-@pytest.fixture(scope="session")
-def instance_lock() -> str:
-    """The real hash-checked lock for the instance (Python 3.12, x86_64 manylinux)."""
-    return compile_lock(REPO, TARGET)
-
-
-@pytest.fixture(scope="session")
-def releases(tmp_path_factory: pytest.TempPathFactory, instance_lock: str) -> list[Release]:
-    """Two real releases: this checkout, and a copy of it with one module changed."""
-    out = tmp_path_factory.mktemp("wheels")
-    first = build_release(REPO, TARGET, out / "v1", lock=instance_lock)
-    changed = tmp_path_factory.mktemp("checkout") / "src"
-    listed = (
-        subprocess.run(
-            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-            cwd=REPO,
-            capture_output=True,
-            check=True,
-        )
-        .stdout.decode()
-        .split("\0")
-    )
-    for name in filter(None, listed):
-        if (REPO / name).is_file():
-            (changed / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, changed / name)
-    with (changed / "deploy" / "__init__.py").open("a") as f:
-        f.write("# the next release\n")
-    second = build_release(changed, TARGET, out / "v2", lock=instance_lock)
-    return [first, second]
+# --- releases: built once per session, for real (conftest.py) --------------------------
 
 
 def builder(release: Release) -> Callable[[str | None], Release]:
