@@ -167,7 +167,8 @@ class Gateway:
         Returns the Redis write (the flight stays joinable until it has landed). A
         ``semantic`` question is indexed once the entry is in Redis, expiring with it."""
         if fallback:
-            # A fallback's answer is kept briefly: the primary's takes over once it is back.
+            # A fallback's answer is kept briefly, and steps aside as soon as the route's
+            # primary is healthy (``origin.apis.pipeline``): the primary's answer replaces it.
             ttl = min(ttl, self.settings.fallback_ttl)
         usage = result.completion.get("usage")
         created = int(time.time())
@@ -177,12 +178,14 @@ class Gateway:
             ttl=ttl,
             usage=usage if isinstance(usage, dict) else None,
             created=created,
+            fallback=fallback,
         )
         storing = self.cache.store(fingerprint, data, ttl)
         if self.telemetry is not None:
             storing = self.telemetry.traced("prism.cache.store", storing)
         write = self.spawn(storing)
-        if self.kv_writer is not None:
+        # Not a fallback's answer: a PoP could not learn that the primary is back.
+        if self.kv_writer is not None and not fallback:
             self.kv_writer.submit(entry_key(fingerprint), data, ttl)
         if semantic is not None and self.semantic is not None:
             self.spawn(self._index(write, semantic, fingerprint, created + ttl))

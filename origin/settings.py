@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from prism import MIN_TTL, KeyRing, Limits, parse_key_secrets
+from prism import KeyRing, Limits, parse_key_secrets
 from prism.routes import CLOUDFLARE_API_URL, DEFAULT_REDIS_URL
 
 from .providers.config import ProviderConfig, load_provider_config
@@ -61,7 +61,9 @@ class Settings:
     kv: KVSettings | None = None
     limits: Limits = field(default_factory=Limits)
     default_ttl: int = 86_400
-    fallback_ttl: int = 300  # an answer from a route's fallback target is kept this long
+    # An answer from a route's fallback target is kept at most this long, in Redis only (the
+    # edge's KV never holds it), and is not served once the route's primary is healthy.
+    fallback_ttl: int = 30
     redis_timeout: float = 0.5
     redis_retry_after: float = 1.0  # how long Redis is skipped after it failed
     redis_client: RedisClientKind = "pipe"  # RedisPipe, or redis-py's pool (the way out)
@@ -198,8 +200,8 @@ class Settings:
         admin_key = env.get("PRISM_ADMIN_KEY") or None
         if admin_key is not None and len(admin_key) < 16:
             raise SettingsError("PRISM_ADMIN_KEY must be at least 16 characters.")
-        if numbers.get("fallback_ttl", MIN_TTL) < MIN_TTL:
-            raise SettingsError(f"PRISM_FALLBACK_TTL must be at least {MIN_TTL} (seconds).")
+        if numbers.get("fallback_ttl", 1) < 1:
+            raise SettingsError("PRISM_FALLBACK_TTL must be at least 1 (seconds).")
         return cls(
             key_ring=ring,
             forward_secret=forward.encode(),

@@ -9,7 +9,9 @@ as it will be served::
 A plain (non-stream) hit serves the body bytes as they are, without parsing
 them. ``len`` and ``sum`` (SHA-256 prefix) guard against truncation and
 corruption; anything that fails to decode, has another version, or has
-expired is a clean miss (``None``), never an exception.
+expired is a clean miss (``None``), never an exception. An answer from a route's fallback
+target says so (``"fallback":true``, absent otherwise): the origin lets it step aside once
+the route's primary is healthy again.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class Envelope:
     model: str
     body: bytes
     usage: dict[str, Any] | None
+    fallback: bool = False  # a fallback target's answer, kept until the primary is back
 
     def completion(self) -> dict[str, Any]:
         """The stored completion object (parsed on demand: only SSE replay needs it)."""
@@ -63,9 +66,10 @@ def encode(
     ttl: int,
     usage: dict[str, Any] | None = None,
     created: int | None = None,
+    fallback: bool = False,
 ) -> bytes:
     """Wrap a completion's JSON bytes in an envelope."""
-    meta = {
+    meta: dict[str, Any] = {
         "v": ENVELOPE_VERSION,
         "created": int(time.time()) if created is None else created,
         "ttl": ttl,
@@ -74,6 +78,8 @@ def encode(
         "sum": _sum(body),
         "usage": usage,
     }
+    if fallback:
+        meta["fallback"] = True
     return _META_ENCODER.encode(meta).encode() + b"\n" + body
 
 
@@ -103,6 +109,7 @@ def decode(data: bytes | str | None, now: float | None = None) -> Envelope | Non
             model=model,
             body=body,
             usage=usage if isinstance(usage, dict) else None,
+            fallback=meta.get("fallback") is True,
         )
     except (ValueError, KeyError, TypeError, UnicodeError):
         return None

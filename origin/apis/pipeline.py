@@ -142,9 +142,12 @@ class ApiRoute(Generic[R]):
         if lookup.entry is not None:
             now = time.time()  # once: a clock read is not free on every machine
             envelope = self._entries.decode(lookup.entry, now)
-            if envelope is not None:
+            if envelope is not None and not (
+                envelope.fallback and self.gw.router.primary_healthy(envelope.model)
+            ):
                 request.usage = envelope.usage
-                if caller.fingerprint is not None:  # the edge: it writes KV with the time left
+                if caller.fingerprint is not None and not envelope.fallback:
+                    # The edge writes KV with the time left (never a fallback's answer).
                     asked.out[h.ENTRY_EXPIRES] = str(envelope.expires_at())
                 return self._hit(asked, envelope, "redis", now)
         # Not served from Redis: the semantic layer when the policy opts in, then the limits,
@@ -285,7 +288,9 @@ class ApiRoute(Generic[R]):
             return semantic.pending(asked_question) if decision.write else None
         match, pending = await semantic.lookup(asked_question, threshold)
         asked.request.timer.mark("semantic")
-        if match is None:
+        if match is None or (
+            match.envelope.fallback and self.gw.router.primary_healthy(match.envelope.model)
+        ):
             return pending
         asked.out[h.CACHE_KEY] = match.fingerprint[: h.CACHE_KEY_PREFIX_LEN]
         asked.out[h.SEMANTIC_SCORE] = f"{match.score:.4f}"

@@ -113,6 +113,15 @@ class Router:
         """A message from ``routed``'s provider, safe to show the client."""
         return redact(self._providers[routed.provider].spec, message)
 
+    def primary_healthy(self, model: str) -> bool:
+        """The first target of ``model``'s route is healthy (its gate and its provider's):
+        a fallback's stored answer steps aside for it."""
+        try:
+            primary = self._plan(model).targets[0]
+        except NotFoundError:
+            return False
+        return primary.health.healthy and primary.provider_health.healthy
+
     def first_byte_limit(self, model: str, stream: bool) -> float:
         """The longest a target of ``model``'s route may take to its first byte (0: no
         such route): how long a process following another's call waits for its first news."""

@@ -35,3 +35,12 @@ def test_truncated_corrupted_or_foreign_entries_are_misses() -> None:
 @given(st.binary(max_size=300) | st.text(max_size=300))
 def test_garbage_never_raises(garbage: bytes | str) -> None:
     assert decode_envelope(garbage) is None
+
+
+def test_a_fallbacks_answer_says_so_and_any_other_entry_is_unchanged() -> None:
+    plain = encode_envelope(BODY, model="m", ttl=60, created=1000)
+    marked = encode_envelope(BODY, model="m", ttl=60, created=1000, fallback=True)
+    assert b"fallback" not in plain  # entries written before the flag read the same
+    decoded, flagged = decode_envelope(plain, now=1000), decode_envelope(marked, now=1000)
+    assert decoded is not None and not decoded.fallback
+    assert flagged is not None and flagged.fallback and flagged.body == BODY
