@@ -16,6 +16,7 @@ from deploy.local.provider import ProviderServer
 from deploy.local.provider_settings import ProviderSettings
 from tests.fixtures.origin import OriginFactory
 from tests.polling import wait_for
+from tests.redis_replies import reply_as
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -102,9 +103,13 @@ def test_a_fallbacks_answer_is_kept_briefly_and_steps_aside_once_the_primary_is_
     first = ask(question)
     assert first.headers["x-prism-provider"] == "backup" and not from_primary(first)
     origin.wait_stored()
-    (key,) = [k for k in admin.scan_iter("prism:v1:*") if admin.get(k).endswith(first.content)]
+
+    def entry(key: bytes) -> bytes:
+        return reply_as(bytes, admin.get(key))
+
+    (key,) = [k for k in admin.scan_iter("prism:v1:*") if entry(k).endswith(first.content)]
     assert 0 < admin.ttl(key) <= 30  # PRISM_FALLBACK_TTL's default
-    assert b'"fallback":true' in admin.get(key).partition(b"\n")[0]
+    assert b'"fallback":true' in entry(key).partition(b"\n")[0]
     again = ask(question)  # the primary still down: the fallback's answer is served
     assert again.headers["x-prism-edge-cache-layer"] == "redis" and again.content == first.content
 
@@ -114,7 +119,7 @@ def test_a_fallbacks_answer_is_kept_briefly_and_steps_aside_once_the_primary_is_
     assert answer.headers["x-prism-edge-cache-layer"] == "miss"
     assert answer.headers["x-prism-provider"] == "primary"
     origin.wait_stored()
-    stored = admin.get(key)  # the primary's answer replaced the fallback's, unflagged
-    assert stored is not None and b'"fallback"' not in stored.partition(b"\n")[0]
+    # The primary's answer replaced the fallback's, unflagged.
+    assert b'"fallback"' not in entry(key).partition(b"\n")[0]
     hit = ask(question)
     assert hit.headers["x-prism-edge-cache-layer"] == "redis" and from_primary(hit)
