@@ -2,7 +2,8 @@
 
 A chat request of either API (``openai_reply``, ``anthropic_reply``) is checked and read
 into a ``ScriptedReply``: the echo of the last user text, the tag that makes it depend on the
-whole body, a tool call when the request asks for one, and the token counts. Apart from
+whole body, a tool call when the request asks for one (an object fitting the schema when
+an OpenAI request asks for JSON-schema output), and the token counts. Apart from
 the wire formats (``provider_openai``, ``provider_anthropic``, ``provider_sse``) because
 the one reply is put in each of them: the same body always gets the same content,
 streamed or not.
@@ -92,6 +93,7 @@ def _build_reply(
     last_user: str,
     tool: tuple[str, Any] | None,
     n: int,
+    schema: Any = None,
 ) -> ScriptedReply:
     tag = _digest(body)
     prompt_tokens = max(1, sum(len(t.split()) for t in texts_in))
@@ -102,6 +104,10 @@ def _build_reply(
         call = _ToolCall(tool[0], tool_input, arguments)
         completion = n * max(1, len(arguments) // 4)
         return ScriptedReply(tag, str(body["model"]), ("",) * n, call, prompt_tokens, completion)
+    if schema is not None:  # structured output: an object that fits the schema asked for
+        text = orjson.dumps(_sample_input(schema, snippet, tag)).decode()
+        completion = n * max(1, len(text) // 4)
+        return ScriptedReply(tag, str(body["model"]), (text,) * n, None, prompt_tokens, completion)
     words = ["Echo:", *snippet.split()]
     filler = max(0, settings.reply_words - len(words) - 1)
     words += [_FILLER[i % len(_FILLER)] for i in range(filler)]
@@ -149,7 +155,10 @@ def openai_reply(settings: ProviderSettings, body: dict[str, Any]) -> ScriptedRe
         tool = _named(tools, choice["function"].get("name"))
     elif tools and choice in (None, "auto") and messages[-1].get("role") == "user":
         tool = _mentioned(tools, last_user)
-    return _build_reply(settings, body, texts, last_user, tool, n)
+    form = body.get("response_format")
+    schema = form.get("json_schema") if isinstance(form, dict) else None
+    schema = schema.get("schema") if isinstance(schema, dict) else None
+    return _build_reply(settings, body, texts, last_user, tool, n, schema)
 
 
 def anthropic_reply(settings: ProviderSettings, body: dict[str, Any]) -> ScriptedReply:

@@ -91,6 +91,8 @@ class Api(Generic[R]):
     key_header: str | None = None  # a header that may carry the key instead of a bearer token
     error_body: Callable[[PrismError], bytes] = error_json  # how this API's errors look
     audit_path: bool = True  # name the path in audit records (chat's records never did)
+    # Whether the request may be read from and written to the cache, and for how long.
+    cache_decision: Callable[[R, str | None, CachePolicy], CacheDecision] = classify
 
 
 class Asked(Generic[R]):
@@ -126,7 +128,7 @@ class ApiRoute(Generic[R]):
         self.billing = gateway.billing
         self.policy = CachePolicy(default_ttl=gateway.settings.default_ttl)
         # Read on every request: one attribute, not two.
-        self._path, self._key_header = api.path, api.key_header
+        self._path, self._key_header, self._classify = api.path, api.key_header, api.cache_decision
         self._bodies: RecentBodies[R] = RecentBodies()
         self._entries = RecentEntries()
 
@@ -187,7 +189,7 @@ class ApiRoute(Generic[R]):
             parsed, fp = known
         # A forward vouches for this body only: its signed fingerprint must be this one.
         check_forwarded_body(caller, fp, gw.metrics)
-        decision = classify(parsed, headers.get("cache-control"), self.policy)
+        decision = self._classify(parsed, headers.get("cache-control"), self.policy)
         request.timer.mark("parse")
         request.parsed = parsed
         return Asked(request, caller, parsed, fp, decision)

@@ -58,7 +58,7 @@ Handler = Callable[[Request], Awaitable[Reply]]
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    path: str
+    path: str  # ending in "/": every path under it that no other route names
     handler: Handler
     methods: frozenset[str] = frozenset({"GET"})
     name: str = ""  # the metrics label; "" = not counted
@@ -89,6 +89,8 @@ class Routes:
         loop_watch: LoopWatch | None = None,
     ) -> None:
         self._routes = {route.path: route for route in routes}
+        # Looked at only when no route names the path exactly.
+        self._subtrees = [r for r in self._routes.values() if r.path.endswith("/")]
         self._metrics = metrics
         self._on_startup = on_startup
         self._on_shutdown = on_shutdown
@@ -124,6 +126,8 @@ class Routes:
         telemetry = self.telemetry
         span = telemetry.start(request) if telemetry is not None else None
         route = self._routes.get(request.path)
+        if route is None and self._subtrees:
+            route = next((r for r in self._subtrees if request.path.startswith(r.path)), None)
         watch = self.loop_watch
         try:
             if watch is not None and watch.lagging:

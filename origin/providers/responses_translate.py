@@ -1,0 +1,489 @@
+"""OpenAI Responses ⇄ OpenAI chat completions, as pure functions (no I/O): the way a
+``/v1/responses`` request reaches any provider (every kind speaks chat completions) and
+its answer returns.
+
+- ``to_chat_request``: a Responses body → a chat-completions body.
+- ``to_response``: a ``chat.completion`` → a ``response`` object.
+- ``ChunkTranslator``: ``chat.completion.chunk`` dicts → Responses stream events.
+
+What chat completions cannot carry is refused with a 400 naming the parameter: hosted
+tools, files and audio, references to stored items and the stateful parameters
+(``previous_response_id``, ``conversation``, ``background``), since Prism stores no
+responses. Reasoning items are dropped (chat completions takes no reasoning back).
+The response echoes the request's parameters but for ``metadata`` and ``user``: those
+are not in the fingerprint, so a stored answer must not carry one caller's.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from prism import InvalidRequestError
+
+__all__ = ["ChunkTranslator", "to_chat_request", "to_response"]
+
+_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+# finish_reason -> the reason a response is incomplete (None: it is complete)
+_INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
+
+
+def _unsupported(what: str, param: str) -> InvalidRequestError:
+    return InvalidRequestError(
+        f"'{param}': {what} is not supported by Prism's Responses API for this model.",
+        param=param,
+        code="unsupported_parameter",
+    )
+
+
+# ---------------------------------------------------------------- requests
+
+
+def _content(content: Any, param: str, role: str) -> Any:
+    """A message's content as chat content: a string, or parts (text and images)."""
+    if isinstance(content, str):
+        return content
+    parts: list[dict[str, Any]] = []
+    for index, part in enumerate(content):
+        kind = part.get("type")
+        where = f"{param}[{index}]"
+        if kind in ("input_text", "output_text"):
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind == "refusal":
+            parts.append({"type": "text", "text": part["refusal"]})
+        elif kind == "input_image" and isinstance(part.get("image_url"), str):
+            image: dict[str, Any] = {"url": part["image_url"]}
+            if isinstance(part.get("detail"), str):
+                image["detail"] = part["detail"]
+            parts.append({"type": "image_url", "image_url": image})
+        else:
+            what = "an image by file_id" if kind == "input_image" else f"a {kind} part"
+            raise _unsupported(what, f"{where}.type")
+    if role != "user" or all(part["type"] == "text" for part in parts):
+        # Only a user turn takes images; every other role takes text.
+        return "".join(part.get("text", "") for part in parts)
+    return parts
+
+
+def _output(output: Any, param: str) -> str:
+    if isinstance(output, str):
+        return output
+    return str(_content(output, param, "tool"))
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    instructions = body.get("instructions")
+    if instructions:
+        messages.append({"role": "system", "content": instructions})
+    value = body["input"]
+    if isinstance(value, str):
+        messages.append({"role": "user", "content": value})
+        return messages
+    for index, item in enumerate(value):
+        where = f"input[{index}]"
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = _ROLES[item["role"]]
+            content = _content(item["content"], f"{where}.content", role)
+            messages.append({"role": role, "content": content})
+        elif kind == "function_call":
+            call = {
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]},
+            }
+            last = messages[-1] if messages else None
+            # Calls made in one turn are one assistant message with several tool calls.
+            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+                last["tool_calls"].append(call)
+            elif (
+                last is not None
+                and last["role"] == "assistant"
+                and isinstance(last.get("content"), str)
+            ):
+                last["tool_calls"] = [call]
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = _output(item["output"], f"{where}.output")
+            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
+        elif kind == "reasoning":
+            continue  # the model's own reasoning: chat completions takes none back
+        else:
+            raise _unsupported("a stored item (Prism stores none)", f"{where}.type")
+    return messages
+
+
+def _tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for index, tool in enumerate(tools):
+        if tool["type"] != "function":
+            raise _unsupported(f"the hosted tool {tool['type']!r}", f"tools[{index}].type")
+        function: dict[str, Any] = {
+            "name": tool["name"],
+            "parameters": tool.get("parameters") or {"type": "object", "properties": {}},
+        }
+        for name in ("description", "strict"):
+            if tool.get(name) is not None:
+                function[name] = tool[name]
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _tool_choice(choice: Any) -> Any:
+    if isinstance(choice, str):
+        return choice
+    if choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise _unsupported(f"a tool_choice of type {choice.get('type')!r}", "tool_choice.type")
+
+
+def _response_format(text: Any) -> dict[str, Any] | None:
+    form = text.get("format") if isinstance(text, dict) else None
+    if not isinstance(form, dict) or form.get("type") == "text":
+        return None
+    if form["type"] == "json_object":
+        return {"type": "json_object"}
+    schema = {"name": form["name"], "schema": form["schema"]}
+    for name in ("description", "strict"):
+        if form.get(name) is not None:
+            schema[name] = form[name]
+    return {"type": "json_schema", "json_schema": schema}
+
+
+def _refuse_state(body: dict[str, Any]) -> None:
+    for name in ("previous_response_id", "conversation"):
+        if body.get(name) is not None:
+            raise _unsupported(
+                f"'{name}' (Prism stores no responses: send the whole conversation as input)",
+                name,
+            )
+    if body.get("background") is True:
+        raise _unsupported("background mode", "background")
+
+
+def to_chat_request(body: dict[str, Any], stream: bool = False) -> dict[str, Any]:
+    """The chat-completions body for a (validated) Responses body."""
+    _refuse_state(body)
+    request: dict[str, Any] = {"model": body["model"], "messages": _messages(body)}
+    if body.get("max_output_tokens") is not None:
+        request["max_tokens"] = body["max_output_tokens"]
+    for name in ("temperature", "top_p", "parallel_tool_calls", "user"):
+        if body.get(name) is not None:
+            request[name] = body[name]
+    tools = body.get("tools")
+    if tools:
+        request["tools"] = _tools(tools)
+        if body.get("tool_choice") is not None:
+            request["tool_choice"] = _tool_choice(body["tool_choice"])
+    response_format = _response_format(body.get("text"))
+    if response_format is not None:
+        request["response_format"] = response_format
+    if stream:
+        # The usage chunk is the only place an OpenAI stream states its token counts.
+        request["stream"] = True
+        request["stream_options"] = {"include_usage": True}
+    return request
+
+
+# ---------------------------------------------------------------- responses
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _usage(usage: Any) -> dict[str, Any]:
+    usage = usage if isinstance(usage, dict) else {}
+    prompt, completion = _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
+    prompt_details = usage.get("prompt_tokens_details")
+    prompt_details = prompt_details if isinstance(prompt_details, dict) else {}
+    completion_details = usage.get("completion_tokens_details")
+    completion_details = completion_details if isinstance(completion_details, dict) else {}
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": _int(prompt_details.get("cached_tokens"))},
+        "output_tokens": completion,
+        "output_tokens_details": {
+            "reasoning_tokens": _int(completion_details.get("reasoning_tokens"))
+        },
+        "total_tokens": prompt + completion,
+    }
+
+
+def _base_id(chat_id: Any) -> str:
+    text = chat_id if isinstance(chat_id, str) and chat_id else secrets.token_hex(12)
+    return text.removeprefix("chatcmpl-")
+
+
+def _response(
+    body: dict[str, Any], model: str, base: str, created: Any, finish: Any
+) -> dict[str, Any]:
+    """The response object around an answer's output, echoing the request."""
+    reason = _INCOMPLETE.get(finish) if isinstance(finish, str) else None
+    text = body.get("text")
+    return {
+        "id": f"resp_{base}",
+        "object": "response",
+        "created_at": _int(created),
+        "status": "completed" if reason is None else "incomplete",
+        "error": None,
+        "incomplete_details": None if reason is None else {"reason": reason},
+        "instructions": body.get("instructions"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "model": model,
+        "output": [],
+        "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
+        "previous_response_id": None,
+        "temperature": body.get("temperature"),
+        "text": text if isinstance(text, dict) else {"format": {"type": "text"}},
+        "tool_choice": body.get("tool_choice") or "auto",
+        "tools": body.get("tools") or [],
+        "top_p": body.get("top_p"),
+        "truncation": "disabled",
+        "metadata": {},
+        "usage": None,
+    }
+
+
+def _message_item(base: str, text: str | None, refusal: str | None) -> dict[str, Any]:
+    content: list[dict[str, Any]] = []
+    if text:
+        content.append({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
+    if refusal:
+        content.append({"type": "refusal", "refusal": refusal})
+    return {
+        "id": f"msg_{base}",
+        "type": "message",
+        "status": "completed",
+        "role": "assistant",
+        "content": content,
+    }
+
+
+def _call_item(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
+    call = str(call_id or secrets.token_hex(8))
+    return {
+        "id": f"fc_{call}",
+        "type": "function_call",
+        "status": "completed",
+        "call_id": call,
+        "name": str(name or ""),
+        "arguments": arguments if isinstance(arguments, str) else "",
+    }
+
+
+def to_response(completion: dict[str, Any], body: dict[str, Any], model: str) -> dict[str, Any]:
+    """The ``response`` for a ``chat.completion`` (its first choice)."""
+    choices = completion.get("choices") or [{}]
+    choice = choices[0] if isinstance(choices[0], dict) else {}
+    reply = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    assert isinstance(reply, dict)
+    base = _base_id(completion.get("id"))
+    response = _response(body, model, base, completion.get("created"), choice.get("finish_reason"))
+    output: list[dict[str, Any]] = []
+    text, refusal = reply.get("content"), reply.get("refusal")
+    if (isinstance(text, str) and text) or (isinstance(refusal, str) and refusal):
+        output.append(
+            _message_item(
+                base,
+                text if isinstance(text, str) else None,
+                refusal if isinstance(refusal, str) else None,
+            )
+        )
+    for call in reply.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            output.append(
+                _call_item(call.get("id"), function.get("name"), function.get("arguments"))
+            )
+    response["output"] = output
+    response["usage"] = _usage(completion.get("usage"))
+    return response
+
+
+# ---------------------------------------------------------------- streams
+
+
+class ChunkTranslator:
+    """OpenAI ``chat.completion.chunk`` dicts in, Responses stream events out (numbered).
+
+    Text opens a message item with one ``output_text`` part, each tool call a
+    ``function_call`` item (one open at a time, as the Responses API streams them).
+    ``finish`` (at ``[DONE]``) closes the open item and ends the response with the usage
+    the last chunks gave, ``response.completed`` (or ``response.incomplete``) carrying it
+    whole, as ``prism.responses_sse.replay_response`` would have replayed it.
+    """
+
+    def __init__(self, body: dict[str, Any], model: str) -> None:
+        self._body = body
+        self._model = model
+        self._response: dict[str, Any] | None = None
+        self._base = ""
+        self._output: list[dict[str, Any]] = []
+        self._open: str | None = None  # "text", or "tool:<chat tool index>"
+        self._finish: Any = None
+        self._usage: Any = None
+        self._sequence = 0
+
+    def _event(self, event: dict[str, Any]) -> dict[str, Any]:
+        event["sequence_number"] = self._sequence
+        self._sequence += 1
+        return event
+
+    def _start(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        self._base = _base_id(chunk.get("id"))
+        self._response = _response(self._body, self._model, self._base, chunk.get("created"), None)
+        start = {**self._response, "status": "in_progress"}
+        return [
+            self._event({"type": "response.created", "response": start}),
+            self._event({"type": "response.in_progress", "response": start}),
+        ]
+
+    def _close(self) -> list[dict[str, Any]]:
+        if self._open is None:
+            return []
+        self._open = None
+        index = len(self._output) - 1
+        item = self._output[index]
+        where = {"item_id": item["id"], "output_index": index}
+        events: list[dict[str, Any]] = []
+        if item["type"] == "message":
+            part = item["content"][0]
+            at = {**where, "content_index": 0}
+            events.append(
+                {"type": "response.output_text.done", **at, "text": part["text"], "logprobs": []}
+            )
+            events.append({"type": "response.content_part.done", **at, "part": dict(part)})
+            item["status"] = "completed"
+        else:
+            events.append(
+                {
+                    "type": "response.function_call_arguments.done",
+                    **where,
+                    "arguments": item["arguments"],
+                }
+            )
+            item["status"] = "completed"
+        events.append({"type": "response.output_item.done", "output_index": index, "item": item})
+        return [self._event(event) for event in events]
+
+    def _open_item(self, name: str, item: dict[str, Any]) -> list[dict[str, Any]]:
+        events = self._close()
+        self._open = name
+        self._output.append(item)
+        index = len(self._output) - 1
+        start = {**item, "content": []} if item["type"] == "message" else dict(item)
+        events.append(
+            self._event(
+                {"type": "response.output_item.added", "output_index": index, "item": start}
+            )
+        )
+        if item["type"] == "message":
+            part = dict(item["content"][0])
+            events.append(
+                self._event(
+                    {
+                        "type": "response.content_part.added",
+                        "item_id": item["id"],
+                        "output_index": index,
+                        "content_index": 0,
+                        "part": part,
+                    }
+                )
+            )
+        return events
+
+    def _text(self, text: str) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        if self._open != "text":
+            item = _message_item(self._base, None, None)
+            item["status"] = "in_progress"
+            # Each message item needs its own id: a message after a tool call gets a suffix.
+            if any(o["type"] == "message" for o in self._output):
+                item["id"] = f"{item['id']}_{len(self._output)}"
+            item["content"] = [
+                {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            ]
+            events += self._open_item("text", item)
+        index = len(self._output) - 1
+        item = self._output[index]
+        item["content"][0]["text"] += text
+        events.append(
+            self._event(
+                {
+                    "type": "response.output_text.delta",
+                    "item_id": item["id"],
+                    "output_index": index,
+                    "content_index": 0,
+                    "delta": text,
+                    "logprobs": [],
+                }
+            )
+        )
+        return events
+
+    def _call(self, call: dict[str, Any]) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        name = f"tool:{call.get('index', 0)}"
+        function = call.get("function")
+        function = function if isinstance(function, dict) else {}
+        if self._open != name:
+            item = _call_item(call.get("id"), function.get("name"), "")
+            item["status"] = "in_progress"
+            events += self._open_item(name, item)
+        arguments = function.get("arguments")
+        if isinstance(arguments, str) and arguments:
+            index = len(self._output) - 1
+            item = self._output[index]
+            item["arguments"] += arguments
+            events.append(
+                self._event(
+                    {
+                        "type": "response.function_call_arguments.delta",
+                        "item_id": item["id"],
+                        "output_index": index,
+                        "delta": arguments,
+                    }
+                )
+            )
+        return events
+
+    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        events = [] if self._response is not None else self._start(chunk)
+        if isinstance(chunk.get("usage"), dict):
+            self._usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue  # a response has one answer
+            delta = choice.get("delta")
+            delta = delta if isinstance(delta, dict) else {}
+            text = delta.get("content") or delta.get("refusal")
+            if isinstance(text, str) and text:
+                events += self._text(text)
+            for call in delta.get("tool_calls") or ():
+                if isinstance(call, dict):
+                    events += self._call(call)
+            if choice.get("finish_reason"):
+                self._finish = choice["finish_reason"]
+        return events
+
+    def finish(self) -> list[dict[str, Any]]:
+        """The closing events, once the chat stream has ended whole (``[DONE]``)."""
+        events = [] if self._response is not None else self._start({})
+        events += self._close()
+        assert self._response is not None
+        final = _response(
+            self._body, self._model, self._base, self._response["created_at"], self._finish
+        )
+        final["output"] = self._output
+        final["usage"] = _usage(self._usage)
+        kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
+        events.append(self._event({"type": kind, "response": final}))
+        return events
+
+    @property
+    def finished(self) -> bool:
+        """A finish_reason came: ``[DONE]`` may end the response."""
+        return self._finish is not None
