@@ -203,7 +203,10 @@ def _usage(usage: Any) -> dict[str, Any]:
     completion_details = completion_details if isinstance(completion_details, dict) else {}
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": _int(prompt_details.get("cached_tokens"))},
+        "input_tokens_details": {
+            "cached_tokens": _int(prompt_details.get("cached_tokens")),
+            "cache_write_tokens": _int(prompt_details.get("cache_creation_tokens")),
+        },
         "output_tokens": completion,
         "output_tokens_details": {
             "reasoning_tokens": _int(completion_details.get("reasoning_tokens"))

@@ -39,7 +39,7 @@ def tokens_of(usage: Any) -> Tokens | None:
         return Tokens(
             _count(usage.get("input_tokens")),
             _count(details.get("cached_tokens")),
-            0,
+            _count(details.get("cache_write_tokens")),
             _count(usage.get("output_tokens")),
         )
     if "input_tokens" in usage or "output_tokens" in usage:  # Anthropic's own form
