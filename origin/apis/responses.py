@@ -1,8 +1,12 @@
 """``POST /v1/responses``: OpenAI's Responses API, served by any provider.
 
-Every provider kind speaks chat completions (Anthropic's, Azure's, Bedrock's and
-Gemini's adapters translate from them), so the request becomes a chat completion and the
-answer (or its stream, chunk by chunk) a ``response`` (``providers.responses_translate``).
+Towards an OpenAI-compatible provider that serves the Responses API itself
+(``responses_api = true`` in its table) the body passes through as sent (but for the
+upstream model name, and ``store: false`` when the client did not ask for storage) and the
+answer comes back as the provider sent it. Every other provider kind speaks chat
+completions (Anthropic's, Azure's, Bedrock's and Gemini's adapters translate from them), so
+there the request becomes a chat completion and the answer (or its stream, chunk by chunk)
+a ``response`` (``providers.responses_translate``).
 The cache holds the ``response``: a plain hit replays its bytes, a streamed one the
 Responses event sequence (``prism.responses_sse``). A stateful request (``store: true``,
 ``previous_response_id``, …) is never cached (``prism.responses_request``). Errors are
@@ -24,6 +28,7 @@ from prism.routes import RESPONSES_PATH
 
 from ..governance.token_bounds import responses_completion_bound, responses_prompt_bound
 from ..providers.base import ChatProvider, UpstreamCompletion, UpstreamStream
+from ..providers.openai import OpenAICompatibleProvider
 from ..providers.responses_translate import ChunkTranslator, to_chat_request, to_response
 from .pipeline import Api
 
@@ -111,6 +116,19 @@ class _Translated:
             await aclose()
 
 
+def _native(provider: ChatProvider) -> OpenAICompatibleProvider | None:
+    """The provider when it serves the Responses API itself, else None."""
+    if isinstance(provider, OpenAICompatibleProvider) and provider.responses_api:
+        return provider
+    return None
+
+
+def _passed(body: dict[str, Any]) -> dict[str, Any]:
+    # OpenAI stores a response unless told not to; Prism treats a request without ``store``
+    # as stateless (it may be served from the cache), so the provider is told the same.
+    return body if "store" in body else {**body, "store": False}
+
+
 class ResponsesOperation:
     name = "responses"
     done_frame = b""  # ``response.completed`` ends the stream, among its frames
@@ -118,6 +136,9 @@ class ResponsesOperation:
     async def complete(
         self, provider: ChatProvider, body: dict[str, Any], model: str
     ) -> UpstreamCompletion:
+        native = _native(provider)
+        if native is not None:
+            return await native.responses(_passed(body), model)
         answer = await provider.complete(to_chat_request(body), model)
         model_name = str(answer.completion.get("model") or model)
         response = to_response(answer.completion, body, model_name)
@@ -126,6 +147,9 @@ class ResponsesOperation:
     async def stream(
         self, provider: ChatProvider, body: dict[str, Any], model: str
     ) -> UpstreamStream:
+        native = _native(provider)
+        if native is not None:
+            return await native.responses_stream(_passed(body), model)
         upstream = await provider.stream(to_chat_request(body, stream=True), model)
         events = _Translated(upstream.events, body, model, provider.spec.name)
         return UpstreamStream(events=events, close=upstream.close)

@@ -6,6 +6,7 @@ and as the event stream), stateful requests bypassed, bad input refused with its
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 from pathlib import Path
@@ -19,6 +20,8 @@ from openai.types.responses import FunctionToolParam, ResponseFunctionToolCall
 from pydantic import BaseModel
 
 from deploy.local.provider import ProviderServer
+from origin.providers.base import ProviderSpec
+from origin.providers.openai import OpenAICompatibleProvider
 from tests.fixtures.origin import OriginFactory, RunningOrigin
 from tests.fixtures.provider import claude_and_local
 
@@ -341,3 +344,92 @@ def test_a_stream_cut_midway_ends_in_an_error_event_and_is_not_cached(
     origin.wait_stored()
     again = httpx.post(origin.url + PATH, json=body, headers=headers, timeout=30)
     assert layer(again) == "miss" and events_of(again.text)[-1]["type"] == "response.completed"
+
+
+# -- passed through to a provider that serves the Responses API itself -----------------
+
+
+@pytest.fixture
+def native(
+    origin_factory: OriginFactory, provider: ProviderServer, tmp_path: Path
+) -> RunningOrigin:
+    config = tmp_path / "native.toml"
+    config.write_text(
+        f"""
+[providers.openai]
+base_url = "{provider.url}/v1"
+api_key = "provider-test-key"
+responses_api = true
+
+[models]
+"*" = ["openai"]
+"""
+    )
+    return origin_factory(PRISM_PROVIDERS_FILE=str(config))
+
+
+def test_a_native_provider_gets_the_body_as_sent_and_its_answer_is_cached(
+    native: RunningOrigin, api_key: str, provider: ProviderServer
+) -> None:
+    client = sdk(native, api_key)
+    question = unique("pass me through")
+    args: dict[str, Any] = {"model": OPENAI_MODEL, "input": question, "metadata": {"k": "v"}}
+    first = client.responses.with_raw_response.create(**args)
+    sent = provider.control.requests()[-1]
+    assert sent["path"] == "/v1/responses"
+    # as sent, but told not to store what Prism treats as stateless
+    assert sent["body"] == {**args, "stream": False, "store": False}
+    native.wait_stored()
+    second = client.responses.with_raw_response.create(**args)
+    assert (layer(first.http_response), layer(second.http_response)) == ("miss", "redis")
+    assert first.http_response.content == second.http_response.content
+    assert first.parse().output_text.startswith("Echo: pass me through")
+    with client.responses.stream(model=OPENAI_MODEL, input=question) as stream:
+        replayed = stream.get_final_response()  # the stored answer, as the event stream
+    assert replayed.output_text == first.parse().output_text
+    assert upstream_calls(provider) == 1
+
+
+def test_a_native_stream_is_relayed_and_assembled_then_replayed(
+    native: RunningOrigin, api_key: str, provider: ProviderServer
+) -> None:
+    client = sdk(native, api_key)
+    question = unique("what does get_weather say for Oslo?")
+    with client.responses.stream(model=OPENAI_MODEL, input=question, tools=[WEATHER]) as stream:
+        kinds = [event.type for event in stream]
+        streamed = stream.get_final_response()
+    assert kinds.count("response.function_call_arguments.delta") > 1
+    call = streamed.output[-1]
+    assert isinstance(call, ResponseFunctionToolCall) and call.name == "get_weather"
+    assert provider.control.requests()[-1]["body"]["stream"] is True
+    native.wait_stored()
+    plain = client.responses.with_raw_response.create(
+        model=OPENAI_MODEL, input=question, tools=[WEATHER]
+    )
+    assert layer(plain.http_response) == "redis"
+    hit = plain.parse().output[-1]
+    assert isinstance(hit, ResponseFunctionToolCall) and hit.arguments == call.arguments
+    assert upstream_calls(provider) == 1
+
+
+@pytest.mark.parametrize(
+    "stateful",
+    [{"store": True}, {"previous_response_id": "resp_abc", "store": True}],
+    ids=["store", "previous_response_id"],
+)
+def test_stateful_requests_pass_through_to_a_native_provider_uncached(
+    native: RunningOrigin, api_key: str, provider: ProviderServer, stateful: dict[str, Any]
+) -> None:
+    body = {"model": OPENAI_MODEL, "input": unique("remember this"), **stateful}
+    headers = {"authorization": f"Bearer {api_key}"}
+    answers = [httpx.post(native.url + PATH, json=body, headers=headers) for _ in range(2)]
+    assert [(r.status_code, layer(r)) for r in answers] == [(200, "bypass"), (200, "bypass")]
+    assert provider.control.requests()[-1]["body"] == {**body, "stream": False}
+    assert upstream_calls(provider) == 2
+
+
+def test_the_responses_api_option_must_be_a_boolean() -> None:
+    spec = ProviderSpec("openai", "openai", "http://127.0.0.1:9", options={"responses_api": "yes"})
+    with pytest.raises(ValueError, match="responses_api must be true or false"):
+        OpenAICompatibleProvider(spec)
+    assert not OpenAICompatibleProvider(dataclasses.replace(spec, options={})).responses_api
