@@ -126,14 +126,14 @@ class Routes:
         telemetry = self.telemetry
         span = telemetry.start(request) if telemetry is not None else None
         route = self._routes.get(request.path)
-        if route is None and self._subtrees:
-            route = next((r for r in self._subtrees if request.path.startswith(r.path)), None)
         watch = self.loop_watch
         try:
             if watch is not None and watch.lagging:
                 raise watch.refusal()
             if route is None:
-                raise NotFoundError(f"Unknown route {request.method} {request.path}.")
+                route = self._under(request.path)
+                if route is None:
+                    raise NotFoundError(f"Unknown route {request.method} {request.path}.")
             if request.method not in route.methods:
                 raise MethodNotAllowedError(
                     f"Method {request.method} is not allowed here.",
@@ -172,6 +172,11 @@ class Routes:
                     self.access_log.write(request, reply, first_byte, ended)
             except Exception:  # the answer is out: what failed to record it is only logged
                 log.exception("recording request %s failed", request.id)
+
+    def _under(self, path: str) -> Route | None:
+        """The route (ending in "/") whose subtree holds ``path``: looked for only when no
+        route names the path exactly."""
+        return next((r for r in self._subtrees if path.startswith(r.path)), None)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         await receive()  # lifespan.startup

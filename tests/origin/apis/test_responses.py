@@ -6,6 +6,7 @@ and as the event stream), stateful requests bypassed, bad input refused with its
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import secrets
@@ -433,3 +434,28 @@ def test_the_responses_api_option_must_be_a_boolean() -> None:
     with pytest.raises(ValueError, match="responses_api must be true or false"):
         OpenAICompatibleProvider(spec)
     assert not OpenAICompatibleProvider(dataclasses.replace(spec, options={})).responses_api
+
+
+def test_identical_concurrent_requests_make_one_provider_call(
+    origin: RunningOrigin, api_key: str, provider: ProviderServer
+) -> None:
+    provider.control.set_fault("latency", ms=300)
+    body = {"model": OPENAI_MODEL, "input": unique("together")}
+
+    async def run() -> list[httpx.Response]:
+        async with httpx.AsyncClient(
+            base_url=origin.url, headers={"authorization": f"Bearer {api_key}"}, timeout=30
+        ) as http:
+            return await asyncio.gather(
+                *[http.post(PATH, json={**body, "stream": i % 2 == 1}) for i in range(10)]
+            )
+
+    responses = asyncio.run(run())
+    assert [r.status_code for r in responses] == [200] * 10
+    plain = [r for r in responses if r.headers["content-type"] == "application/json"]
+    streamed = [r for r in responses if r.headers["content-type"].startswith("text/event")]
+    assert len(plain) == len(streamed) == 5 and len({r.content for r in plain}) == 1
+    answer = json.loads(plain[0].content)
+    for response in streamed:  # each stream ends with the one answer, whole
+        assert events_of(response.text)[-1]["response"]["output"] == answer["output"]
+    assert upstream_calls(provider) == 1
