@@ -1,5 +1,5 @@
 """The one pipeline every cached API goes through at the edge (chat completions,
-embeddings, Anthropic messages), over its ``EdgeApi`` (``edge.apis``).
+embeddings, Anthropic messages, OpenAI responses), over its ``EdgeApi`` (``edge.apis``).
 
 body (bytes, bounded in size and time) → parse (memoized per body) → the project's
 model policy (memoized; a denied model is a 403 here, before any entry is read) →

@@ -1,5 +1,5 @@
 """The one governed path every cached API goes through (chat completions, embeddings,
-Anthropic messages).
+Anthropic messages, OpenAI responses).
 
 A request is authenticated, parsed and fingerprinted, then ONE Redis round trip brings
 its key's revocation, the cache entry, the project's policy and the request-limit
@@ -9,7 +9,8 @@ bound by the token limit, reserves its cost bound against the budget, joins or s
 the provider call (``origin.routing.coalescing``), and is settled to what the answer used. Usage is
 counted in memory (``origin.governance.usage``); nothing here writes to Redis on a hit.
 
-What differs between the APIs is data, an ``Api``: its path and parser, the
+What differs between the APIs is data, an ``Api``: its path and parser, whether a request
+may be cached (chat's ``classify``; a stateful Responses request never is), the
 ``Operation`` that calls a provider,
 how its token bounds are computed (``origin.governance.token_bounds``), how a stored answer is
 replayed

@@ -126,7 +126,7 @@ def _native(provider: ChatProvider) -> OpenAICompatibleProvider | None:
 def _passed(body: dict[str, Any]) -> dict[str, Any]:
     # OpenAI stores a response unless told not to; Prism treats a request without ``store``
     # as stateless (it may be served from the cache), so the provider is told the same.
-    return body if "store" in body else {**body, "store": False}
+    return body if body.get("store") is not None else {**body, "store": False}
 
 
 class ResponsesOperation:
