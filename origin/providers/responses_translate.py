@@ -180,6 +180,9 @@ def to_chat_request(body: dict[str, Any], stream: bool = False) -> dict[str, Any
     response_format = _response_format(body.get("text"))
     if response_format is not None:
         request["response_format"] = response_format
+    reasoning = body.get("reasoning")
+    if isinstance(reasoning, dict) and isinstance(reasoning.get("effort"), str):
+        request["reasoning_effort"] = reasoning["effort"]
     if stream:
         # The usage chunk is the only place an OpenAI stream states its token counts.
         request["stream"] = True

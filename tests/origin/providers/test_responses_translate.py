@@ -51,6 +51,7 @@ def test_a_conversation_becomes_chat_messages() -> None:
         "text": {"format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}}},
         "metadata": {"a": "b"},
         "store": False,
+        "reasoning": {"effort": "low", "summary": "auto"},
     }  # fmt: skip
     chat = to_chat_request(body, stream=True)
     call = {"type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
@@ -88,7 +89,8 @@ def test_a_conversation_becomes_chat_messages() -> None:
     }
     assert (chat["max_tokens"], chat["temperature"], chat["parallel_tool_calls"]) == (50, 0, False)
     assert chat["stream"] is True and chat["stream_options"] == {"include_usage": True}
-    assert "metadata" not in chat and "store" not in chat
+    assert chat["reasoning_effort"] == "low"
+    assert "metadata" not in chat and "store" not in chat and "reasoning" not in chat
     plain = to_chat_request(
         {"model": "m", "input": "hi", "text": {"format": {"type": "json_object"}}}
     )
