@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from prism import Envelope, PrismError, SSEDecoder, UpstreamError
+from prism import Envelope, PrismError
 from prism.responses_request import ResponsesRequest, classify_responses, parse_responses_request
 from prism.responses_sse import ResponseAssembler, error_event, event_frame, replay_response
 from prism.routes import RESPONSES_PATH
@@ -30,90 +30,10 @@ from ..governance.token_bounds import responses_completion_bound, responses_prom
 from ..providers.base import ChatProvider, UpstreamCompletion, UpstreamStream
 from ..providers.openai import OpenAICompatibleProvider
 from ..providers.responses_translate import ChunkTranslator, to_chat_request, to_response
+from .event_streams import EventStreamBuilder, TranslatedStream
 from .pipeline import Api
 
 __all__ = ["RESPONSES", "ResponsesOperation"]
-
-
-class _ResponsesStreamBuilder:
-    """Relays each Responses event as OpenAI frames it, and assembles the response."""
-
-    __slots__ = ("_assembler", "_provider")
-
-    usage = False  # a response's usage is in its final event, which every client gets
-
-    def __init__(self, provider: str) -> None:
-        self._provider = provider
-        self._assembler = ResponseAssembler(provider)
-
-    @property
-    def done(self) -> bool:
-        return self._assembler.done
-
-    def add(self, data: bytes) -> bytes:
-        try:
-            event = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            event = None
-        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-            raise UpstreamError(
-                f"Provider '{self._provider}' sent a malformed stream event.",
-                code="upstream_malformed",
-            )
-        self._assembler.add(event)
-        kind: str = event["type"]
-        return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
-
-    def result(self) -> UpstreamCompletion | None:
-        response = self._assembler.response()
-        return None if response is None else UpstreamCompletion(orjson.dumps(response), response)
-
-
-class _Translated:
-    """An OpenAI chat stream's SSE bytes in, Responses event frames out. Ends after
-    ``response.completed``, sent only once ``[DONE]`` came after a finish reason: a cut
-    chat stream ends without it, and is never cached."""
-
-    __slots__ = ("_decoder", "_ended", "_events", "_provider", "_translator")
-
-    def __init__(self, events: Any, body: dict[str, Any], model: str, provider: str) -> None:
-        self._events = events
-        self._translator = ChunkTranslator(body, model)
-        self._decoder = SSEDecoder()
-        self._provider = provider
-        self._ended = False
-
-    def __aiter__(self) -> _Translated:
-        return self
-
-    async def __anext__(self) -> bytes:
-        while not self._ended:
-            raw = await anext(self._events)
-            out: list[dict[str, Any]] = []
-            for data in self._decoder.feed(raw):
-                if data == b"[DONE]":
-                    if self._translator.finished:
-                        out += self._translator.finish()
-                    self._ended = True
-                    break
-                try:
-                    chunk = orjson.loads(data)
-                except orjson.JSONDecodeError:
-                    chunk = None
-                if not isinstance(chunk, dict) or chunk.get("error"):
-                    raise UpstreamError(
-                        f"Provider '{self._provider}' sent a malformed or error stream event.",
-                        code="upstream_stream_error",
-                    )
-                out += self._translator.feed(chunk)
-            if out:
-                return b"".join(event_frame(event) for event in out)
-        raise StopAsyncIteration
-
-    async def aclose(self) -> None:
-        aclose = getattr(self._events, "aclose", None)
-        if aclose is not None:
-            await aclose()
 
 
 def _native(provider: ChatProvider) -> OpenAICompatibleProvider | None:
@@ -151,13 +71,15 @@ class ResponsesOperation:
         if native is not None:
             return await native.responses_stream(_passed(body), model)
         upstream = await provider.stream(to_chat_request(body, stream=True), model)
-        events = _Translated(upstream.events, body, model, provider.spec.name)
+        translator = ChunkTranslator(body, model)
+        events = TranslatedStream(upstream.events, translator, event_frame, provider.spec.name)
         return UpstreamStream(events=events, close=upstream.close)
 
     def builder(
         self, provider: str, body: dict[str, Any], redact: Callable[[str], str]
-    ) -> _ResponsesStreamBuilder:
-        return _ResponsesStreamBuilder(provider)
+    ) -> EventStreamBuilder:
+        assembler = ResponseAssembler(provider)
+        return EventStreamBuilder(provider, assembler, assembler.response)
 
     def replay(self, result: UpstreamCompletion, include_usage: bool) -> bytes:
         return replay_response(result.completion)
