@@ -99,7 +99,13 @@ def test_bad_bodies_are_refused_at_the_pop(
     assert edge.origin_requests() == before
 
 
-def test_a_stored_response_is_a_404_in_openai_format(edge: EdgeStack, api_key: str) -> None:
+def test_a_stored_response_is_a_404_in_openai_format_at_the_pop(
+    edge: EdgeStack, api_key: str
+) -> None:
+    before = edge.origin_requests()
     with pytest.raises(openai.NotFoundError) as missing:
         sdk(edge, api_key).responses.retrieve("resp_123")
     assert isinstance(missing.value.body, dict) and missing.value.body["type"] == "not_found_error"
+    with pytest.raises(openai.NotFoundError):
+        sdk(edge, api_key).responses.delete("resp_123")
+    assert edge.origin_requests() == before
