@@ -29,7 +29,8 @@ from prism.routes import RESPONSES_PATH
 from ..governance.token_bounds import responses_completion_bound, responses_prompt_bound
 from ..providers.base import ChatProvider, UpstreamCompletion, UpstreamStream
 from ..providers.openai import OpenAICompatibleProvider
-from ..providers.responses_translate import ChunkTranslator, to_chat_request, to_response
+from ..providers.responses_stream import ChunkTranslator
+from ..providers.responses_translate import to_chat_request, to_response
 from .event_streams import EventStreamBuilder, TranslatedStream
 from .pipeline import Api
 

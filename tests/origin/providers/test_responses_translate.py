@@ -11,7 +11,8 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from origin.providers.responses_translate import ChunkTranslator, to_chat_request, to_response
+from origin.providers.responses_stream import ChunkTranslator
+from origin.providers.responses_translate import to_chat_request, to_response
 from prism import InvalidRequestError
 from prism.responses_sse import ResponseAssembler, replay_events
 
