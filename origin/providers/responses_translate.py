@@ -174,7 +174,12 @@ def _refuse_state(body: dict[str, Any]) -> None:
 def to_chat_request(body: dict[str, Any], stream: bool = False) -> dict[str, Any]:
     """The chat-completions body for a (validated) Responses body."""
     _refuse_state(body)
-    request: dict[str, Any] = {"model": body["model"], "messages": _messages(body)}
+    messages = _messages(body)
+    if not messages:
+        raise InvalidRequestError(
+            "'input' holds nothing a model can answer (reasoning items only).", param="input"
+        )
+    request: dict[str, Any] = {"model": body["model"], "messages": messages}
     if body.get("max_output_tokens") is not None:
         request["max_tokens"] = body["max_output_tokens"]
     for name in ("temperature", "top_p", "parallel_tool_calls", "user"):

@@ -8,12 +8,15 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from origin.providers.responses_stream import ChunkTranslator
 from origin.providers.responses_translate import to_chat_request, to_response
-from prism import InvalidRequestError
+from prism import InvalidRequestError, PrismError
+from prism.responses_request import parse_responses_request
 from prism.responses_sse import ResponseAssembler, replay_events
 
 EVENTS: TypeAdapter[ResponseStreamEvent] = TypeAdapter(ResponseStreamEvent)
@@ -217,3 +220,70 @@ def test_a_chat_stream_becomes_responses_events_that_assemble_to_the_response() 
     assert [k for k in kinds if not k.endswith(".delta")] == [
         k for k in replayed if not k.endswith(".delta")
     ]
+
+
+_TEXT = st.text(max_size=4)
+_PART = st.fixed_dictionaries(
+    {
+        "type": st.sampled_from(
+            ["input_text", "output_text", "refusal", "input_image", "input_file"]
+        )
+    },
+    optional={
+        "text": _TEXT,
+        "refusal": _TEXT,
+        "image_url": _TEXT,
+        "file_id": _TEXT,
+        "detail": _TEXT,
+    },
+)
+_CONTENT = _TEXT | st.lists(_PART, max_size=3)
+_ITEM = st.one_of(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "assistant", "system", "developer"]), "content": _CONTENT},
+        optional={"type": st.just("message")},
+    ),
+    st.fixed_dictionaries(
+        {"type": st.just("function_call"), "call_id": st.just("c"), "name": st.just("f"),
+         "arguments": _TEXT},
+    ),
+    st.fixed_dictionaries(
+        {"type": st.just("function_call_output"), "call_id": st.just("c"), "output": _CONTENT}
+    ),
+    st.fixed_dictionaries({"type": st.sampled_from(["reasoning", "item_reference"]), "id": st.just("x")}),
+)  # fmt: skip
+_EXTRA = st.fixed_dictionaries(
+    {},
+    optional={
+        "tools": st.lists(
+            st.sampled_from([WEATHER, {"type": "web_search_preview"}, {"type": "function", "name": "g"}]),
+            max_size=2,
+        ),
+        "tool_choice": st.sampled_from(
+            ["auto", "none", "required", {"type": "function", "name": "f"}, {"type": "mcp"}]
+        ),
+        "text": st.sampled_from(
+            [{}, {"format": {"type": "text"}}, {"format": {"type": "json_object"}},
+             {"format": {"type": "json_schema", "name": "n", "schema": {}}}]
+        ),
+        "instructions": _TEXT,
+        "previous_response_id": st.just("resp_1"),
+        "reasoning": st.sampled_from([{"effort": "low"}, {}, None]),
+    },
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(items=_TEXT | st.lists(_ITEM, min_size=1, max_size=4), extra=_EXTRA)
+def test_every_valid_body_translates_or_is_a_400(items: Any, extra: dict[str, Any]) -> None:
+    try:
+        request = parse_responses_request(json.dumps({"model": "m", "input": items, **extra}))
+    except PrismError:
+        return  # the parser's to refuse, tested with it
+    try:
+        chat = to_chat_request(request.body, stream=True)
+    except InvalidRequestError as refused:
+        assert refused.status == 400 and refused.param
+        return
+    assert chat["model"] == "m" and chat["messages"]
+    assert all(m["role"] in ("system", "user", "assistant", "tool") for m in chat["messages"])
