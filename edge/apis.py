@@ -1,10 +1,11 @@
 """The cached APIs the edge serves, as data: one ``EdgeApi`` each, for the one pipeline
 (``edge.pipeline``) every one of them goes through.
 
-What differs between chat completions, embeddings and Anthropic messages is only what is
-written here: the path, the body's parser, how a stored answer is replayed as the API's
-stream, the header that may carry the key instead of a bearer token, how its errors
-look, and how many parsed bodies and decoded entries an isolate remembers for it.
+What differs between chat completions, embeddings, Anthropic messages and OpenAI
+responses is only what is written here: the path, the body's parser, whether a request
+may be cached, how a stored answer is replayed as the API's stream, the header that may
+carry the key instead of a bearer token, how its errors look, and how many parsed bodies
+and decoded entries an isolate remembers for it.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from prism import (
+    CacheDecision,
     ChatRequest,
     Envelope,
     Limits,
     PrismError,
     UpstreamError,
+    classify,
     error_json,
     parse_chat_request,
     replay,
@@ -27,9 +30,11 @@ from prism.embeddings_request import EmbeddingsRequest, parse_embeddings_request
 from prism.messages_request import MessagesRequest, parse_messages_request
 from prism.messages_sse import anthropic_error_json, replay_message
 from prism.parsers import ParsedRequest
-from prism.routes import CHAT_PATH, EMBEDDINGS_PATH, MESSAGES_PATH
+from prism.responses_request import ResponsesRequest, classify_responses, parse_responses_request
+from prism.responses_sse import replay_response
+from prism.routes import CHAT_PATH, EMBEDDINGS_PATH, MESSAGES_PATH, RESPONSES_PATH
 
-__all__ = ["CACHED_APIS", "CHAT", "EMBEDDINGS", "MESSAGES", "EdgeApi"]
+__all__ = ["CACHED_APIS", "CHAT", "EMBEDDINGS", "MESSAGES", "RESPONSES", "EdgeApi"]
 
 R = TypeVar("R", bound=ParsedRequest)
 
@@ -46,6 +51,8 @@ class EdgeApi(Generic[R]):
     # Per isolate: parsed bodies (and their fingerprints) and decoded entries remembered.
     recent_bodies: int = 64
     recent_entries: int = 16
+    # Whether the request may be read from and written to KV (the origin decides the same).
+    cache_decision: Callable[[R, str | None], CacheDecision] = classify
 
 
 def _chat_stream(envelope: Envelope, chat: ChatRequest) -> bytes:
@@ -58,6 +65,10 @@ def _never_streamed(envelope: Envelope, request: EmbeddingsRequest) -> bytes:
 
 def _message_stream(envelope: Envelope, request: MessagesRequest) -> bytes:
     return replay_message(envelope.completion())
+
+
+def _response_stream(envelope: Envelope, request: ResponsesRequest) -> bytes:
+    return replay_response(envelope.completion())
 
 
 CHAT: EdgeApi[ChatRequest] = EdgeApi(
@@ -74,5 +85,12 @@ MESSAGES: EdgeApi[MessagesRequest] = EdgeApi(
     error_body=anthropic_error_json,
 )
 
+RESPONSES: EdgeApi[ResponsesRequest] = EdgeApi(
+    RESPONSES_PATH,
+    parse_responses_request,
+    _response_stream,
+    cache_decision=classify_responses,  # a stateful request is forwarded, never served from KV
+)
+
 # Every cached route the edge serves, each through the same pipeline.
-CACHED_APIS: tuple[EdgeApi[Any], ...] = (CHAT, EMBEDDINGS, MESSAGES)
+CACHED_APIS: tuple[EdgeApi[Any], ...] = (CHAT, EMBEDDINGS, MESSAGES, RESPONSES)

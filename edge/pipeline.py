@@ -1,5 +1,5 @@
 """The one pipeline every cached API goes through at the edge (chat completions,
-embeddings, Anthropic messages), over its ``EdgeApi`` (``edge.apis``).
+embeddings, Anthropic messages, OpenAI responses), over its ``EdgeApi`` (``edge.apis``).
 
 body (bytes, bounded in size and time) → parse (memoized per body) → the project's
 model policy (memoized; a denied model is a 403 here, before any entry is read) →
@@ -24,7 +24,6 @@ from prism import (
     RecentEntries,
     RequestTimeoutError,
     RequestTooLargeError,
-    classify,
     encode_envelope,
     entry_key,
     fingerprint,
@@ -58,6 +57,7 @@ class CachedApiRoute(Generic[R]):
     __slots__ = (
         "_bodies",
         "_body_timeout",
+        "_classify",
         "_entries",
         "_forwarder",
         "_kv_timeout",
@@ -86,6 +86,7 @@ class CachedApiRoute(Generic[R]):
         self._path = api.path
         self._parse = api.parse
         self._stream_hit = api.stream_hit
+        self._classify = api.cache_decision
         self._limits = settings.limits
         self._kv_timeout = settings.kv_timeout
         self._body_timeout = settings.body_timeout
@@ -113,7 +114,7 @@ class CachedApiRoute(Generic[R]):
             self._bodies.put(project, body, parsed, fp)
         else:
             parsed, fp = known
-        decision = classify(parsed, request.headers.get("cache-control"))
+        decision = self._classify(parsed, request.headers.get("cache-control"))
         # CPU only, and the Workers clock stands still while code runs: I/O stages only.
         timings.append(("parse", elapsed_ms(started, platform.now())))
         policy = await self._policy(project, platform, timings, request_id)

@@ -16,7 +16,7 @@ from typing import Protocol
 from urllib.parse import unquote
 
 from prism import KeyIdentity, PrismError
-from prism.routes import CHAT_PATH, EMBEDDINGS_PATH, MESSAGES_PATH, MODELS_PATH
+from prism.routes import CHAT_PATH, EMBEDDINGS_PATH, MESSAGES_PATH, MODELS_PATH, RESPONSES_PATH
 
 from .platform import EdgeRequest, EdgeResponse, Platform
 from .timings import Timings
@@ -29,6 +29,7 @@ ROUTES: dict[str, str] = {
     EMBEDDINGS_PATH: "POST",
     MESSAGES_PATH: "POST",
     MODELS_PATH: "GET",
+    RESPONSES_PATH: "POST",
 }
 
 

@@ -1,10 +1,10 @@
 """``create_app(settings)``: the only place the origin is wired together.
 
 Two route tables. The API (``/v1/chat/completions``, ``/v1/embeddings``, ``/v1/messages``,
-``/v1/models``, and a bare ``/healthz`` for load balancers) is served on the public
-listener. The admin routes (``/healthz`` with every detail, ``/metrics`` with every
-tenant's counters) are served only on the admin listener, bound to loopback by default
-(``origin.http.server``).
+``/v1/responses``, ``/v1/models``, and a bare ``/healthz`` for load balancers) is served
+on the public listener. The admin routes (``/healthz`` with every detail, ``/metrics``
+with every tenant's counters) are served only on the admin listener, bound to loopback by
+default (``origin.http.server``).
 """
 
 from __future__ import annotations
@@ -14,14 +14,15 @@ from collections.abc import Callable, Iterable, Mapping
 
 import httpx
 
-from prism import AuthenticationError
+from prism import AuthenticationError, NotFoundError
 from prism import headers as h
-from prism.routes import CHAT_PATH, EMBEDDINGS_PATH, MESSAGES_PATH, MODELS_PATH
+from prism.routes import CHAT_PATH, EMBEDDINGS_PATH, MESSAGES_PATH, MODELS_PATH, RESPONSES_PATH
 
 from .apis.chat import CHAT
 from .apis.embeddings import EMBEDDINGS
 from .apis.messages import MESSAGES
 from .apis.pipeline import ApiRoute
+from .apis.responses import RESPONSES
 from .auth import authenticate
 from .connection.redis_client import RedisClient
 from .dashboard import Dashboard, History, dashboard_off_routes
@@ -112,6 +113,27 @@ def create_app(
         body = catalog.body(policies.resolve(caller.project, lookup))
         return Reply(200, {"content-type": "application/json", **_BYPASS}, body)
 
+    async def stored_response(request: Request) -> Reply:
+        # GET/DELETE /v1/responses/{id} (and its input_items, cancel): Prism keeps no
+        # responses, so each is a 404 in OpenAI's format, once the caller is known.
+        caller = authenticate(
+            request.headers,
+            settings.key_ring,
+            settings.forward_secret,
+            request.method,
+            request.path,
+            gateway.metrics,
+        )
+        lookup = await gateway.cache.lookup(caller.key_id, None, caller.project)
+        if lookup.revoked:
+            raise AuthenticationError("This API key has been revoked.", code="key_revoked")
+        name = request.path.removeprefix(RESPONSES_PATH + "/").split("/", 1)[0]
+        raise NotFoundError(
+            f"No response with id '{name[:100]}': Prism stores no responses, so none can be "
+            "read, listed, cancelled or deleted; keep the response you were sent.",
+            code="response_not_found",
+        )
+
     alive_body = json_reply({"status": "ok", "version": settings.release}).body
 
     async def alive(request: Request) -> Reply:
@@ -162,6 +184,13 @@ def create_app(
             name="messages",
             error_body=MESSAGES.error_body,
         ),
+        Route(
+            RESPONSES_PATH,
+            ApiRoute(gateway, RESPONSES, policies),
+            frozenset({"POST"}),
+            name="responses",
+        ),
+        Route(RESPONSES_PATH + "/", stored_response, frozenset({"GET", "POST", "DELETE"})),
         Route("/healthz", alive),
     ]
     dashboard = None

@@ -10,7 +10,8 @@ from .embeddings_request import parse_embeddings_request
 from .fingerprint import ParsedBody
 from .messages_request import parse_messages_request
 from .request import DEFAULT_LIMITS, Limits, parse_chat_request
-from .routes import CHAT_PATH, EMBEDDINGS_PATH, MESSAGES_PATH
+from .responses_request import parse_responses_request
+from .routes import CHAT_PATH, EMBEDDINGS_PATH, MESSAGES_PATH, RESPONSES_PATH
 
 __all__ = ["PARSERS", "ParsedRequest", "parse_for_path"]
 
@@ -28,6 +29,7 @@ PARSERS: dict[str, Callable[[bytes | str, Limits], ParsedBody]] = {
     CHAT_PATH: parse_chat_request,
     EMBEDDINGS_PATH: parse_embeddings_request,
     MESSAGES_PATH: parse_messages_request,
+    RESPONSES_PATH: parse_responses_request,
 }
 
 

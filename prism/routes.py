@@ -12,12 +12,14 @@ __all__ = [
     "MESSAGES_PATH",
     "MODELS_KEY",
     "MODELS_PATH",
+    "RESPONSES_PATH",
 ]
 
 # Each API path is also part of every fingerprint made for it: never change one.
 CHAT_PATH = "/v1/chat/completions"
 EMBEDDINGS_PATH = "/v1/embeddings"
 MESSAGES_PATH = "/v1/messages"  # Anthropic's Messages API
+RESPONSES_PATH = "/v1/responses"  # OpenAI's Responses API
 MODELS_PATH = "/v1/models"
 # The origin's liveness on its public port: answered from its event loop, no I/O; the
 # edge probes it when an answer is slow to start, load balancers check it.

@@ -1,15 +1,15 @@
-"""The local provider's ASGI app: OpenAI's chat completions, embeddings and models,
-Anthropic's messages and models, Azure OpenAI's deployments, Google Gemini's
+"""The local provider's ASGI app: OpenAI's chat completions, responses, embeddings and
+models, Anthropic's messages and models, Azure OpenAI's deployments, Google Gemini's
 generateContent and Bedrock's Converse, each answer delayed, paced and spoiled as its fault
 says.
 
 The handlers check a request as the real API would (its key, its headers, its body), read
 it into a reply (``provider_replies``), put that in the API's format (``provider_openai``,
-``provider_anthropic``, ``provider_azure``, ``provider_gemini``, ``provider_bedrock``) and
-send it, whole or as a paced event stream (``provider_sse``). Apart from the control
-endpoints (faults, counters, recent requests: ``provider_faults``) and from running the app
-(a thread, a port, the command line: ``deploy.local.provider``): this module is the serving
-alone, one app instance with all its state on it.
+``provider_anthropic``, ``provider_responses``, ``provider_azure``, ``provider_gemini``,
+``provider_bedrock``) and send it, whole or as a paced event stream (``provider_sse``).
+Apart from the control endpoints (faults, counters, recent requests: ``provider_faults``)
+and from running the app (a thread, a port, the command line: ``deploy.local.provider``):
+this module is the serving alone, one app instance with all its state on it.
 """
 
 from __future__ import annotations
@@ -62,7 +62,13 @@ from deploy.local.provider_gemini import (
 )
 from deploy.local.provider_models import anthropic_model_page, openai_model_list
 from deploy.local.provider_openai import openai_completion, openai_embeddings, openai_stream
-from deploy.local.provider_replies import ScriptedReply, anthropic_reply, openai_reply
+from deploy.local.provider_replies import (
+    ScriptedReply,
+    anthropic_reply,
+    openai_reply,
+    responses_reply,
+)
+from deploy.local.provider_responses import responses_object, responses_stream
 from deploy.local.provider_settings import ProviderSettings
 from deploy.local.provider_sse import (
     MALFORMED_JSON,
@@ -117,6 +123,9 @@ class _Provider:
 
     async def messages(self, request: Request) -> Response:
         return await self._chat(request, "anthropic")
+
+    async def responses(self, request: Request) -> Response:
+        return await self._chat(request, "openai", responses=True)
 
     async def azure_chat(self, request: Request) -> Response:
         return await self._chat(request, "azure")
@@ -272,7 +281,7 @@ class _Provider:
             return error_response(api, 401, "Incorrect API key provided.")
         return None
 
-    async def _chat(self, request: Request, api: Api) -> Response:
+    async def _chat(self, request: Request, api: Api, responses: bool = False) -> Response:
         state, settings = self.state, self.settings
         state.stats.chat_requests += 1
         state.stats.paths[request.url.path] += 1
@@ -301,7 +310,10 @@ class _Provider:
                 return checked
             body = checked
         try:
-            reply = (anthropic_reply if api == "anthropic" else openai_reply)(settings, body)
+            if responses:
+                reply = responses_reply(settings, body)
+            else:
+                reply = (anthropic_reply if api == "anthropic" else openai_reply)(settings, body)
             fault = header_fault(request.headers) or state.faults.take()
         except ValueError as exc:
             return error_response(api, 400, str(exc))
@@ -310,7 +322,7 @@ class _Provider:
         await self._before_first_byte(fault, stream, release)
         if fault is not None and fault.mode in ("status", "rate_limit"):
             return fault_error_response(api, fault)
-        return self._answer(api, body, reply, fault, stream)
+        return self._answer(api, body, reply, fault, stream, responses)
 
     async def _before_first_byte(
         self, fault: Fault | None, stream: bool, release: asyncio.Event
@@ -335,18 +347,23 @@ class _Provider:
         reply: ScriptedReply,
         fault: Fault | None,
         stream: bool,
+        responses: bool = False,
     ) -> Response:
         """The reply as JSON or as an event stream, spoiled as the fault says."""
         settings = self.settings
         created = int(time.time())
         mode = fault.mode if fault is not None else None
         if not stream:
-            if api == "anthropic":
+            if responses:
+                data = responses_object(reply, body, created)
+            elif api == "anthropic":
                 data = anthropic_message(reply)
             else:
                 data = (azure_completion if api == "azure" else openai_completion)(reply, created)
             return _plain(orjson.dumps(data), fault)
-        if api == "anthropic":
+        if responses:
+            plan = responses_stream(settings, reply, body, created)
+        elif api == "anthropic":
             plan = anthropic_stream(settings, reply)
         else:
             options = body.get("stream_options")
@@ -488,6 +505,7 @@ def create_provider_app(settings: ProviderSettings | None = None) -> Starlette:
     routes = [
         Route("/v1/chat/completions", provider.chat_completions, methods=["POST"]),
         Route("/v1/messages", provider.messages, methods=["POST"]),
+        Route("/v1/responses", provider.responses, methods=["POST"]),
         Route("/v1/embeddings", provider.embeddings, methods=["POST"]),
         Route("/v1/models", provider.models, methods=["GET"]),
         # Azure OpenAI: a resource's deployments, and its v1 form naming them in the body

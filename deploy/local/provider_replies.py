@@ -1,11 +1,12 @@
-"""What the local provider answers, before it is put in either API's format.
+"""What the local provider answers, before it is put in any API's format.
 
-A chat request of either API (``openai_reply``, ``anthropic_reply``) is checked and read
-into a ``ScriptedReply``: the echo of the last user text, the tag that makes it depend on the
-whole body, a tool call when the request asks for one, and the token counts. Apart from
-the wire formats (``provider_openai``, ``provider_anthropic``, ``provider_sse``) because
-the one reply is put in each of them: the same body always gets the same content,
-streamed or not.
+A chat request of any API (``openai_reply``, ``anthropic_reply``, ``responses_reply``) is
+checked and read into a ``ScriptedReply``: the echo of the last user text, the tag that
+makes it depend on the whole body, a tool call when the request asks for one (an object
+fitting the schema when an OpenAI request asks for JSON-schema output), and the token
+counts. Apart from the wire formats (``provider_openai``, ``provider_anthropic``,
+``provider_responses``, ``provider_sse``) because the one reply is put in each of them:
+the same body always gets the same content, streamed or not.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import orjson
 
 from deploy.local.provider_settings import ProviderSettings
 
-__all__ = ["ScriptedReply", "anthropic_reply", "openai_reply", "require"]
+__all__ = ["ScriptedReply", "anthropic_reply", "openai_reply", "require", "responses_reply"]
 
 _TRANSPORT_KEYS = frozenset({"stream", "stream_options", "user", "metadata"})
 _FILLER = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
@@ -92,6 +93,7 @@ def _build_reply(
     last_user: str,
     tool: tuple[str, Any] | None,
     n: int,
+    schema: Any = None,
 ) -> ScriptedReply:
     tag = _digest(body)
     prompt_tokens = max(1, sum(len(t.split()) for t in texts_in))
@@ -102,6 +104,10 @@ def _build_reply(
         call = _ToolCall(tool[0], tool_input, arguments)
         completion = n * max(1, len(arguments) // 4)
         return ScriptedReply(tag, str(body["model"]), ("",) * n, call, prompt_tokens, completion)
+    if schema is not None:  # structured output: an object that fits the schema asked for
+        text = orjson.dumps(_sample_input(schema, snippet, tag)).decode()
+        completion = n * max(1, len(text) // 4)
+        return ScriptedReply(tag, str(body["model"]), (text,) * n, None, prompt_tokens, completion)
     words = ["Echo:", *snippet.split()]
     filler = max(0, settings.reply_words - len(words) - 1)
     words += [_FILLER[i % len(_FILLER)] for i in range(filler)]
@@ -149,7 +155,57 @@ def openai_reply(settings: ProviderSettings, body: dict[str, Any]) -> ScriptedRe
         tool = _named(tools, choice["function"].get("name"))
     elif tools and choice in (None, "auto") and messages[-1].get("role") == "user":
         tool = _mentioned(tools, last_user)
-    return _build_reply(settings, body, texts, last_user, tool, n)
+    form = body.get("response_format")
+    schema = form.get("json_schema") if isinstance(form, dict) else None
+    schema = schema.get("schema") if isinstance(schema, dict) else None
+    return _build_reply(settings, body, texts, last_user, tool, n, schema)
+
+
+def _item_text(item: Any) -> str:
+    """The text of a Responses input item: a message's content, a call's output."""
+    if not isinstance(item, dict):
+        return ""
+    content = item.get("content", item.get("output"))
+    if isinstance(content, list):
+        return " ".join(
+            str(part.get("text", ""))
+            for part in content
+            if isinstance(part, dict) and part.get("type") in ("input_text", "output_text")
+        )
+    return content if isinstance(content, str) else ""
+
+
+def responses_reply(settings: ProviderSettings, body: dict[str, Any]) -> ScriptedReply:
+    """A Responses API request (OpenAI's own ``POST /v1/responses``), read as the others."""
+    value = body.get("input")
+    require(isinstance(body.get("model"), str) and bool(body["model"]), "'model' is required")
+    require(isinstance(value, (str, list)) and bool(value), "'input' must be a string or list")
+    items = [{"role": "user", "content": value}] if isinstance(value, str) else value
+    assert isinstance(items, list)
+    instructions = body.get("instructions")
+    texts = [instructions if isinstance(instructions, str) else ""]
+    texts += [_item_text(item) for item in items]
+    users = [
+        _item_text(i) for i in items if isinstance(i, dict) and i.get("role", "user") == "user"
+    ]
+    last_user = users[-1] if users else ""
+    tools = [
+        (str(t.get("name", "")), t.get("parameters"))
+        for t in body.get("tools") or []
+        if isinstance(t, dict) and t.get("type") == "function"
+    ]
+    choice = body.get("tool_choice")
+    last = items[-1] if isinstance(items[-1], dict) else {}
+    tool: tuple[str, Any] | None = None
+    if tools and choice == "required":
+        tool = tools[0]
+    elif tools and isinstance(choice, dict) and choice.get("type") == "function":
+        tool = _named(tools, choice.get("name"))
+    elif tools and choice in (None, "auto") and last.get("type", "message") == "message":
+        tool = _mentioned(tools, last_user)
+    form = body.get("text", {}).get("format") if isinstance(body.get("text"), dict) else None
+    schema = form.get("schema") if isinstance(form, dict) else None
+    return _build_reply(settings, body, texts, last_user, tool, 1, schema)
 
 
 def anthropic_reply(settings: ProviderSettings, body: dict[str, Any]) -> ScriptedReply:

@@ -1,5 +1,5 @@
 """The one governed path every cached API goes through (chat completions, embeddings,
-Anthropic messages).
+Anthropic messages, OpenAI responses).
 
 A request is authenticated, parsed and fingerprinted, then ONE Redis round trip brings
 its key's revocation, the cache entry, the project's policy and the request-limit
@@ -9,7 +9,8 @@ bound by the token limit, reserves its cost bound against the budget, joins or s
 the provider call (``origin.routing.coalescing``), and is settled to what the answer used. Usage is
 counted in memory (``origin.governance.usage``); nothing here writes to Redis on a hit.
 
-What differs between the APIs is data, an ``Api``: its path and parser, the
+What differs between the APIs is data, an ``Api``: its path and parser, whether a request
+may be cached (chat's ``classify``; a stateful Responses request never is), the
 ``Operation`` that calls a provider,
 how its token bounds are computed (``origin.governance.token_bounds``), how a stored answer is
 replayed
@@ -91,6 +92,8 @@ class Api(Generic[R]):
     key_header: str | None = None  # a header that may carry the key instead of a bearer token
     error_body: Callable[[PrismError], bytes] = error_json  # how this API's errors look
     audit_path: bool = True  # name the path in audit records (chat's records never did)
+    # Whether the request may be read from and written to the cache, and for how long.
+    cache_decision: Callable[[R, str | None, CachePolicy], CacheDecision] = classify
 
 
 class Asked(Generic[R]):
@@ -126,7 +129,7 @@ class ApiRoute(Generic[R]):
         self.billing = gateway.billing
         self.policy = CachePolicy(default_ttl=gateway.settings.default_ttl)
         # Read on every request: one attribute, not two.
-        self._path, self._key_header = api.path, api.key_header
+        self._path, self._key_header, self._classify = api.path, api.key_header, api.cache_decision
         self._bodies: RecentBodies[R] = RecentBodies()
         self._entries = RecentEntries()
 
@@ -190,7 +193,7 @@ class ApiRoute(Generic[R]):
             parsed, fp = known
         # A forward vouches for this body only: its signed fingerprint must be this one.
         check_forwarded_body(caller, fp, gw.metrics)
-        decision = classify(parsed, headers.get("cache-control"), self.policy)
+        decision = self._classify(parsed, headers.get("cache-control"), self.policy)
         request.timer.mark("parse")
         request.parsed = parsed
         return Asked(request, caller, parsed, fp, decision)

@@ -13,7 +13,9 @@ length of one request, never money.
 
 The other APIs the same way: an Anthropic Messages request bounds its prompt by the size
 of its messages, ``system`` and ``tools`` and its completion by ``max_tokens`` (required
-there, and including any thinking budget); an embeddings request by the size of its
+there, and including any thinking budget); a Responses request by the size of its
+``input``, ``instructions``, ``tools`` and ``text`` format and its completion by
+``max_output_tokens`` (else the cap); an embeddings request by the size of its
 inputs (a token array is its own count) and has no completion.
 """
 
@@ -24,6 +26,7 @@ from typing import Any
 from prism.embeddings_request import EmbeddingsRequest
 from prism.messages_request import MessagesRequest
 from prism.request import ChatRequest
+from prism.responses_request import ResponsesRequest
 
 __all__ = [
     "DEFAULT_OUTPUT_CAP",
@@ -34,6 +37,8 @@ __all__ = [
     "messages_prompt_bound",
     "no_completion",
     "prompt_token_bound",
+    "responses_completion_bound",
+    "responses_prompt_bound",
 ]
 
 DEFAULT_OUTPUT_CAP = 4096  # reserved for a request that sets no max_tokens
@@ -89,6 +94,20 @@ def messages_completion_bound(request: MessagesRequest, cap: int = DEFAULT_OUTPU
     """``max_tokens``: required by the Messages API, the most it bills."""
     limit: int = request.body["max_tokens"]
     return limit
+
+
+def responses_prompt_bound(request: ResponsesRequest) -> int:
+    """The prompt bound of a Responses request (its input items, instructions and tools)."""
+    body = request.body
+    value = body["input"]
+    items = [value] if isinstance(value, str) else value
+    return _turns_bound(body, items, ("instructions", "tools", "tool_choice", "text"))
+
+
+def responses_completion_bound(request: ResponsesRequest, cap: int = DEFAULT_OUTPUT_CAP) -> int:
+    """``max_output_tokens`` when set, else the cap."""
+    limit = request.body.get("max_output_tokens")
+    return cap if limit is None else int(limit)
 
 
 def embeddings_token_bound(request: EmbeddingsRequest) -> int:

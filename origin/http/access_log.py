@@ -31,7 +31,7 @@ from .responses import Reply
 __all__ = ["ACCESS_LOGGER", "AccessLog", "print_access_log"]
 
 ACCESS_LOGGER = "prism.access"
-_PROMPT = ("system", "messages", "input")  # chat and messages; embeddings
+_PROMPT = ("system", "messages", "instructions", "input")  # chat, messages; responses, embeddings
 
 
 class AccessLog:

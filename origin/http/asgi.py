@@ -58,7 +58,7 @@ Handler = Callable[[Request], Awaitable[Reply]]
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    path: str
+    path: str  # ending in "/": every path under it that no other route names
     handler: Handler
     methods: frozenset[str] = frozenset({"GET"})
     name: str = ""  # the metrics label; "" = not counted
@@ -89,6 +89,8 @@ class Routes:
         loop_watch: LoopWatch | None = None,
     ) -> None:
         self._routes = {route.path: route for route in routes}
+        # Looked at only when no route names the path exactly.
+        self._subtrees = [r for r in self._routes.values() if r.path.endswith("/")]
         self._metrics = metrics
         self._on_startup = on_startup
         self._on_shutdown = on_shutdown
@@ -129,7 +131,9 @@ class Routes:
             if watch is not None and watch.lagging:
                 raise watch.refusal()
             if route is None:
-                raise NotFoundError(f"Unknown route {request.method} {request.path}.")
+                route = self._under(request.path)
+                if route is None:
+                    raise NotFoundError(f"Unknown route {request.method} {request.path}.")
             if request.method not in route.methods:
                 raise MethodNotAllowedError(
                     f"Method {request.method} is not allowed here.",
@@ -168,6 +172,11 @@ class Routes:
                     self.access_log.write(request, reply, first_byte, ended)
             except Exception:  # the answer is out: what failed to record it is only logged
                 log.exception("recording request %s failed", request.id)
+
+    def _under(self, path: str) -> Route | None:
+        """The route (ending in "/") whose subtree holds ``path``: looked for only when no
+        route names the path exactly."""
+        return next((r for r in self._subtrees if path.startswith(r.path)), None)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         await receive()  # lifespan.startup

@@ -1,4 +1,9 @@
-"""Any OpenAI-compatible API (OpenAI, Groq, Together, vLLM, Ollama…): pure data + this."""
+"""Any OpenAI-compatible API (OpenAI, Groq, Together, vLLM, Ollama…): pure data + this.
+
+Its one option: ``responses_api = true`` says the provider serves OpenAI's Responses API
+(``POST /responses``) itself, so ``/v1/responses`` passes through to it rather than being
+translated to a chat completion (``origin.apis.responses``).
+"""
 
 from __future__ import annotations
 
@@ -28,6 +33,10 @@ def _listed_model(entry: object) -> ListedModel | None:
 class OpenAICompatibleProvider:
     def __init__(self, spec: ProviderSpec, http: UpstreamHTTP | None = None) -> None:
         """``http``: the connection pool to call it through (``build_provider`` makes it)."""
+        native = spec.options.get("responses_api", False)
+        if not isinstance(native, bool):
+            raise ValueError(f"provider '{spec.name}': responses_api must be true or false")
+        self.responses_api = native  # serves POST /responses itself
         self.spec = spec
         self._http = http or UpstreamHTTP(spec)
         self._headers = {"content-type": "application/json"}
@@ -59,6 +68,27 @@ class OpenAICompatibleProvider:
             response.close()
 
         # Passed on chunk by chunk as the provider flushed them: no re-chunking.
+        return UpstreamStream(events=self._http.chunks(response), close=close)
+
+    async def responses(self, body: dict[str, Any], model: str) -> UpstreamCompletion:
+        """``POST /responses``: a Responses API body passed through as it is (but for the
+        upstream model); the answer is the provider's own bytes."""
+        content = await self._http.post(
+            "/responses", self._payload(body, model, stream=False), self._headers
+        )
+        response = parse_body(self.spec, content)
+        if response.get("object") != "response" or not isinstance(response.get("output"), list):
+            raise malformed(self.spec, "an unexpected body")
+        return UpstreamCompletion(body=content, completion=response)
+
+    async def responses_stream(self, body: dict[str, Any], model: str) -> UpstreamStream:
+        """A Responses API stream passed through: the provider's event bytes as they come."""
+        payload = self._payload(body, model, stream=True)
+        response = await self._http.open_stream("/responses", payload, self._stream_headers)
+
+        async def close() -> None:
+            response.close()
+
         return UpstreamStream(events=self._http.chunks(response), close=close)
 
     async def embed(self, body: dict[str, Any], model: str) -> UpstreamCompletion:

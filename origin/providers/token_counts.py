@@ -1,6 +1,7 @@
-"""The token counts an answer reports, read from either usage form a provider sends
-(OpenAI's ``prompt_tokens``/``completion_tokens``, or Anthropic's ``input_tokens``/
-``output_tokens`` with its prompt-cache counts): what prices, limits, usage and logs count."""
+"""The token counts an answer reports, read from any usage form a provider sends
+(OpenAI's ``prompt_tokens``/``completion_tokens``, Anthropic's ``input_tokens``/
+``output_tokens`` with its prompt-cache counts, or the Responses API's ``input_tokens``
+with its ``input_tokens_details``): what prices, limits, usage and logs count."""
 
 from __future__ import annotations
 
@@ -32,6 +33,14 @@ def tokens_of(usage: Any) -> Tokens | None:
             _count(details.get("cached_tokens")),
             _count(details.get("cache_creation_tokens")),
             _count(usage.get("completion_tokens")),
+        )
+    details = usage.get("input_tokens_details")
+    if isinstance(details, dict):  # the Responses API's: input_tokens counts the cached ones
+        return Tokens(
+            _count(usage.get("input_tokens")),
+            _count(details.get("cached_tokens")),
+            _count(details.get("cache_write_tokens")),
+            _count(usage.get("output_tokens")),
         )
     if "input_tokens" in usage or "output_tokens" in usage:  # Anthropic's own form
         read = _count(usage.get("cache_read_input_tokens"))

@@ -50,6 +50,15 @@ API_BODIES = [
         "/v1/messages",
         '{"model":"claude-sonnet-4-5","max_tokens":64,"system":"Be brief.","messages":[{"role":"user","content":[{"type":"text","text":"Hi"}]}],"temperature":0.0,"tools":[{"name":"f","input_schema":{"type":"object"}}]}',
     ),
+    ("/v1/responses", '{"model":"gpt-4o-mini","input":"Hello"}'),
+    (
+        "/v1/responses",
+        '{"input":"Hello","store":false,"metadata":{"k":"v"},"model":"gpt-4o-mini","stream":true,"user":"u1"}',
+    ),
+    (
+        "/v1/responses",
+        '{"model":"gpt-4o","instructions":"Be brief.","input":[{"role":"user","content":[{"type":"input_text","text":"caf\\u00e9"}]},{"type":"function_call","call_id":"c1","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c1","output":"ok"}],"tools":[{"type":"function","name":"f","parameters":{"type":"object"},"strict":true}],"text":{"format":{"type":"json_schema","name":"x","schema":{"type":"object"}}},"temperature":0.0,"max_output_tokens":1e2}',
+    ),
 ]
 
 

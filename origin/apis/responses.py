@@ -1,0 +1,104 @@
+"""``POST /v1/responses``: OpenAI's Responses API, served by any provider.
+
+Towards an OpenAI-compatible provider that serves the Responses API itself
+(``responses_api = true`` in its table) the body passes through as sent (but for the
+upstream model name, and ``store: false`` when the client did not ask for storage) and the
+answer comes back as the provider sent it. Every other provider kind speaks chat
+completions (Anthropic's, Azure's, Bedrock's and Gemini's adapters translate from them), so
+there the request becomes a chat completion and the answer (or its stream, chunk by chunk)
+a ``response`` (``providers.responses_translate``).
+The cache holds the ``response``: a plain hit replays its bytes, a streamed one the
+Responses event sequence (``prism.responses_sse``). A stateful request (``store: true``,
+``previous_response_id``, …) is never cached (``prism.responses_request``). Errors are
+OpenAI's, as for chat. Budgets and token limits count the prompt's bound and
+``max_output_tokens``; usage is read from the response's own ``usage``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from prism import Envelope, PrismError
+from prism.responses_request import ResponsesRequest, classify_responses, parse_responses_request
+from prism.responses_sse import ResponseAssembler, error_event, event_frame, replay_response
+from prism.routes import RESPONSES_PATH
+
+from ..governance.token_bounds import responses_completion_bound, responses_prompt_bound
+from ..providers.base import ChatProvider, UpstreamCompletion, UpstreamStream
+from ..providers.openai import OpenAICompatibleProvider
+from ..providers.responses_stream import ChunkTranslator
+from ..providers.responses_translate import to_chat_request, to_response
+from .event_streams import EventStreamBuilder, TranslatedStream
+from .pipeline import Api
+
+__all__ = ["RESPONSES", "ResponsesOperation"]
+
+
+def _native(provider: ChatProvider) -> OpenAICompatibleProvider | None:
+    """The provider when it serves the Responses API itself, else None."""
+    if isinstance(provider, OpenAICompatibleProvider) and provider.responses_api:
+        return provider
+    return None
+
+
+def _passed(body: dict[str, Any]) -> dict[str, Any]:
+    # OpenAI stores a response unless told not to; Prism treats a request without ``store``
+    # as stateless (it may be served from the cache), so the provider is told the same.
+    return body if body.get("store") is not None else {**body, "store": False}
+
+
+class ResponsesOperation:
+    name = "responses"
+    done_frame = b""  # ``response.completed`` ends the stream, among its frames
+
+    async def complete(
+        self, provider: ChatProvider, body: dict[str, Any], model: str
+    ) -> UpstreamCompletion:
+        native = _native(provider)
+        if native is not None:
+            return await native.responses(_passed(body), model)
+        answer = await provider.complete(to_chat_request(body), model)
+        model_name = str(answer.completion.get("model") or model)
+        response = to_response(answer.completion, body, model_name)
+        return UpstreamCompletion(orjson.dumps(response), response)
+
+    async def stream(
+        self, provider: ChatProvider, body: dict[str, Any], model: str
+    ) -> UpstreamStream:
+        native = _native(provider)
+        if native is not None:
+            return await native.responses_stream(_passed(body), model)
+        upstream = await provider.stream(to_chat_request(body, stream=True), model)
+        translator = ChunkTranslator(body, model)
+        events = TranslatedStream(upstream.events, translator, event_frame, provider.spec.name)
+        return UpstreamStream(events=events, close=upstream.close)
+
+    def builder(
+        self, provider: str, body: dict[str, Any], redact: Callable[[str], str]
+    ) -> EventStreamBuilder:
+        assembler = ResponseAssembler(provider)
+        return EventStreamBuilder(provider, assembler, assembler.response)
+
+    def replay(self, result: UpstreamCompletion, include_usage: bool) -> bytes:
+        return replay_response(result.completion)
+
+    def error_frame(self, error: PrismError) -> bytes:
+        return error_event(error)
+
+
+def _stream_hit(envelope: Envelope, request: ResponsesRequest) -> bytes:
+    return replay_response(envelope.completion())
+
+
+RESPONSES: Api[ResponsesRequest] = Api(
+    RESPONSES_PATH,
+    parse_responses_request,
+    ResponsesOperation(),
+    responses_prompt_bound,
+    responses_completion_bound,
+    _stream_hit,
+    cache_decision=classify_responses,
+)

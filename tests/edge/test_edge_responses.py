@@ -1,0 +1,111 @@
+"""``POST /v1/responses`` through the edge Worker in the real local Workers runtime, with
+the official openai SDK: KV hits at the PoP, as JSON and as the event stream; stateful
+requests forwarded every time; bad input refused at the PoP in OpenAI's format."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+import httpx
+import httpx2
+import openai
+import pytest
+
+from tests.fixtures.edge import EdgeStack
+from tests.polling import wait_for
+
+PATH = "/v1/responses"
+MODEL = "gpt-4o-mini"
+
+
+def layer(response: httpx.Response | httpx2.Response) -> str:
+    return response.headers["x-prism-edge-cache-layer"]
+
+
+def sdk(edge: EdgeStack, api_key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=edge.url + "/v1", api_key=api_key, max_retries=0)
+
+
+def test_the_sdk_misses_then_hits_kv_plain_and_streamed(edge: EdgeStack, api_key: str) -> None:
+    client = sdk(edge, api_key)
+    question = f"edge responses {secrets.token_hex(4)}"
+    with client.responses.with_streaming_response.create(
+        model=MODEL, input=question, stream=True
+    ) as response:
+        assert layer(response.http_response) == "miss"
+        events = list(response.parse())
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert events[-1].type == "response.completed"
+    streamed = events[-1].response
+    assert text.startswith("Echo: edge responses") and streamed.output_text == text
+
+    def from_kv() -> bool:
+        plain = client.responses.with_raw_response.create(model=MODEL, input=question)
+        return layer(plain.http_response) == "kv"
+
+    wait_for(from_kv)  # the origin's KV writer replicated the streamed answer
+    before = edge.origin_requests()
+    with client.responses.with_streaming_response.create(
+        model=MODEL, input=question, stream=True
+    ) as response:
+        assert layer(response.http_response) == "kv"
+    with client.responses.stream(model=MODEL, input=question) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert final.id == streamed.id and final.output_text == text
+    assert final.usage is not None and final.usage.output_tokens > 0
+    # the same entry's replay is the same bytes every time, at the PoP as at the origin
+    body = {"model": MODEL, "input": question, "stream": True}
+    headers = {"authorization": f"Bearer {api_key}"}
+    replays = [httpx.post(edge.url + PATH, json=body, headers=headers, timeout=30) for _ in "ab"]
+    assert [layer(r) for r in replays] == ["kv", "kv"]
+    assert replays[0].content == replays[1].content
+    assert replays[0].headers["content-type"].startswith("text/event-stream")
+    assert edge.origin_requests() == before
+    assert edge.provider.control.stats()["chat_requests"] == 1
+
+
+def test_stateful_requests_are_forwarded_every_time(edge: EdgeStack, api_key: str) -> None:
+    body = {"model": MODEL, "input": f"keep {secrets.token_hex(4)}", "store": True}
+    headers = {"authorization": f"Bearer {api_key}"}
+    before = edge.origin_requests()
+    answers = [httpx.post(edge.url + PATH, json=body, headers=headers, timeout=30) for _ in "ab"]
+    assert [(r.status_code, layer(r)) for r in answers] == [(200, "bypass"), (200, "bypass")]
+    assert edge.origin_requests() == before + 2
+    assert edge.provider.control.stats()["chat_requests"] == 2
+    assert json.loads(answers[0].content)["object"] == "response"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": MODEL, "input": 7}, "input"),
+        ({"model": MODEL, "input": [{"type": "computer_call"}]}, "input[0].type"),
+        ({"model": MODEL, "input": "x", "tools": [{"type": "function"}]}, "tools[0].name"),
+    ],
+)
+def test_bad_bodies_are_refused_at_the_pop(
+    edge: EdgeStack, api_key: str, body: dict[str, Any], param: str
+) -> None:
+    before = edge.origin_requests()
+    headers = {"authorization": f"Bearer {api_key}"}
+    response = httpx.post(edge.url + PATH, json=body, headers=headers, timeout=30)
+    assert response.status_code == 400 and layer(response) == "bypass"
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    assert edge.origin_requests() == before
+
+
+def test_a_stored_response_is_a_404_in_openai_format_at_the_pop(
+    edge: EdgeStack, api_key: str
+) -> None:
+    before = edge.origin_requests()
+    with pytest.raises(openai.NotFoundError) as missing:
+        sdk(edge, api_key).responses.retrieve("resp_123")
+    assert isinstance(missing.value.body, dict) and missing.value.body["type"] == "not_found_error"
+    with pytest.raises(openai.NotFoundError):
+        sdk(edge, api_key).responses.delete("resp_123")
+    assert edge.origin_requests() == before
