@@ -9,12 +9,14 @@ default (``origin.http.server``).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping
 
 import httpx
+import orjson
 
-from prism import AuthenticationError, NotFoundError
+from prism import AuthenticationError, NotFoundError, UpstreamUnavailableError
 from prism import headers as h
 from prism.routes import CHAT_PATH, EMBEDDINGS_PATH, MESSAGES_PATH, MODELS_PATH, RESPONSES_PATH
 
@@ -22,9 +24,9 @@ from .apis.chat import CHAT
 from .apis.embeddings import EMBEDDINGS
 from .apis.messages import MESSAGES
 from .apis.pipeline import ApiRoute
-from .apis.responses import RESPONSES
+from .apis.responses import RESPONSES, stored_owner_key
 from .auth import authenticate
-from .connection.redis_client import RedisClient
+from .connection.redis_client import RedisClient, RedisClientError
 from .dashboard import Dashboard, History, dashboard_off_routes
 from .gateway import Gateway
 from .governance.project_policies import ProjectPolicies
@@ -33,6 +35,7 @@ from .http.asgi import Route, Routes
 from .http.loop_watch import LoopWatch
 from .http.request import Request
 from .http.responses import Reply, json_reply
+from .providers.openai import OpenAICompatibleProvider
 from .providers.upstream_http import ConnectorFactory
 from .settings import Settings
 
@@ -114,8 +117,9 @@ def create_app(
         return Reply(200, {"content-type": "application/json", **_BYPASS}, body)
 
     async def stored_response(request: Request) -> Reply:
-        # GET/DELETE /v1/responses/{id} (and its input_items, cancel): Prism keeps no
-        # responses, so each is a 404 in OpenAI's format, once the caller is known.
+        # GET/DELETE /v1/responses/{id} (and what is under it): a response a provider of the
+        # Responses API was asked to keep (``store: true``) is that provider's to read or
+        # delete, for the project that asked only; Prism itself keeps none (a 404).
         caller = authenticate(
             request.headers,
             settings.key_ring,
@@ -127,12 +131,43 @@ def create_app(
         lookup = await gateway.cache.lookup(caller.key_id, None, caller.project)
         if lookup.revoked:
             raise AuthenticationError("This API key has been revoked.", code="key_revoked")
-        name = request.path.removeprefix(RESPONSES_PATH + "/").split("/", 1)[0]
-        raise NotFoundError(
-            f"No response with id '{name[:100]}': Prism stores no responses, so none can be "
-            "read, listed, cancelled or deleted; keep the response you were sent.",
-            code="response_not_found",
-        )
+        rest = request.path.removeprefix(RESPONSES_PATH + "/")
+        name = rest.split("/", 1)[0]
+        provider = await _stored_with(name, caller.project)
+        if provider is None:
+            raise NotFoundError(
+                f"No response with id '{name[:100]}' was kept for this project: Prism stores "
+                "no responses itself, and only those asked for with store: true reach the "
+                "provider that keeps them.",
+                code="response_not_found",
+            )
+        body = await provider.stored_response(request.method, rest)
+        if request.method == "DELETE" and rest == name:
+            gateway.spawn(_forget_stored(name))
+        return Reply(200, {"content-type": "application/json", **_BYPASS}, body)
+
+    async def _forget_stored(name: str) -> None:
+        with contextlib.suppress(RedisClientError):  # else it lapses on its own
+            await gateway.redis.execute("DEL", stored_owner_key(name))
+
+    async def _stored_with(name: str, project: str) -> OpenAICompatibleProvider | None:
+        """The provider keeping response ``name`` for ``project`` (None: none known)."""
+        if not name or len(name) > 200:
+            return None
+        try:
+            owner = await gateway.redis.execute("GET", stored_owner_key(name))
+        except RedisClientError:
+            raise UpstreamUnavailableError(
+                "Where that response is kept cannot be read now; try again shortly.",
+                code="redis_unavailable",
+            ) from None
+        if not isinstance(owner, bytes):
+            return None
+        kept_for, provider_name = orjson.loads(owner)
+        provider = gateway.providers.get(provider_name)
+        if kept_for != project or not isinstance(provider, OpenAICompatibleProvider):
+            return None  # another project's: as if unknown, so no id is confirmed to exist
+        return provider
 
     alive_body = json_reply({"status": "ok", "version": settings.release}).body
 

@@ -25,7 +25,7 @@ import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -126,6 +126,20 @@ class _Provider:
 
     async def responses(self, request: Request) -> Response:
         return await self._chat(request, "openai", responses=True)
+
+    async def stored_response(self, request: Request) -> Response:
+        """``GET`` or ``DELETE /v1/responses/{id}``: a response kept with ``store: true``."""
+        denied = self._denied(request, "openai")
+        if denied is not None:
+            return denied
+        ident = request.path_params["response_id"]
+        kept = self.state.stored.get(ident)
+        if kept is None:
+            return error_response("openai", 404, f"No response found with id '{ident}'.")
+        if request.method == "DELETE":
+            del self.state.stored[ident]
+            return JSONResponse({"id": ident, "object": "response.deleted", "deleted": True})
+        return JSONResponse(kept)
 
     async def azure_chat(self, request: Request) -> Response:
         return await self._chat(request, "azure")
@@ -353,6 +367,9 @@ class _Provider:
         settings = self.settings
         created = int(time.time())
         mode = fault.mode if fault is not None else None
+        if responses and body.get("store", True) is True:
+            kept = responses_object(reply, body, created)
+            self.state.stored[kept["id"]] = kept
         if not stream:
             if responses:
                 data = responses_object(reply, body, created)
@@ -506,6 +523,7 @@ def create_provider_app(settings: ProviderSettings | None = None) -> Starlette:
         Route("/v1/chat/completions", provider.chat_completions, methods=["POST"]),
         Route("/v1/messages", provider.messages, methods=["POST"]),
         Route("/v1/responses", provider.responses, methods=["POST"]),
+        Route("/v1/responses/{response_id}", provider.stored_response, methods=["GET", "DELETE"]),
         Route("/v1/embeddings", provider.embeddings, methods=["POST"]),
         Route("/v1/models", provider.models, methods=["GET"]),
         # Azure OpenAI: a resource's deployments, and its v1 form naming them in the body

@@ -239,6 +239,9 @@ class ProviderState:
     # Set to end every stall in progress before its ``seconds`` (``/_control/release``): a
     # test holds a call or a stream still for as long as it needs, not for a guessed time.
     release: asyncio.Event = field(default_factory=asyncio.Event)
+    # Responses the Responses API was asked to keep (``store: true``), by id, as OpenAI keeps
+    # them for ``GET``/``DELETE /v1/responses/{id}``.
+    stored: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def release_stalls(self) -> None:
         released, self.release = self.release, asyncio.Event()  # later stalls wait anew
@@ -258,6 +261,7 @@ class ProviderState:
         self.stats = ProviderStats()
         self.recent.clear()
         self.log.clear()
+        self.stored.clear()
 
 
 def json_response(

@@ -54,6 +54,7 @@ from ..governance.rate_limiter import TokenCharge
 from ..http.asgi import disconnected, read_body
 from ..http.request import Request
 from ..http.responses import RawHeaders, Reply
+from ..providers.base import UpstreamCompletion
 from ..routing.operation import Operation
 from ..routing.shared_call import Call, Storage
 from ..routing.subscription import ClientStream
@@ -94,6 +95,8 @@ class Api(Generic[R]):
     audit_path: bool = True  # name the path in audit records (chat's records never did)
     # Whether the request may be read from and written to the cache, and for how long.
     cache_decision: Callable[[R, str | None, CachePolicy], CacheDecision] = classify
+    # Told (gateway, project, request, answer, provider) when a miss's own call answered.
+    on_answer: Callable[[Gateway, str, R, UpstreamCompletion, str], None] | None = None
 
 
 class Asked(Generic[R]):
@@ -339,6 +342,9 @@ class ApiRoute(Generic[R]):
             request_id=asked.request.id,
             storage=storage,
             on_end=charge,
+            on_answer=None
+            if self.api.on_answer is None
+            else functools.partial(self.api.on_answer, gw, asked.caller.project, parsed),
         )
         # Join only requests that would accept a cached answer anyway; Redis being down
         # is no reason to call the provider once per identical request.

@@ -16,6 +16,7 @@ OpenAI's, as for chat. Budgets and token limits count the prompt's bound and
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +27,8 @@ from prism.responses_request import ResponsesRequest, classify_responses, parse_
 from prism.responses_sse import ResponseAssembler, error_event, event_frame, replay_response
 from prism.routes import RESPONSES_PATH
 
+from ..connection.redis_client import RedisClientError
+from ..gateway import Gateway
 from ..governance.token_bounds import responses_completion_bound, responses_prompt_bound
 from ..providers.base import ChatProvider, UpstreamCompletion, UpstreamStream
 from ..providers.openai import OpenAICompatibleProvider
@@ -34,7 +37,18 @@ from ..providers.responses_translate import to_chat_request, to_response
 from .event_streams import EventStreamBuilder, TranslatedStream
 from .pipeline import Api
 
-__all__ = ["RESPONSES", "ResponsesOperation"]
+__all__ = ["RESPONSES", "ResponsesOperation", "stored_owner_key"]
+
+log = logging.getLogger("prism.origin")
+
+# How long Prism remembers who asked a provider to keep a response: OpenAI keeps one 30 days.
+_OWNER_TTL = 30 * 86_400
+
+
+def stored_owner_key(response_id: str) -> str:
+    """Where the project and provider of a response kept with ``store: true`` are noted, so
+    ``GET``/``DELETE /v1/responses/{id}`` reach that provider for that project only."""
+    return f"prism:response:{response_id}"
 
 
 def _native(provider: ChatProvider) -> OpenAICompatibleProvider | None:
@@ -89,6 +103,28 @@ class ResponsesOperation:
         return error_event(error)
 
 
+def _note_owner(
+    gateway: Gateway,
+    project: str,
+    request: ResponsesRequest,
+    answer: UpstreamCompletion,
+    provider: str,
+) -> None:
+    """A response a provider of the Responses API was asked to keep: note whose it is."""
+    if request.body.get("store") is not True or _native(gateway.providers[provider]) is None:
+        return
+    ident = answer.completion.get("id")
+    if isinstance(ident, str) and 0 < len(ident) <= 200:
+        gateway.spawn(_keep_owner(gateway, ident, orjson.dumps([project, provider])))
+
+
+async def _keep_owner(gateway: Gateway, ident: str, owner: bytes) -> None:
+    try:
+        await gateway.redis.execute("SET", stored_owner_key(ident), owner, "EX", _OWNER_TTL)
+    except RedisClientError as error:  # its GET and DELETE will be a 404: said in the log
+        log.warning("the owner of stored response %s could not be noted: %s", ident, error)
+
+
 def _stream_hit(envelope: Envelope, request: ResponsesRequest) -> bytes:
     return replay_response(envelope.completion())
 
@@ -101,4 +137,5 @@ RESPONSES: Api[ResponsesRequest] = Api(
     responses_completion_bound,
     _stream_hit,
     cache_decision=classify_responses,
+    on_answer=_note_owner,
 )

@@ -7,6 +7,7 @@ translated to a chat completion (``origin.apis.responses``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -90,6 +91,13 @@ class OpenAICompatibleProvider:
             response.close()
 
         return UpstreamStream(events=self._http.chunks(response), close=close)
+
+    async def stored_response(
+        self, method: str, path: str, params: Mapping[str, str] | None = None
+    ) -> bytes:
+        """``GET``/``DELETE /responses/{id}`` (or a path under it): a response this provider
+        was asked to keep, as it sends it."""
+        return await self._http.get("/responses/" + path, self._list_headers, params, method)
 
     async def embed(self, body: dict[str, Any], model: str) -> UpstreamCompletion:
         """``POST /embeddings``: the provider's list of vectors, as it sent it."""

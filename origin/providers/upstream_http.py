@@ -113,14 +113,16 @@ class UpstreamHTTP:
         path: str,
         headers: Mapping[str, str],
         params: Mapping[str, str] | None = None,
+        method: str = "GET",
     ) -> bytes:
-        """GET within the provider's total timeout; the body of a 200, else its
-        PrismError (what is not a model call: the provider's model list)."""
+        """GET (or ``method``, without a body) within the provider's total timeout; the body
+        of a 200, else its PrismError (what is not a model call: the provider's model list,
+        a stored response)."""
         spec = self.spec
         try:
             async with asyncio.timeout(spec.total_timeout):
-                async with self._get_session().get(
-                    self._base + path, headers=headers, params=params
+                async with self._get_session().request(
+                    method, self._base + path, headers=headers, params=params
                 ) as response:
                     content = await response.read()
                     status, response_headers = response.status, response.headers

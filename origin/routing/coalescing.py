@@ -109,6 +109,11 @@ class FlightTable:
                 call.on_end(result, *flight.served_by)
             except Exception:
                 log.exception("accounting for request %s failed", call.request_id)
+        if call.on_answer is not None and result is not None:
+            try:
+                call.on_answer(result, flight.served_by[0])
+            except Exception:
+                log.exception("noting the answer to request %s failed", call.request_id)
         pending = None
         if result is not None and call.storage is not None:
             fingerprint, ttl, semantic = call.storage

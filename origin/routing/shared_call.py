@@ -88,6 +88,9 @@ class Call(NamedTuple):  # a tuple: made on every miss, and cheaper than a froze
     # request that started the flight pays for it (``origin/governance/billing.py``),
     # unless another process's call answered it (``joined``).
     on_end: CallEnd | None = None
+    # Told the answer and the provider that gave it, when this call's own provider answered
+    # (an API that keeps a note of it: a stored response's owner).
+    on_answer: Callable[[UpstreamCompletion, str], None] | None = None
 
 
 class Flight:

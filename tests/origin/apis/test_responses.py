@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from deploy.local.provider import ProviderServer
 from origin.providers.base import ProviderSpec
 from origin.providers.openai import OpenAICompatibleProvider
+from prism import KeyRing
 from tests.fixtures.origin import OriginFactory, RunningOrigin
 from tests.fixtures.provider import claude_and_local
 
@@ -427,6 +428,39 @@ def test_stateful_requests_pass_through_to_a_native_provider_uncached(
     assert [(r.status_code, layer(r)) for r in answers] == [(200, "bypass"), (200, "bypass")]
     assert provider.control.requests()[-1]["body"] == {**body, "stream": False}
     assert upstream_calls(provider) == 2
+
+
+def test_a_response_kept_with_store_is_read_and_deleted_through_its_provider_by_its_project(
+    native: RunningOrigin, api_key: str, key_ring: KeyRing, provider: ProviderServer
+) -> None:
+    """``store: true`` reaches a native provider, which keeps the response; Prism notes
+    whose it is, so GET and DELETE reach that provider for that project, and another
+    project's key gets the same 404 as for an id nobody kept."""
+
+    def kept_by_provider(ident: str) -> bool:
+        return httpx.get(f"{provider.url}/v1/responses/{ident}").status_code == 200
+
+    client = sdk(native, api_key)
+    kept = client.responses.create(model=OPENAI_MODEL, input=unique("keep me"), store=True)
+    native.wait_stored()
+    assert kept_by_provider(kept.id)
+    read = client.responses.retrieve(kept.id)
+    assert read.id == kept.id and read.output_text == kept.output_text
+    stranger = sdk(native, key_ring.mint("globex"))
+    for attempt in (stranger.responses.retrieve, stranger.responses.delete):
+        with pytest.raises(openai.NotFoundError) as refused:
+            attempt(kept.id)
+        assert isinstance(refused.value.body, dict)
+        assert refused.value.body["code"] == "response_not_found"
+    assert kept_by_provider(kept.id)  # the stranger's DELETE never reached it
+    client.responses.delete(kept.id)
+    assert not kept_by_provider(kept.id)
+    native.wait_stored()
+    with pytest.raises(openai.NotFoundError):  # deleted: the provider's own 404 now
+        client.responses.retrieve(kept.id)
+    unkept = client.responses.create(model=OPENAI_MODEL, input=unique("not kept"))
+    with pytest.raises(openai.NotFoundError):  # store not asked: the provider was told not to
+        client.responses.retrieve(unkept.id)
 
 
 def test_the_responses_api_option_must_be_a_boolean() -> None:
