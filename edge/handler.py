@@ -32,8 +32,9 @@ from .pipeline import CachedApiRoute
 from .platform import EdgeRequest, EdgeResponse, Platform
 from .policy_cache import PolicyCache
 from .revocation import RevocationSet
-from .routes import ROUTES, EdgeRoute, canonical_path
+from .routes import ROUTES, STORED_RESPONSES, EdgeRoute, canonical_path
 from .settings import EdgeSettings
+from .stored_responses import StoredResponsesRoute
 from .timings import Timings, elapsed_ms, origin_stages, survived
 
 __all__ = ["EdgeHandler"]
@@ -66,6 +67,7 @@ class EdgeHandler:
             for api in CACHED_APIS
         }
         routes[MODELS_PATH] = ModelsRoute(settings, self.policies, forwarder, stages)
+        routes[STORED_RESPONSES] = StoredResponsesRoute(forwarder)
         if routes.keys() != ROUTES.keys():
             raise RuntimeError(f"edge routes {sorted(routes)} are not the table's")
         self.routes = routes
@@ -104,7 +106,7 @@ class EdgeHandler:
         timings: Timings,
         request_id: str,
     ) -> EdgeResponse:
-        if request.method != route.method:
+        if request.method not in route.methods:
             raise MethodNotAllowedError(f"Method {request.method[:20]} is not allowed here.")
         started = platform.now()
         key = bearer_token(request.headers.get("authorization"))

@@ -84,7 +84,7 @@ class ModelsRoute:
     """``GET /v1/models`` for the handler: the published list, or the origin's answer."""
 
     __slots__ = ("_forwarder", "_kv_timeout", "_models", "_policies", "_stages", "error_body",
-                 "key_header", "method")  # fmt: skip
+                 "key_header", "methods")  # fmt: skip
 
     def __init__(
         self,
@@ -93,7 +93,7 @@ class ModelsRoute:
         forwarder: OriginForwarder,
         stages: DeadlineTimer,
     ) -> None:
-        self.method = ROUTES[MODELS_PATH]
+        self.methods = ROUTES[MODELS_PATH]
         self.key_header: str | None = None
         self.error_body: Callable[[PrismError], bytes] = error_json
         self._models = ModelList(settings.models_ttl)
@@ -115,7 +115,7 @@ class ModelsRoute:
             if listed is not None:
                 return listed
         return await self._forwarder.forward(
-            self.method, MODELS_PATH, request, platform, identity, "", None, timings
+            "GET", MODELS_PATH, request, platform, identity, "", None, timings
         )
 
     async def _published(

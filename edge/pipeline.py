@@ -69,7 +69,7 @@ class CachedApiRoute(Generic[R]):
         "_stream_hit",
         "error_body",
         "key_header",
-        "method",
+        "methods",
     )
 
     def __init__(
@@ -80,7 +80,7 @@ class CachedApiRoute(Generic[R]):
         forwarder: OriginForwarder,
         stages: DeadlineTimer,
     ) -> None:
-        self.method = ROUTES[api.path]
+        self.methods = ROUTES[api.path]
         self.key_header = api.key_header
         self.error_body = api.error_body
         self._path = api.path

@@ -21,22 +21,38 @@ from prism.routes import CHAT_PATH, EMBEDDINGS_PATH, MESSAGES_PATH, MODELS_PATH,
 from .platform import EdgeRequest, EdgeResponse, Platform
 from .timings import Timings
 
-__all__ = ["ROUTES", "EdgeRoute", "canonical_path"]
+__all__ = [
+    "ROUTES",
+    "STORED_RESPONSES",
+    "EdgeRoute",
+    "canonical_path",
+    "normal_path",
+    "stored_response_methods",
+    "stored_response_path",
+]
 
-# path -> the one method it takes
-ROUTES: dict[str, str] = {
-    CHAT_PATH: "POST",
-    EMBEDDINGS_PATH: "POST",
-    MESSAGES_PATH: "POST",
-    MODELS_PATH: "GET",
-    RESPONSES_PATH: "POST",
+# A response a provider keeps (``store: true``): ``/v1/responses/{id}`` (GET, DELETE) and
+# its ``input_items`` (GET) and ``cancel`` (POST), all one route, passed to the origin.
+STORED_RESPONSES = RESPONSES_PATH + "/"
+_STORED = {"": frozenset({"GET", "DELETE"}), "input_items": frozenset({"GET"}),
+           "cancel": frozenset({"POST"})}  # fmt: skip
+_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+
+# path -> the methods it takes
+ROUTES: dict[str, frozenset[str]] = {
+    CHAT_PATH: frozenset({"POST"}),
+    EMBEDDINGS_PATH: frozenset({"POST"}),
+    MESSAGES_PATH: frozenset({"POST"}),
+    MODELS_PATH: frozenset({"GET"}),
+    RESPONSES_PATH: frozenset({"POST"}),
+    STORED_RESPONSES: frozenset({"GET", "DELETE", "POST"}),
 }
 
 
 class EdgeRoute(Protocol):
     """What the handler needs of a route, once the key is verified and not revoked."""
 
-    method: str  # the one method it takes (``ROUTES``)
+    methods: frozenset[str]  # the methods it takes (``ROUTES``)
     key_header: str | None  # a header that may carry the key instead of a bearer token
     error_body: Callable[[PrismError], bytes]  # how its errors look
 
@@ -52,8 +68,31 @@ class EdgeRoute(Protocol):
 
 def canonical_path(path: str) -> str | None:
     """The known route ``path`` names, or None."""
-    if path in ROUTES:  # how every well-behaved client spells it: one dict lookup
+    if path in ROUTES and path != STORED_RESPONSES:  # how clients spell it: one lookup
         return path
+    candidate = normal_path(path)
+    if candidate in ROUTES and candidate != STORED_RESPONSES:
+        return candidate
+    return STORED_RESPONSES if stored_response_path(candidate) is not None else None
+
+
+def stored_response_path(path: str) -> str | None:
+    """``path`` (already normal) when it names a stored response or a part of one, else None."""
+    if not path.startswith(STORED_RESPONSES):
+        return None
+    ident, _, part = path[len(STORED_RESPONSES) :].partition("/")
+    if not (0 < len(ident) <= 200 and _ID_CHARS.issuperset(ident)) or part not in _STORED:
+        return None
+    return path
+
+
+def stored_response_methods(path: str) -> frozenset[str]:
+    """The methods a stored response's ``path`` (``stored_response_path``'s) takes."""
+    return _STORED[path[len(STORED_RESPONSES) :].partition("/")[2]]
+
+
+def normal_path(path: str) -> str:
+    """Percent-decoded once, duplicate slashes and dot segments resolved."""
     segments: list[str] = []
     for segment in unquote(path).split("/"):
         if segment == "..":
@@ -61,5 +100,4 @@ def canonical_path(path: str) -> str | None:
                 segments.pop()
         elif segment and segment != ".":
             segments.append(segment)
-    candidate = "/" + "/".join(segments)
-    return candidate if candidate in ROUTES else None
+    return "/" + "/".join(segments)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -13,7 +14,11 @@ import httpx2
 import openai
 import pytest
 
-from tests.fixtures.edge import EdgeStack
+from deploy.local.provider import ProviderServer
+from deploy.local.redis import RedisServer
+from prism import KeyRing
+from tests.fixtures.edge import EdgeStack, edge_with_providers
+from tests.fixtures.workers import WorkersRuntimeFactory
 from tests.polling import wait_for
 
 PATH = "/v1/responses"
@@ -99,13 +104,62 @@ def test_bad_bodies_are_refused_at_the_pop(
     assert edge.origin_requests() == before
 
 
-def test_a_stored_response_is_a_404_in_openai_format_at_the_pop(
+def test_an_unknown_stored_response_is_the_origins_404_in_openai_format(
     edge: EdgeStack, api_key: str
 ) -> None:
-    before = edge.origin_requests()
+    """Passed on (only the origin knows what is kept): its 404, not the edge's own."""
     with pytest.raises(openai.NotFoundError) as missing:
         sdk(edge, api_key).responses.retrieve("resp_123")
     assert isinstance(missing.value.body, dict) and missing.value.body["type"] == "not_found_error"
-    with pytest.raises(openai.NotFoundError):
+    assert missing.value.body["code"] == "response_not_found"
+    with pytest.raises(openai.NotFoundError) as deleted:
         sdk(edge, api_key).responses.delete("resp_123")
-    assert edge.origin_requests() == before
+    assert isinstance(deleted.value.body, dict)
+    assert deleted.value.body["code"] == "response_not_found"
+    headers = {"authorization": f"Bearer {api_key}"}
+    bad = httpx.get(edge.url + PATH + "/resp 1", headers=headers)  # no such route at the PoP
+    assert bad.status_code == 404 and "Unknown route" in bad.json()["error"]["message"]
+    assert httpx.post(edge.url + PATH + "/resp_1", headers=headers).status_code == 405
+
+
+@pytest.fixture(scope="module")
+def native_edge(
+    tmp_path_factory: pytest.TempPathFactory,
+    workers_runtime_factory: WorkersRuntimeFactory,
+    edge_redis: RedisServer,
+    provider_server: ProviderServer,
+    key_ring: KeyRing,
+) -> Iterator[EdgeStack]:
+    """Its own edge and origin, whose provider serves the Responses API itself."""
+    folder = tmp_path_factory.mktemp("native-responses-edge")
+    config = folder / "providers.toml"
+    config.write_text(
+        f"""
+[providers.openai]
+base_url = "{provider_server.url}/v1"
+api_key = "provider-test-key"
+responses_api = true
+
+[models]
+"*" = ["openai"]
+"""
+    )
+    with edge_with_providers(
+        folder, workers_runtime_factory, edge_redis, provider_server, key_ring, config
+    ) as stack:
+        yield stack
+
+
+def test_a_kept_response_is_read_and_deleted_through_the_edge_by_its_project_only(
+    native_edge: EdgeStack, api_key: str, key_ring: KeyRing
+) -> None:
+    client = sdk(native_edge, api_key)
+    kept = client.responses.create(model=MODEL, input=f"keep {secrets.token_hex(4)}", store=True)
+    read = client.responses.retrieve(kept.id)
+    assert read.id == kept.id and read.output_text == kept.output_text
+    with pytest.raises(openai.NotFoundError):
+        sdk(native_edge, key_ring.mint("globex")).responses.delete(kept.id)
+    assert client.responses.retrieve(kept.id).id == kept.id  # still there
+    client.responses.delete(kept.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(kept.id)
