@@ -13,16 +13,24 @@ import httpx
 import httpx2
 import openai
 import pytest
+from openai.types.responses import FunctionToolParam, ResponseFunctionToolCall
 
 from deploy.local.provider import ProviderServer
 from deploy.local.redis import RedisServer
 from prism import KeyRing
 from tests.fixtures.edge import EdgeStack, edge_with_providers
+from tests.fixtures.provider import claude_and_local
 from tests.fixtures.workers import WorkersRuntimeFactory
 from tests.polling import wait_for
 
 PATH = "/v1/responses"
 MODEL = "gpt-4o-mini"
+WEATHER: FunctionToolParam = {
+    "type": "function",
+    "name": "get_weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    "strict": False,
+}
 
 
 def layer(response: httpx.Response | httpx2.Response) -> str:
@@ -163,3 +171,61 @@ def test_a_kept_response_is_read_and_deleted_through_the_edge_by_its_project_onl
     client.responses.delete(kept.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(kept.id)
+
+
+@pytest.fixture(scope="module")
+def claude_edge(
+    tmp_path_factory: pytest.TempPathFactory,
+    workers_runtime_factory: WorkersRuntimeFactory,
+    edge_redis: RedisServer,
+    provider_server: ProviderServer,
+    key_ring: KeyRing,
+) -> Iterator[EdgeStack]:
+    """Its own edge and origin, routing ``claude-*`` to the Anthropic stand-in."""
+    folder = tmp_path_factory.mktemp("claude-responses-edge")
+    config = claude_and_local(provider_server, folder)
+    with edge_with_providers(
+        folder, workers_runtime_factory, edge_redis, provider_server, key_ring, config
+    ) as stack:
+        yield stack
+
+
+def test_through_the_edge_to_anthropic_a_function_call_round_trip_then_kv_hits(
+    claude_edge: EdgeStack, api_key: str
+) -> None:
+    """The SDK's stream and create, translated to Anthropic's Messages and back: the tool
+    call streamed, then replayed at the PoP (as the event stream and as JSON), then its
+    output sent back and answered in text."""
+    client = sdk(claude_edge, api_key)
+    model = "claude-prism-test"
+    question = f"what does get_weather say for Rome? {secrets.token_hex(4)}"
+    with client.responses.stream(model=model, input=question, tools=[WEATHER]) as stream:
+        kinds = [event.type for event in stream]
+        streamed = stream.get_final_response()
+    assert "response.function_call_arguments.delta" in kinds
+    call = streamed.output[-1]
+    assert isinstance(call, ResponseFunctionToolCall) and call.name == "get_weather"
+
+    def from_kv() -> bool:
+        plain = client.responses.with_raw_response.create(
+            model=model, input=question, tools=[WEATHER]
+        )
+        return layer(plain.http_response) == "kv"
+
+    wait_for(from_kv)  # the origin's KV writer replicated the streamed answer
+    before = claude_edge.origin_requests()
+    with client.responses.stream(model=model, input=question, tools=[WEATHER]) as stream:
+        assert stream.get_final_response().output == streamed.output  # replayed at the PoP
+    assert claude_edge.origin_requests() == before
+    answer = client.responses.create(
+        model=model,
+        tools=[WEATHER],
+        input=[
+            {"role": "user", "content": question},
+            {"type": "function_call", "call_id": call.call_id, "name": call.name,
+             "arguments": call.arguments},
+            {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 21C"},
+        ],
+    )  # fmt: skip
+    assert answer.output[0].type == "message" and answer.output_text.startswith("Echo:")
+    assert claude_edge.provider.control.requests()[-1]["path"] == "/v1/messages"
