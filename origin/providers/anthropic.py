@@ -21,7 +21,7 @@ from prism import UpstreamError, UpstreamUnavailableError
 from prism.sse import DONE, SSEDecoder
 
 from .anthropic_answer import to_chat_completion
-from .anthropic_request import to_messages_request
+from .anthropic_request import structured_schema, to_messages_request
 from .anthropic_stream import StreamTranslator
 from .base import ListedModel, ProviderSpec, UpstreamCompletion, UpstreamStream
 from .translated_stream import finish_body, json_events, sse_chunk, truncated
@@ -57,13 +57,15 @@ class AnthropicProvider:
         message = parse_body(self.spec, await self._http.post(_PATH, payload, self._headers))
         if not isinstance(message.get("content"), list):
             raise malformed(self.spec, "an unexpected body")
-        completion = to_chat_completion(message, model)
+        completion = to_chat_completion(
+            message, model, structured=structured_schema(body) is not None
+        )
         return UpstreamCompletion(body=orjson.dumps(completion), completion=completion)
 
     async def stream(self, body: dict[str, Any], model: str) -> UpstreamStream:
         payload = orjson.dumps({**to_messages_request(body, model), "stream": True})
         response = await self._http.open_stream(_PATH, payload, self._stream_headers)
-        events = self._events(response, model)
+        events = self._events(response, model, structured_schema(body) is not None)
         # Anthropic reports overload and similar failures as an ``error`` event right
         # after the 200. Waiting for message_start turns those into errors raised here,
         # before the client is committed to a 200, so the router can still fail over.
@@ -123,9 +125,9 @@ class AnthropicProvider:
             )
 
     async def _events(
-        self, response: aiohttp.ClientResponse, model: str
+        self, response: aiohttp.ClientResponse, model: str, structured: bool
     ) -> AsyncGenerator[bytes, None]:
-        translator = StreamTranslator(model, provider=self.spec.name)
+        translator = StreamTranslator(model, provider=self.spec.name, structured=structured)
         body = self._http.chunks(response)
         events = json_events(self.spec, body)
         try:

@@ -15,7 +15,18 @@ from typing import Any
 
 import orjson
 
-__all__ = ["FINISH_REASONS", "chat_usage", "finish_reason", "to_chat_completion", "tool_call_of"]
+__all__ = [
+    "FINISH_REASONS",
+    "STRUCTURED_TOOL",
+    "chat_usage",
+    "finish_reason",
+    "to_chat_completion",
+    "tool_call_of",
+]
+
+# The tool a structured-output request (``response_format``) is answered through: Anthropic
+# is made to call it (``anthropic_request``), and its input is the answer's JSON text.
+STRUCTURED_TOOL = "prism_structured_output"
 
 # Anthropic stop_reason -> OpenAI finish_reason (``messages_translate`` reads it in reverse)
 FINISH_REASONS = {
@@ -70,15 +81,20 @@ def tool_call_of(block: dict[str, Any]) -> dict[str, Any]:
 
 
 def to_chat_completion(
-    message: dict[str, Any], model: str, *, created: int | None = None
+    message: dict[str, Any], model: str, *, created: int | None = None, structured: bool = False
 ) -> dict[str, Any]:
-    """The OpenAI ``chat.completion`` for an Anthropic ``message``, reported as ``model``."""
+    """The OpenAI ``chat.completion`` for an Anthropic ``message``, reported as ``model``;
+    ``structured``: the request asked for JSON, answered through ``STRUCTURED_TOOL``."""
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
+    stop = message.get("stop_reason")
     for block in message.get("content") or ():
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
+        elif kind == "tool_use" and structured and block.get("name") == STRUCTURED_TOOL:
+            texts.append(orjson.dumps(block.get("input") or {}).decode())
+            stop = "end_turn"  # the JSON is the answer, not a call to make
         elif kind == "tool_use":
             calls.append(tool_call_of(block))
         # thinking, redacted_thinking and server-tool blocks have no OpenAI form
@@ -95,7 +111,7 @@ def to_chat_completion(
             {
                 "index": 0,
                 "message": reply,
-                "finish_reason": finish_reason(message.get("stop_reason")),
+                "finish_reason": finish_reason(stop),
             }
         ],
         "usage": chat_usage(message.get("usage")),

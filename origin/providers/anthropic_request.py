@@ -13,9 +13,10 @@ from typing import Any
 
 from prism import InvalidRequestError
 
+from .anthropic_answer import STRUCTURED_TOOL
 from .chat_turns import TurnBlocks, alternating_turns, tool_call
 
-__all__ = ["DEFAULT_MAX_TOKENS", "TOOL_CHOICES", "to_messages_request"]
+__all__ = ["DEFAULT_MAX_TOKENS", "TOOL_CHOICES", "structured_schema", "to_messages_request"]
 
 # Anthropic requires max_tokens; OpenAI lets the model run to its own limit.
 DEFAULT_MAX_TOKENS = 4096
@@ -152,11 +153,27 @@ def _tool_choice(choice: Any, parallel: Any) -> dict[str, Any] | None:
     return converted
 
 
+def structured_schema(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The JSON schema a chat body's ``response_format`` asks its answer to fit (an object
+    for ``json_object``), when it can be asked of Anthropic: with no tools of the caller's,
+    as the one tool it must call. None: a plain answer."""
+    form = body.get("response_format")
+    kind = form.get("type") if isinstance(form, dict) else None
+    if kind not in ("json_schema", "json_object") or body.get("tools"):
+        return None
+    assert isinstance(form, dict)
+    spec = form.get("json_schema") if kind == "json_schema" else None
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    return schema if isinstance(schema, dict) else {"type": "object"}
+
+
 def to_messages_request(body: dict[str, Any], model: str) -> dict[str, Any]:
     """The Anthropic Messages body for an OpenAI chat body; ``stream`` is left to the caller.
 
-    Dropped (no equivalent): seed, penalties, logit_bias, logprobs, response_format,
-    service_tier, store, OpenAI ``metadata`` and the like.
+    A ``response_format`` asking for JSON becomes one tool Anthropic must call, whose input
+    is the answer (``structured_schema``; read back by the answer and stream translators).
+    Dropped (no equivalent): seed, penalties, logit_bias, logprobs, ``response_format``
+    beside the caller's own tools, service_tier, store, OpenAI ``metadata`` and the like.
     """
     n = body.get("n")
     if n is not None and n != 1:
@@ -186,6 +203,17 @@ def to_messages_request(body: dict[str, Any], model: str) -> dict[str, Any]:
         choice = _tool_choice(body.get("tool_choice"), body.get("parallel_tool_calls"))
         if choice is not None:
             request["tool_choice"] = choice
+    schema = structured_schema(body)
+    if schema is not None:
+        request["tools"] = [
+            {
+                "name": STRUCTURED_TOOL,
+                "description": "Give the whole answer as this tool's input: a JSON object "
+                "that fits its schema.",
+                "input_schema": schema,
+            }
+        ]
+        request["tool_choice"] = {"type": "tool", "name": STRUCTURED_TOOL}
     user = body.get("user")
     if isinstance(user, str) and user:
         request["metadata"] = {"user_id": user}

@@ -14,7 +14,7 @@ from typing import Any
 
 from prism import UpstreamError, UpstreamUnavailableError
 
-from .anthropic_answer import chat_usage, finish_reason
+from .anthropic_answer import STRUCTURED_TOOL, chat_usage, finish_reason
 
 __all__ = ["StreamTranslator"]
 
@@ -28,9 +28,17 @@ class StreamTranslator:
     """
 
     def __init__(
-        self, model: str, *, created: int | None = None, provider: str = "anthropic"
+        self,
+        model: str,
+        *,
+        created: int | None = None,
+        provider: str = "anthropic",
+        structured: bool = False,
     ) -> None:
         self._model = model
+        # The request asked for JSON: ``STRUCTURED_TOOL``'s input streams as the content.
+        self._structured = structured
+        self._json_block: int | None = None
         self._provider = provider  # named in error messages
         self._created = int(time.time()) if created is None else created
         self._id: str | None = None
@@ -114,6 +122,8 @@ class StreamTranslator:
             return []
         if kind == "message_stop":
             self._done = True
+            if self._json_block is not None and self._stop_reason == "tool_use":
+                self._stop_reason = "end_turn"  # the JSON is the answer, not a call to make
             usage_chunk = {**self._chunk({}), "choices": [], "usage": chat_usage(self._usage)}
             return [self._chunk({}, finish_reason(self._stop_reason)), usage_chunk]
         return []
@@ -137,6 +147,10 @@ class StreamTranslator:
             return [self._chunk({"content": text})] if isinstance(text, str) and text else []
         if kind == "tool_use":
             assert isinstance(block, dict)
+            if self._structured and block.get("name") == STRUCTURED_TOOL:
+                self._blocks[index] = None  # its input streams as text
+                self._json_block = index
+                return []
             position = self._blocks[index] = self._tool_count
             self._tool_count += 1
             call = {
@@ -159,6 +173,13 @@ class StreamTranslator:
         delta = delta if isinstance(delta, dict) else {}
         position = self._blocks[index]
         kind = delta.get("type")
+        if kind == "input_json_delta" and index == self._json_block:
+            fragment = delta.get("partial_json")
+            return (
+                [self._chunk({"content": fragment})]
+                if isinstance(fragment, str) and fragment
+                else []
+            )
         if kind == "text_delta" and position is None:
             text = delta.get("text")
             return [self._chunk({"content": text})] if isinstance(text, str) and text else []

@@ -14,6 +14,7 @@ import httpx2
 import openai
 import pytest
 from openai.types.responses import FunctionToolParam, ResponseFunctionToolCall
+from pydantic import BaseModel
 
 from deploy.local.provider import ProviderServer
 from deploy.local.redis import RedisServer
@@ -229,3 +230,28 @@ def test_through_the_edge_to_anthropic_a_function_call_round_trip_then_kv_hits(
     )  # fmt: skip
     assert answer.output[0].type == "message" and answer.output_text.startswith("Echo:")
     assert claude_edge.provider.control.requests()[-1]["path"] == "/v1/messages"
+
+
+class Weather(BaseModel):
+    city: str
+    celsius: int
+
+
+def test_json_schema_output_through_the_edge_parses_then_replays_from_kv(
+    claude_edge: EdgeStack, api_key: str
+) -> None:
+    client = sdk(claude_edge, api_key)
+    question = f"weather in Lima as JSON {secrets.token_hex(4)}"
+    for model in (MODEL, "claude-prism-test"):  # the OpenAI stand-in, then Anthropic's
+        first = client.responses.parse(model=model, input=question, text_format=Weather)
+        assert isinstance(first.output_parsed, Weather)
+
+        def from_kv(model: str = model) -> bool:
+            again = client.responses.with_raw_response.parse(
+                model=model, input=question, text_format=Weather
+            )
+            return layer(again.http_response) == "kv"
+
+        wait_for(from_kv)
+        with client.responses.stream(model=model, input=question, text_format=Weather) as s:
+            assert s.get_final_response().output_parsed == first.output_parsed

@@ -203,19 +203,23 @@ def test_a_function_call_round_trip_streamed_plain_and_replayed(
     assert answer.output[0].type == "message" and answer.output_text.startswith("Echo:")
 
 
+@pytest.mark.parametrize("model", MODELS)
 def test_json_schema_output_parses_into_its_model_and_hits_redis(
-    origin: RunningOrigin, api_key: str, provider: ProviderServer
+    origin: RunningOrigin, api_key: str, provider: ProviderServer, model: str
 ) -> None:
     client = sdk(origin, api_key)
     question = unique("weather in Paris as JSON")
-    first = client.responses.parse(model=OPENAI_MODEL, input=question, text_format=Weather)
+    first = client.responses.parse(model=model, input=question, text_format=Weather)
     assert isinstance(first.output_parsed, Weather)
     sent = provider.control.requests()[-1]["body"]
-    assert sent["response_format"]["type"] == "json_schema"
-    assert sent["response_format"]["json_schema"]["name"] == "Weather"
-    assert sent["response_format"]["json_schema"]["strict"] is True
+    if model == OPENAI_MODEL:
+        assert sent["response_format"]["type"] == "json_schema"
+        assert sent["response_format"]["json_schema"]["name"] == "Weather"
+        assert sent["response_format"]["json_schema"]["strict"] is True
+    else:  # Anthropic's: the schema is the one tool it must call
+        assert sent["tool_choice"] == {"type": "tool", "name": "prism_structured_output"}
     origin.wait_stored()
-    with client.responses.stream(model=OPENAI_MODEL, input=question, text_format=Weather) as s:
+    with client.responses.stream(model=model, input=question, text_format=Weather) as s:
         replayed = s.get_final_response()
     assert replayed.output_parsed == first.output_parsed
     assert upstream_calls(provider) == 1

@@ -854,3 +854,85 @@ async def test_models_reads_every_page_and_a_failure_is_its_prism_error(
     with pytest.raises(UpstreamError) as raised:
         await anthropic.models()
     assert raised.value.code == "upstream_malformed"
+
+
+WEATHER_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "celsius": {"type": "integer"}},
+    "required": ["city", "celsius"],
+}
+STRUCTURED_CHAT: dict[str, Any] = {
+    "messages": [{"role": "user", "content": "Weather in Lima as JSON"}],
+    "response_format": {
+        "type": "json_schema",
+        "json_schema": {"name": "Weather", "schema": WEATHER_SCHEMA, "strict": True},
+    },
+}
+
+
+def test_a_json_schema_response_format_becomes_the_one_tool_anthropic_must_call() -> None:
+    request = to_messages_request(STRUCTURED_CHAT, MODEL)
+    (tool,) = request["tools"]
+    assert tool["name"] == "prism_structured_output" and tool["input_schema"] == WEATHER_SCHEMA
+    assert request["tool_choice"] == {"type": "tool", "name": "prism_structured_output"}
+    any_json = {**STRUCTURED_CHAT, "response_format": {"type": "json_object"}}
+    assert to_messages_request(any_json, MODEL)["tools"][0]["input_schema"] == {"type": "object"}
+    # Beside the caller's own tools it cannot be asked: dropped, as before.
+    with_tools = {**STRUCTURED_CHAT, "tools": [TIME_TOOL]}
+    assert [t["name"] for t in to_messages_request(with_tools, MODEL)["tools"]] == ["get_time"]
+    assert "tools" not in to_messages_request({**STRUCTURED_CHAT, "response_format": None}, MODEL)
+
+
+def test_the_structured_tools_input_is_the_answers_json_text_streamed_or_not() -> None:
+    message = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "tool_use", "id": "toolu_1", "name": "prism_structured_output",
+                     "input": {"city": "Lima", "celsius": 19}}],
+        "stop_reason": "tool_use",
+        "usage": {"input_tokens": 5, "output_tokens": 9},
+    }  # fmt: skip
+    completion = to_chat_completion(message, MODEL, created=CREATED, structured=True)
+    choice = completion["choices"][0]
+    assert orjson.loads(choice["message"]["content"]) == {"city": "Lima", "celsius": 19}
+    assert "tool_calls" not in choice["message"] and choice["finish_reason"] == "stop"
+    # Not asked for JSON: the same block stays a tool call.
+    plain = to_chat_completion(message, MODEL, created=CREATED)
+    assert plain["choices"][0]["finish_reason"] == "tool_calls"
+    events: list[dict[str, Any]] = [
+        {"type": "message_start", "message": {**message, "content": [], "stop_reason": None}},
+        {"type": "content_block_start", "index": 0,
+         "content_block": {"type": "tool_use", "id": "toolu_1", "name": "prism_structured_output",
+                           "input": {}}},
+        _delta(0, type="input_json_delta", partial_json=""),
+        _delta(0, type="input_json_delta", partial_json='{"city": "Lima", '),
+        _delta(0, type="input_json_delta", partial_json='"celsius": 19}'),
+        {"type": "content_block_stop", "index": 0},
+        {"type": "message_delta", "delta": {"stop_reason": "tool_use"},
+         "usage": {"output_tokens": 9}},
+        {"type": "message_stop"},
+    ]  # fmt: skip
+    translator = StreamTranslator(MODEL, created=CREATED, structured=True)
+    assembler = StreamAssembler()
+    for event in events:
+        for chunk in translator.feed(event):
+            assembler.add(chunk)
+    assembler.finish()
+    streamed = assembler.completion()["choices"][0]
+    assert orjson.loads(streamed["message"]["content"]) == {"city": "Lima", "celsius": 19}
+    assert streamed["finish_reason"] == "stop" and not streamed["message"].get("tool_calls")
+
+
+async def test_a_structured_answer_from_the_stand_in_fits_its_schema_streamed_or_not(
+    anthropic: AnthropicProvider, provider: ProviderServer
+) -> None:
+    result = await anthropic.complete(STRUCTURED_CHAT, MODEL)
+    answer = orjson.loads(result.completion["choices"][0]["message"]["content"])
+    assert set(answer) == {"city", "celsius"} and isinstance(answer["celsius"], int)
+    sent = provider.control.requests()[-1]["body"]
+    assert sent["tool_choice"] == {"type": "tool", "name": "prism_structured_output"}
+    stream = await anthropic.stream(STRUCTURED_CHAT, MODEL)
+    raw, error = await _drain(stream.events)
+    assert error is None
+    assert _assemble(raw).completion()["choices"] == result.completion["choices"]
