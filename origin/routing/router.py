@@ -9,6 +9,9 @@ A stream counts as answered at its first body bytes (``origin.routing.first_byte
 path is bounded: at most ``max_attempts`` upstream calls, each within its provider's
 timeouts, and waits only for a short backoff or ``Retry-After``.
 
+A chat stream broken after that may be continued by another target (``resume_plan``,
+``resume``: ``origin.routing.resume``).
+
 The hot path with no faults calls one target in the caller's own task: a hedge is a
 timer until its delay passes (``origin.routing.route_request``), and health recording is O(1).
 """

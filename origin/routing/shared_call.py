@@ -8,6 +8,9 @@ With shared flights on (``origin.routing.flight_lease``), a flight first asks Re
 key's lease: holding it, it calls the provider and appends what arrives to its stream for
 other processes; finding another process's flight there, it follows that stream instead,
 recording the same events the same way, so its subscribers cannot tell the difference.
+
+A chat stream that breaks after part of it was relayed may be finished by another target
+(``origin.routing.resume``): its frames follow the first part's in the same flight.
 """
 
 from __future__ import annotations

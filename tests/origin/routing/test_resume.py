@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,8 @@ import openai
 import pytest
 
 from deploy.local.provider import ProviderServer
-from tests.fixtures.origin import OriginFactory, RunningOrigin
+from tests.fixtures.origin import AccessLines, OriginFactory, RunningOrigin
+from tests.polling import wait_for
 
 _questions = itertools.count()
 _RESUMPTIONS = "prism_provider_stream_resumptions_total"
@@ -55,21 +57,21 @@ targets = ["first:stand-model", "second:stand-model"]
 def start_origin(
     origin_factory: OriginFactory, tmp_path: Path, provider: ProviderServer
 ) -> Callable[..., RunningOrigin]:
-    def start(**parts: str) -> RunningOrigin:
+    def start(env: dict[str, str] | None = None, **parts: str) -> RunningOrigin:
         path = tmp_path / "providers.toml"
         path.write_text(providers_file(provider.url, **parts))
-        return origin_factory(PRISM_PROVIDERS_FILE=str(path))
+        return origin_factory(env, PRISM_PROVIDERS_FILE=str(path))
 
     return start
 
 
-def post(origin: RunningOrigin, api_key: str, data: dict[str, Any]) -> httpx.Response:
-    return httpx.post(
-        origin.url + "/v1/chat/completions",
-        json=data,
-        headers={"authorization": f"Bearer {api_key}"},
-        timeout=30,
-    )
+def post(
+    origin: RunningOrigin, api_key: str, data: dict[str, Any], request_id: str | None = None
+) -> httpx.Response:
+    headers = {"authorization": f"Bearer {api_key}"}
+    if request_id is not None:
+        headers["x-request-id"] = request_id
+    return httpx.post(origin.url + "/v1/chat/completions", json=data, headers=headers, timeout=30)
 
 
 def events(text: str) -> list[Any]:
@@ -357,3 +359,62 @@ def test_a_partial_answer_is_text_of_one_unfinished_choice() -> None:
     assert partial_answer([role, frame({}, finish="stop")], set()) is None
     assert partial_answer([role, frame({"content": "x"}, index=1)], set()) is None
     assert partial_answer([role, frame({"tool_calls": [{"index": 0}]})], set()) is None
+
+
+def test_the_continuing_provider_is_billed_for_the_continuation_s_usage(
+    start_origin: Callable[..., RunningOrigin],
+    provider: ProviderServer,
+    api_key: str,
+    access_lines: AccessLines,
+) -> None:
+    prices = '[providers.{0}.prices]\n"stand-model" = {{ input = {1}, output = {2} }}\n'
+    origin = start_origin(
+        {"PRISM_ACCESS_LOG": "on"},
+        first=prices.format("first", 100, 100),
+        second='kind = "anthropic"\n' + prices.format("second", 1, 2),
+    )
+    data = {
+        "model": "demo",
+        "messages": question(),
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    provider.control.set_fault("truncated_stream", after_chunks=3)
+    chunks = events(post(origin, api_key, data, "resumed-bill").text)[:-1]
+    usage = chunks[-1]["usage"]
+    line = access_lines.line("resumed-bill")
+    assert (line["provider"], line["upstream_model"]) == ("second", "stand-model")
+    assert (line["tokens_in"], line["tokens_out"]) == (
+        usage["prompt_tokens"],
+        usage["completion_tokens"],
+    )
+    expected = (usage["prompt_tokens"] * 1 + usage["completion_tokens"] * 2) / 1_000_000
+    assert line["cost_usd"] == pytest.approx(expected)
+
+
+def test_every_client_of_a_shared_call_gets_the_one_spliced_answer(
+    start_origin: Callable[..., RunningOrigin], provider: ProviderServer, api_key: str
+) -> None:
+    origin = start_origin(first="first_byte_timeout = 2")
+    messages = question()
+    data = {"model": "demo", "messages": messages, "stream": True}
+    provider.control.set_fault("stall_mid_stream", after_chunks=3, seconds=30)
+    answers: list[httpx.Response] = []
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(post, origin, api_key, data)
+            # Stalled mid-answer: the second identical request joins the same call.
+            wait_for(lambda: provider.control.stats()["open_streams"] == 1)
+            wait_for(lambda: len(origin.gateway.flights) == 1)
+            answers.append(post(origin, api_key, data))
+            answers.append(first.result(timeout=30))
+    finally:
+        provider.control.release()
+    assert origin.metric("prism_origin_coalesced_requests_total") == 1
+    texts = set()
+    for answer in answers:
+        *chunks, done = events(answer.text)
+        assert done == "[DONE]"
+        texts.add(content(chunks))
+    assert texts == {whole(origin, api_key, messages)}
+    assert resumed(origin, "resumed") == 1
