@@ -418,3 +418,20 @@ def test_every_client_of_a_shared_call_gets_the_one_spliced_answer(
         texts.add(content(chunks))
     assert texts == {whole(origin, api_key, messages)}
     assert resumed(origin, "resumed") == 1
+
+
+def test_a_continuation_that_breaks_too_ends_in_its_own_error(
+    start_origin: Callable[..., RunningOrigin], provider: ProviderServer, api_key: str
+) -> None:
+    origin = start_origin()
+    messages = question()
+    provider.control.set_fault("truncated_stream", after_chunks=3)
+    provider.control.set_fault("truncated_stream", after_chunks=5)  # two words of the rest
+    response = post(origin, api_key, {"model": "demo", "messages": messages, "stream": True})
+    *chunks, last = events(response.text)
+    assert "[DONE]" not in chunks
+    assert last["error"]["code"] == "upstream_truncated"
+    assert "'second'" in last["error"]["message"]
+    assert whole(origin, api_key, messages).startswith(content(chunks))
+    assert len(content(chunks)) > len(content(chunks[:3]))  # part of the rest reached it
+    assert resumed(origin, "failed") == 1
