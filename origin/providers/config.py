@@ -16,6 +16,11 @@ kind = "anthropic"
 base_url = "https://api.anthropic.com"
 api_key_env = "ANTHROPIC_API_KEY"
 
+[providers.vllm]
+kind = "openai"
+base_url = "http://vllm.internal:8000/v1"
+continuation = "continue_final_message"  # or "prefix": how it continues a partial answer
+
 [models]                             # public name -> ordered targets ("provider[:upstream model]")
 "fast" = ["groq:llama-3.1-8b-instant", "openai:gpt-4o-mini"]
 "claude-*" = ["anthropic"]           # glob: the requested name passes through
@@ -28,11 +33,6 @@ hedge_delay = 1.5                    # fixed hedge delay for this route (else pe
 max_attempts = 3                     # upstream calls per request, retries and hedges included
 resume = true                        # a stream broken mid-answer is continued by the next target
 resume_store = false                 # cache such a spliced answer too
-
-[providers.vllm]
-kind = "openai"
-base_url = "http://vllm.internal:8000/v1"
-continuation = "continue_final_message"  # or "prefix": how it continues a partial answer
 
 [providers.groq.prices]              # USD per million tokens, over origin/providers/prices.toml
 "llama-3.1-8b-instant" = { input = 0.05, output = 0.08 }
