@@ -151,6 +151,13 @@ class Metrics:
             ("provider",),
             registry=registry,
         )
+        self.provider_stream_resumptions = Counter(
+            "prism_provider_stream_resumptions",
+            "Broken chat streams another target was asked to continue, by the provider whose"
+            " stream broke and outcome (resumed, failed, unavailable: no target could).",
+            ("provider", "outcome"),
+            registry=registry,
+        )
         self.provider_state = Gauge(
             "prism_provider_state",
             "Provider health gate: 0 healthy, 1 probing, 2 demoted.",

@@ -19,7 +19,7 @@ import contextlib
 import hmac
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from starlette.applications import Starlette
@@ -65,6 +65,7 @@ from deploy.local.provider_openai import openai_completion, openai_embeddings, o
 from deploy.local.provider_replies import (
     ScriptedReply,
     anthropic_reply,
+    continued_reply,
     openai_reply,
     responses_reply,
 )
@@ -327,7 +328,11 @@ class _Provider:
             if responses:
                 reply = responses_reply(settings, body)
             else:
-                reply = (anthropic_reply if api == "anthropic" else openai_reply)(settings, body)
+                kind: Literal["openai", "anthropic"] = (
+                    "anthropic" if api == "anthropic" else "openai"
+                )
+                read = anthropic_reply if api == "anthropic" else openai_reply
+                reply = continued_reply(settings, kind, body, read)
             fault = header_fault(request.headers) or state.faults.take()
         except ValueError as exc:
             return error_response(api, 400, str(exc))

@@ -6,21 +6,33 @@ makes it depend on the whole body, a tool call when the request asks for one (an
 fitting the schema when an OpenAI request asks for JSON-schema output), and the token
 counts. Apart from the wire formats (``provider_openai``, ``provider_anthropic``,
 ``provider_responses``, ``provider_sse``) because the one reply is put in each of them:
-the same body always gets the same content, streamed or not.
+the same body always gets the same content, streamed or not. A request that asks to continue
+a partial answer (``continued_reply``: Anthropic's prefill, an OpenAI request's
+``continue_final_message`` or ``prefix``) whose text begins the answer the messages before it
+would get is answered with the rest of that answer alone, as a real provider continues.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
 from deploy.local.provider_settings import ProviderSettings
 
-__all__ = ["ScriptedReply", "anthropic_reply", "openai_reply", "require", "responses_reply"]
+__all__ = [
+    "ScriptedReply",
+    "anthropic_reply",
+    "continued_reply",
+    "openai_reply",
+    "require",
+    "responses_reply",
+]
 
 _TRANSPORT_KEYS = frozenset({"stream", "stream_options", "user", "metadata"})
 _FILLER = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
@@ -234,3 +246,62 @@ def anthropic_reply(settings: ProviderSettings, body: dict[str, Any]) -> Scripte
         # A tool_result turn has no text blocks, so the conversation can end with text.
         tool = _mentioned(tools, last_user)
     return _build_reply(settings, body, texts, last_user, tool, 1)
+
+
+# The keys an OpenAI-compatible request continues its last message with (vLLM's).
+_CONTINUE_KEYS = frozenset({"continue_final_message", "add_generation_prompt"})
+
+
+def _to_continue(
+    api: Literal["openai", "anthropic"], body: dict[str, Any]
+) -> tuple[dict[str, Any], str] | None:
+    """The request before its partial answer, and that answer, when ``body`` asks to
+    continue one: a last assistant message that is Anthropic's prefill, or that an OpenAI
+    request marks (``continue_final_message``, or the message's own ``prefix: true``)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or len(messages) < 2 or not isinstance(messages[-1], dict):
+        return None
+    last = messages[-1]
+    if last.get("role") != "assistant":
+        return None
+    if (
+        api == "openai"
+        and body.get("continue_final_message") is not True
+        and not last.get("prefix")
+    ):
+        return None
+    text = _text_of(last.get("content"))
+    if api == "anthropic":
+        # As Anthropic's API does: the prefill must not end in white space.
+        require(
+            text == text.rstrip(),
+            "messages: final assistant content cannot end with trailing whitespace",
+        )
+    before = {k: v for k, v in body.items() if k not in _CONTINUE_KEYS}
+    return {**before, "messages": messages[:-1]}, text
+
+
+def continued_reply(
+    settings: ProviderSettings,
+    api: Literal["openai", "anthropic"],
+    body: dict[str, Any],
+    reply: Callable[[ProviderSettings, dict[str, Any]], ScriptedReply],
+) -> ScriptedReply:
+    """``reply`` to ``body``; when it asks to continue a partial answer that begins the
+    answer the messages before it would get, only the rest of that answer (so a gateway's
+    spliced answer is exactly the whole one)."""
+    asked = _to_continue(api, body)
+    if asked is None:
+        return reply(settings, body)
+    before, partial = asked
+    whole = reply(settings, before)
+    text = whole.texts[0]
+    if whole.tool_call is not None or len(whole.texts) != 1 or not text.startswith(partial):
+        return reply(settings, body)
+    rest = text[len(partial) :]
+    return dataclasses.replace(
+        whole,
+        texts=(rest,),
+        prompt_tokens=whole.prompt_tokens + len(partial.split()),
+        completion_tokens=max(1, len(rest.split())),
+    )

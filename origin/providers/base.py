@@ -45,6 +45,10 @@ class ProviderSpec:
     hedge: bool = True  # start the next target when this one is slow to its first byte
     hedge_delay: float | None = None  # fixed hedge delay; None: adapt to recent first-byte times
     hedge_percentile: float = 95.0  # which recent first-byte time the adaptive delay follows
+    # How an OpenAI-compatible provider continues a partial answer put last as an assistant
+    # message (``origin.routing.resume``): "continue_final_message" (vLLM) or "prefix"
+    # (DeepSeek, Mistral); None: it cannot. Anthropic's kind always can (native prefill).
+    continuation: str | None = None
     # The kind's own settings (the provider table's other keys, e.g. Azure's api_version):
     # read and checked by its adapter, which is built when the configuration loads.
     options: Mapping[str, Any] = field(default_factory=dict)

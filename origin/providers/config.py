@@ -16,6 +16,11 @@ kind = "anthropic"
 base_url = "https://api.anthropic.com"
 api_key_env = "ANTHROPIC_API_KEY"
 
+[providers.vllm]
+kind = "openai"
+base_url = "http://vllm.internal:8000/v1"
+continuation = "continue_final_message"  # or "prefix": how it continues a partial answer
+
 [models]                             # public name -> ordered targets ("provider[:upstream model]")
 "fast" = ["groq:llama-3.1-8b-instant", "openai:gpt-4o-mini"]
 "claude-*" = ["anthropic"]           # glob: the requested name passes through
@@ -26,6 +31,8 @@ targets = ["openai:gpt-4o-mini", "groq:llama-3.1-8b-instant"]
 context_fallback = "openai:gpt-4.1-mini"  # tried once on context_length_exceeded
 hedge_delay = 1.5                    # fixed hedge delay for this route (else per provider)
 max_attempts = 3                     # upstream calls per request, retries and hedges included
+resume = true                        # a stream broken mid-answer is continued by the next target
+resume_store = false                 # cache such a spliced answer too
 
 [providers.groq.prices]              # USD per million tokens, over origin/providers/prices.toml
 "llama-3.1-8b-instant" = { input = 0.05, output = 0.08 }
@@ -34,7 +41,8 @@ max_attempts = 3                     # upstream calls per request, retries and h
 
 Per provider, the routing policy: ``retries`` (1), ``retry_backoff`` (0.1 s),
 ``max_retry_after`` (5 s), ``first_token_timeout`` (= ``first_byte_timeout``),
-``hedge`` (true), ``hedge_delay`` (adaptive) and ``hedge_percentile`` (95).
+``hedge`` (true), ``hedge_delay`` (adaptive), ``hedge_percentile`` (95) and, for an
+OpenAI-compatible kind, ``continuation`` (none; see ``origin.routing.resume``).
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ from .pricing import Price, PriceTable, default_prices, parse_prices
 from .registry import ADAPTERS
 
 __all__ = [
+    "CONTINUATIONS",
     "DEFAULT_MAX_ATTEMPTS",
     "ModelRoute",
     "ModelTarget",
@@ -77,6 +86,8 @@ class ModelRoute:
     hedge: bool = True
     hedge_delay: float | None = None  # overrides the providers' own
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    resume: bool = True  # a stream broken mid-answer is continued by another target
+    resume_store: bool = False  # such a spliced answer may be cached
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,8 +156,12 @@ _COMMON_KEYS = frozenset(
         "hedge",
         "hedge_delay",
         "hedge_percentile",
+        "continuation",
     }
 )
+
+# How an OpenAI-compatible provider may be asked to continue a partial answer.
+CONTINUATIONS = ("continue_final_message", "prefix")
 
 
 # Where a kind's API is when the providers file names no base_url ({key}: the table's key).
@@ -186,8 +201,22 @@ def _spec(name: str, table: Mapping[str, Any], env: Mapping[str, str]) -> Provid
         hedge=_flag(name, table, "hedge"),
         hedge_delay=_optional_seconds(name, table, "hedge_delay"),
         hedge_percentile=_percentile(name, table),
+        continuation=_continuation(name, kind, table),
         options={key: value for key, value in table.items() if key not in _COMMON_KEYS},
     )
+
+
+def _continuation(name: str, kind: str, table: Mapping[str, Any]) -> str | None:
+    value = table.get("continuation")
+    if value is None:
+        return None
+    if kind != "openai":
+        raise ValueError(f"provider '{name}': continuation is for kind = \"openai\" providers")
+    if value not in CONTINUATIONS:
+        raise ValueError(
+            f"provider '{name}': continuation must be one of {', '.join(CONTINUATIONS)}"
+        )
+    return str(value)
 
 
 def _seconds(where: str, table: Mapping[str, Any], key: str, default: float) -> float:
@@ -197,8 +226,8 @@ def _seconds(where: str, table: Mapping[str, Any], key: str, default: float) -> 
     return float(value)
 
 
-def _flag(where: str, table: Mapping[str, Any], key: str) -> bool:
-    value = table.get(key, True)
+def _flag(where: str, table: Mapping[str, Any], key: str, default: bool = True) -> bool:
+    value = table.get(key, default)
     if not isinstance(value, bool):
         raise ValueError(f"'{where}': {key} must be true or false")
     return value
@@ -244,6 +273,8 @@ def _route(model: str, entries: Any, providers: Mapping[str, ProviderSpec]) -> M
             "hedge",
             "hedge_delay",
             "max_attempts",
+            "resume",
+            "resume_store",
         }
         if unknown:
             raise ValueError(f"model '{model}': unknown keys {', '.join(sorted(unknown))}")
@@ -262,6 +293,8 @@ def _route(model: str, entries: Any, providers: Mapping[str, ProviderSpec]) -> M
         hedge=_flag(model, options, "hedge"),
         hedge_delay=_optional_seconds(model, options, "hedge_delay"),
         max_attempts=max_attempts,
+        resume=_flag(model, options, "resume"),
+        resume_store=_flag(model, options, "resume_store", default=False),
     )
 
 

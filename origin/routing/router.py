@@ -9,6 +9,9 @@ A stream counts as answered at its first body bytes (``origin.routing.first_byte
 path is bounded: at most ``max_attempts`` upstream calls, each within its provider's
 timeouts, and waits only for a short backoff or ``Retry-After``.
 
+A chat stream broken after that may be continued by another target (``resume_plan``,
+``resume``: ``origin.routing.resume``).
+
 The hot path with no faults calls one target in the caller's own task: a hedge is a
 timer until its delay passes (``origin.routing.route_request``), and health recording is O(1).
 """
@@ -16,6 +19,7 @@ timer until its delay passes (``origin.routing.route_request``), and health reco
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import time
@@ -31,6 +35,7 @@ from ..providers.upstream_http import redact
 from .first_byte import StartedEvents, first_token_timeout, open_started
 from .health import Health, HealthPolicy, ProviderHealth, State
 from .operation import Operation
+from .resume import can_continue
 from .retry import CLIENT_ERROR, outcome_of
 from .route_request import RouteRequest
 from .targets import Plan, Routed, Target
@@ -109,6 +114,40 @@ class Router:
         assert isinstance(events, StartedEvents)
         events.finish()
 
+    # -- resuming a broken stream (``origin.routing.resume``) -------------------------
+
+    def resume_plan(self, model: str, broken: Routed[UpstreamStream], text: str) -> Plan | None:
+        """The route's other healthy targets that can carry on from ``text`` (any of them
+        when there is no text yet), in route order; None when the route does not resume."""
+        plan = self._plan(model)
+        if not plan.resume:
+            return None
+        targets: list[Target] = []
+        for target in plan.targets:
+            if (target.name, target.model) == (broken.provider, broken.model):
+                continue
+            if target in targets or not (target.health.healthy and target.provider_health.healthy):
+                continue
+            if text and not can_continue(target.spec):
+                continue
+            targets.append(target)
+        return dataclasses.replace(
+            plan,
+            targets=tuple(targets),
+            first_tries=tuple((target, 0.0) for target in targets),
+            context_fallback=None,
+        )
+
+    async def resume(
+        self, plan: Plan, body: dict[str, Any], op: Operation
+    ) -> Routed[UpstreamStream]:
+        """A continuation's stream, from the first of ``plan``'s targets that starts one,
+        through the usual attempts (first-byte limits, retries, health)."""
+        return cast("Routed[UpstreamStream]", await RouteRequest(self, plan, body, True, op).run())
+
+    def count_resumption(self, provider: str, outcome: str) -> None:
+        self._metrics.provider_stream_resumptions.labels(provider, outcome).inc()
+
     def redact(self, routed: Routed[Any], message: str) -> str:
         """A message from ``routed``'s provider, safe to show the client."""
         return redact(self._providers[routed.provider].spec, message)
@@ -162,6 +201,8 @@ class Router:
             hedge=route.hedge,
             hedge_delay=route.hedge_delay,
             max_attempts=route.max_attempts,
+            resume=route.resume,
+            resume_store=route.resume_store,
         )
         if len(self._plans) >= _PLANS:
             self._plans.clear()

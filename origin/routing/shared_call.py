@@ -8,6 +8,9 @@ With shared flights on (``origin.routing.flight_lease``), a flight first asks Re
 key's lease: holding it, it calls the provider and appends what arrives to its stream for
 other processes; finding another process's flight there, it follows that stream instead,
 recording the same events the same way, so its subscribers cannot tell the difference.
+
+A chat stream that breaks after part of it was relayed may be finished by another target
+(``origin.routing.resume``): its frames follow the first part's in the same flight.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any, NamedTuple, NoReturn, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import orjson
 
@@ -27,6 +30,7 @@ from ..connection.redis_client import RedisClientError
 from ..providers.base import UpstreamCompletion, UpstreamStream
 from .flight_lease import FlightLeases, Lease
 from .operation import Operation, StreamBuilder
+from .resume import Asked, Relay, Resumer, resume
 from .router import Routed
 
 __all__ = ["Call", "CallEnd", "Flight", "FlightRouter", "Storage"]
@@ -338,8 +342,14 @@ class Flight:
         builder = call.op.builder(
             routed.provider, call.body, functools.partial(self._router.redact, routed)
         )
+        raised = False  # the failure came from the events iterator, which reported it
         try:
-            failure = await self._relay(upstream, builder)
+            try:
+                failure = await self._relay(upstream, builder)
+            except PrismError as error:
+                if not self.frames or not isinstance(self._router, Resumer):
+                    raise
+                failure, raised = error, True
             result = builder.result() if failure is None else None
             if result is not None:
                 self._end(result=result)
@@ -355,17 +365,41 @@ class Flight:
         finally:
             with contextlib.suppress(Exception):
                 await upstream.aclose()
-        self._broken(routed, failure)
+        await self._broken(routed, failure, builder, raised)
 
-    def _broken(self, routed: Routed[Any], failure: PrismError | None) -> NoReturn:
-        """A stream that did not end whole: counted against its provider, then raised.
-        (Failures raised by the events iterator are the router's to count; these are ours.)"""
+    async def _broken(
+        self, routed: Routed[Any], failure: PrismError | None, builder: StreamBuilder, raised: bool
+    ) -> None:
+        """A stream that did not end whole: counted against its provider, then continued
+        by another target (``origin.routing.resume``) or raised. (Failures raised by the
+        events iterator are the router's to count; the others are ours.)"""
         if failure is None:
             failure = UpstreamError(
                 f"Provider '{routed.provider}' ended the stream before the answer was complete.",
                 code="upstream_truncated",
             )
-        self._router.stream_failed(routed, failure)
+        if not raised:
+            self._router.stream_failed(routed, failure)
+        router, call = self._router, self.call
+        if self.frames and isinstance(router, Resumer):
+            resumed = await resume(
+                router,
+                Relay(self.frames, self.usage_frames, self._notify),
+                Asked(call.body, call.model, call.op, call.request_id),
+                routed,
+                failure,
+                builder,
+            )
+            if resumed is not None:
+                # Billed to the provider that finished it (the broken part's usage is
+                # unknown); x-prism-provider, long sent, still names the first.
+                self.served_by = (resumed.routed.provider, resumed.routed.model)
+                # Stored (``resume_store``) as the first part's answer would have been: a
+                # repair of its stream, not a failover.
+                if not resumed.store:
+                    self.call = call._replace(storage=None)
+                self._end(result=resumed.result)
+                return
         raise failure
 
     async def _relay(self, upstream: UpstreamStream, builder: StreamBuilder) -> PrismError | None:

@@ -74,3 +74,5 @@ class Plan:
     hedge: bool
     hedge_delay: float | None
     max_attempts: int
+    resume: bool = True  # a broken stream may be continued by another target
+    resume_store: bool = False  # and the spliced answer cached

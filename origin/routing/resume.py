@@ -1,0 +1,386 @@
+"""A chat stream that broke after the client had part of its answer, continued by another
+target of its route, so the client still gets one whole answer.
+
+What the client has (``partial_answer``, read from the relayed frames) is put last in the
+request as an assistant message the continuing target carries on from: Anthropic's kind as
+its native prefill, an OpenAI-compatible provider as its table's ``continuation`` says
+(``"continue_final_message"``: vLLM's flags; ``"prefix"``: DeepSeek's and Mistral's
+``prefix: true`` on that message). The continuation is asked for through the router's own
+attempt path (``Router.resume``); only its text is relayed (``Splice``): its chunks take the
+first part's ``id``, ``created`` and ``model``, its role chunk is dropped, and the final chunk
+says which providers answered (``"prism": {"providers": [...], "resumed": true}``).
+
+Only on the path of a broken stream: a healthy stream does no work of this module's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import orjson
+
+from prism import PrismError, SSEDecoder, UpstreamError
+
+from ..providers.base import ChatProvider, ProviderSpec, UpstreamCompletion, UpstreamStream
+from .operation import Operation, StreamBuilder
+from .targets import Plan, Routed
+
+__all__ = [
+    "Asked",
+    "ContinuationOp",
+    "Partial",
+    "Relay",
+    "Resumed",
+    "Resumer",
+    "Splice",
+    "can_continue",
+    "continuation_body",
+    "partial_answer",
+    "resume",
+]
+
+log = logging.getLogger("prism.origin")
+
+RESUMED, FAILED, UNAVAILABLE = "resumed", "failed", "unavailable"
+
+
+def can_continue(spec: ProviderSpec) -> bool:
+    """The provider can be asked to carry on from a partial answer."""
+    return spec.kind == "anthropic" or spec.continuation is not None
+
+
+class Partial(NamedTuple):
+    """The answer the client has so far."""
+
+    text: str
+    meta: dict[str, Any]  # the first chunk's id, created and model: the continuation's too
+
+
+def partial_answer(frames: list[bytes], usage: set[int]) -> Partial | None:
+    """The one choice's text so far; None when it cannot be continued as text (a tool call,
+    a refusal, a second choice, a finish already given, a frame that is not a chunk)."""
+    text: list[str] = []
+    meta: dict[str, Any] | None = None
+    for index, frame in enumerate(frames):
+        if index in usage:
+            continue
+        try:
+            chunk = orjson.loads(frame.removeprefix(b"data: "))
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(chunk, dict):
+            return None
+        if meta is None:
+            meta = {k: chunk[k] for k in ("id", "created", "model") if k in chunk}
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                return None
+            if choice.get("finish_reason"):
+                return None
+            delta = choice.get("delta") or {}
+            if delta.get("tool_calls") or delta.get("function_call") or delta.get("refusal"):
+                return None
+            content = delta.get("content")
+            if isinstance(content, str):
+                text.append(content)
+    return None if meta is None else Partial("".join(text), meta)
+
+
+def _prefill(spec: ProviderSpec, text: str) -> str:
+    """The partial text as the provider is given it: Anthropic refuses a prefill that ends
+    in white space, so that is left off (and dropped again from the continuation's start)."""
+    return text.rstrip() if spec.kind == "anthropic" else text
+
+
+def continuation_body(spec: ProviderSpec, body: dict[str, Any], text: str) -> dict[str, Any]:
+    """``body`` asking ``spec``'s provider to carry on from ``text`` (unchanged when there
+    is no text yet: the answer is asked for afresh)."""
+    prefill = _prefill(spec, text)
+    if not prefill:
+        return body
+    message: dict[str, Any] = {"role": "assistant", "content": prefill}
+    extra: dict[str, Any] = {}
+    if spec.continuation == "prefix":
+        message["prefix"] = True
+    elif spec.continuation == "continue_final_message":
+        extra = {"continue_final_message": True, "add_generation_prompt": False}
+    return {**body, **extra, "messages": [*body["messages"], message]}
+
+
+class ContinuationOp:
+    """The chat operation, each target asked with its own continuation body."""
+
+    __slots__ = ("_op", "_text", "done_frame", "name")
+
+    def __init__(self, op: Operation, text: str) -> None:
+        self._op = op
+        self._text = text
+        self.name = op.name
+        self.done_frame = op.done_frame
+
+    def complete(
+        self, provider: ChatProvider, body: dict[str, Any], model: str
+    ) -> Awaitable[UpstreamCompletion]:
+        raise AssertionError("a continuation is always streamed")
+
+    def stream(
+        self, provider: ChatProvider, body: dict[str, Any], model: str
+    ) -> Awaitable[UpstreamStream]:
+        return self._op.stream(provider, continuation_body(provider.spec, body, self._text), model)
+
+    def builder(
+        self, provider: str, body: dict[str, Any], redact: Callable[[str], str]
+    ) -> StreamBuilder:
+        return self._op.builder(provider, body, redact)
+
+    def replay(self, result: UpstreamCompletion, include_usage: bool) -> bytes:
+        return self._op.replay(result, include_usage)
+
+    def error_frame(self, error: PrismError) -> bytes:
+        return self._op.error_frame(error)
+
+
+class Splice:
+    """The continuation's events as the rest of the first part's answer: its chunks carry
+    the first part's id, created and model; its role chunk goes, and any white space left
+    off the prefill is dropped from its start; the last choice chunk and the usage chunk
+    carry the ``prism`` extension. The last choice chunk is held until the next event says
+    it was the last."""
+
+    __slots__ = ("_extension", "_held", "_meta", "_overlap", "_started")
+
+    def __init__(self, meta: dict[str, Any], overlap: str, providers: list[str]) -> None:
+        self._meta = meta
+        self._overlap = overlap
+        self._extension = {"providers": providers, "resumed": True}
+        self._held: dict[str, Any] | None = None
+        self._started = False  # the first choice chunk has come
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The events to relay for one of the continuation's (the data of each)."""
+        if data == b"[DONE]":
+            return [*self.end(), data]
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return [*self.end(), data]  # the builder says what is wrong with it
+        if not isinstance(chunk, dict) or chunk.get("error"):
+            return [*self.end(), data]
+        chunk.update(self._meta)
+        choices = chunk.get("choices")
+        if not choices:
+            if chunk.get("usage"):
+                return [*self.end(), orjson.dumps({**chunk, "prism": self._extension})]
+            return [orjson.dumps(chunk)]
+        if not self._kept(choices):
+            return []
+        out = self._flush(last=False)
+        self._held = chunk
+        return out
+
+    def end(self) -> list[bytes]:
+        """The held chunk, as the last one (the stream ended, or its usage came)."""
+        return self._flush(last=True)
+
+    def _flush(self, last: bool) -> list[bytes]:
+        held, self._held = self._held, None
+        if held is None:
+            return []
+        return [orjson.dumps({**held, "prism": self._extension} if last else held)]
+
+    def _kept(self, choices: list[Any]) -> bool:
+        """Trim the chunk's delta in place; False when nothing of it is left to relay."""
+        kept = False
+        for choice in choices:
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if not isinstance(delta, dict):
+                kept = True
+                continue
+            if not self._started:
+                delta.pop("role", None)  # the client had the first part's
+            content = delta.get("content")
+            if self._overlap and isinstance(content, str) and content:
+                same = 0
+                while same < min(len(content), len(self._overlap)) and (
+                    content[same] == self._overlap[same]
+                ):
+                    same += 1
+                # Past the first text the overlap is settled, whether it matched or not.
+                self._overlap = self._overlap[same:] if same == len(content) else ""
+                delta["content"] = content = content[same:]
+            if (
+                content
+                or choice.get("finish_reason")
+                or any(value for key, value in delta.items() if key != "content")
+            ):
+                kept = True
+        if kept:
+            self._started = True
+        return kept
+
+
+@runtime_checkable
+class Resumer(Protocol):
+    """What resuming asks of the router (``origin.routing.router.Router``; optional, so a
+    router without it never resumes)."""
+
+    def resume_plan(self, model: str, broken: Routed[UpstreamStream], text: str) -> Plan | None:
+        """The targets that may continue ``broken``'s answer (none: ``targets`` empty);
+        None when the route does not resume its streams."""
+        ...
+
+    async def resume(
+        self, plan: Plan, body: dict[str, Any], op: Operation
+    ) -> Routed[UpstreamStream]: ...
+
+    def count_resumption(self, provider: str, outcome: str) -> None: ...
+
+    def stream_failed(self, routed: Routed[UpstreamStream], error: PrismError) -> None: ...
+
+    def stream_finished(self, routed: Routed[UpstreamStream]) -> None: ...
+
+
+class Resumed(NamedTuple):
+    result: UpstreamCompletion  # the whole answer, both parts
+    routed: Routed[UpstreamStream]  # the continuation's: it answered last, and is billed
+    store: bool  # the route lets a spliced answer be cached
+
+
+class Relay(NamedTuple):
+    """Where the continuation's frames go: the flight's own, as its first part's did."""
+
+    frames: list[bytes]
+    usage_frames: set[int]
+    notify: Callable[[], None]
+
+
+class Asked(NamedTuple):
+    """The call whose stream broke."""
+
+    body: dict[str, Any]
+    model: str
+    op: Operation
+    request_id: str
+
+
+async def resume(
+    router: Resumer,
+    relay: Relay,
+    asked: Asked,
+    broken: Routed[UpstreamStream],
+    failure: PrismError,
+    builder: StreamBuilder,
+) -> Resumed | None:
+    """Continue ``broken``'s answer on another target, relaying the rest to ``relay``;
+    None when the route does not resume or no target can continue (``failure`` stands);
+    raises the continuation's own failure when it broke after it relayed part."""
+    body, model, op, request_id = asked
+    n = body.get("n")
+    last = body.get("messages")
+    if op.name != "chat" or n not in (None, 1) or not isinstance(last, list) or not last:
+        return None
+    if isinstance(last[-1], dict) and last[-1].get("role") == "assistant":
+        return None  # the client's own prefill: its continuation would be ambiguous
+    partial = partial_answer(relay.frames, relay.usage_frames)
+    if partial is None:
+        return None
+    plan = router.resume_plan(model, broken, partial.text)
+    if plan is None:
+        return None
+    if not plan.targets:
+        router.count_resumption(broken.provider, UNAVAILABLE)
+        log.info(
+            "stream for request %s from %s broke (%s %s); no other target can continue it",
+            request_id,
+            broken.provider,
+            failure.status,
+            failure.code,
+        )
+        return None
+    try:
+        routed = await router.resume(plan, body, ContinuationOp(op, partial.text))
+    except PrismError as refused:
+        router.count_resumption(broken.provider, FAILED)
+        log.info(
+            "stream for request %s from %s broke (%s); its continuation failed: %s %s",
+            request_id,
+            broken.provider,
+            failure.code,
+            refused.status,
+            refused.code,
+        )
+        return None
+    spec = next(t.spec for t in plan.targets if t.name == routed.provider)
+    overlap = partial.text[len(_prefill(spec, partial.text)) :]
+    splice = Splice(partial.meta, overlap, [broken.label, routed.label])
+    upstream = routed.value
+    try:
+        try:
+            error = await _relay(upstream, builder, splice, relay)
+        except PrismError as raised:  # reported to the router by the events iterator
+            error = raised
+        result = builder.result() if error is None else None
+        if result is None:
+            error = error or UpstreamError(
+                f"Provider '{routed.provider}' ended the continued stream before the answer"
+                " was complete.",
+                code="upstream_truncated",
+            )
+            router.stream_failed(routed, error)  # once only, whoever reported it first
+            router.count_resumption(broken.provider, FAILED)
+            log.info(
+                "stream for request %s: the continuation from %s broke too: %s",
+                request_id,
+                routed.provider,
+                error.code,
+            )
+            raise error
+        router.stream_finished(routed)
+    finally:
+        with contextlib.suppress(Exception):
+            await upstream.aclose()
+    router.count_resumption(broken.provider, RESUMED)
+    log.info(
+        "stream for request %s from %s broke (%s) after %d characters; %s continued it",
+        request_id,
+        broken.provider,
+        failure.code,
+        len(partial.text),
+        routed.provider,
+    )
+    return Resumed(result, routed, plan.resume_store)
+
+
+async def _relay(
+    upstream: UpstreamStream, builder: StreamBuilder, splice: Splice, relay: Relay
+) -> PrismError | None:
+    """As the flight's own relay, each event through the splice first."""
+    frames, usage = relay.frames, relay.usage_frames
+    decoder = SSEDecoder()
+    async for raw in upstream.events:
+        for data in decoder.feed(raw):
+            for event in splice.feed(data):
+                try:
+                    frame = builder.add(event)
+                except PrismError as error:
+                    return error
+                if builder.usage:
+                    usage.add(len(frames))
+                if frame:
+                    frames.append(frame)
+                if builder.done:
+                    relay.notify()
+                    return None
+        relay.notify()
+    for event in splice.end():
+        try:
+            frame = builder.add(event)
+        except PrismError as error:
+            return error
+        if frame:
+            frames.append(frame)
+    relay.notify()
+    return None
