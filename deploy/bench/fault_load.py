@@ -9,6 +9,7 @@ its recovery) is spread over its whole length.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ __all__ = ["BENCH_MODEL", "LoadPlan", "chat_body", "incomplete", "open_client", 
 
 BENCH_MODEL = "bench-model"
 CHAT_PATH = "/v1/chat/completions"
+_ECHO_CHARS = 80  # how much of the question the stand-in echoes (its default)
 
 Progress = Callable[[int], None]
 
@@ -37,21 +39,57 @@ class LoadPlan:
     timeout: float = 30.0  # per request, end to end
 
 
+def question_of(label: str, index: int) -> str:
+    return f"fault bench {label} request {index}"
+
+
 def chat_body(label: str, index: int) -> tuple[bytes, bool]:
     """The ``index``-th request of a run: unique content; every other one streamed."""
     stream = index % 2 == 1
     body = {
         "model": BENCH_MODEL,
-        "messages": [{"role": "user", "content": f"fault bench {label} request {index}"}],
+        "messages": [{"role": "user", "content": question_of(label, index)}],
         "stream": stream,
     }
     return orjson.dumps(body), stream
 
 
-def incomplete(body: bytes, *, stream: bool) -> str | None:
-    """Why a 200 body is not a complete answer, or None when it is."""
+def streamed(body: bytes) -> tuple[str, bool]:
+    """A stream's text (its deltas joined) and whether another provider finished it."""
+    parts: list[str] = []
+    resumed = False
+    for line in body.split(b"\n"):
+        if not line.startswith(b"data: {"):
+            continue
+        chunk = orjson.loads(line[6:])
+        extension = chunk.get("prism")
+        resumed = resumed or (isinstance(extension, dict) and extension.get("resumed") is True)
+        for choice in chunk.get("choices") or ():
+            parts.append((choice.get("delta") or {}).get("content") or "")
+    return "".join(parts), resumed
+
+
+def _known_answer(question: str) -> re.Pattern[str]:
+    """The stand-in's answer to ``question`` (its echo, then its tag): a splice that lost or
+    repeated any of it does not match."""
+    echo = " ".join(question.split())[:_ECHO_CHARS]
+    return re.compile(re.escape(f"Echo: {echo} [") + r"[0-9a-f.]+\]")
+
+
+def incomplete(body: bytes, *, stream: bool, question: str | None = None) -> str | None:
+    """Why a 200 body is not a complete answer, or None when it is; with ``question``, a
+    stream's text must be the stand-in's whole answer to it."""
     if stream:
-        return None if body.rstrip().endswith(b"data: [DONE]") else "stream without [DONE]"
+        if not body.rstrip().endswith(b"data: [DONE]"):
+            return "stream without [DONE]"
+        if question is not None:
+            try:
+                text, _ = streamed(body)
+            except (orjson.JSONDecodeError, AttributeError):
+                return "unparsable stream"
+            if not _known_answer(question).fullmatch(text):
+                return "stream text lost or repeated"
+        return None
     try:
         data = orjson.loads(body)
         if data["choices"][0]["finish_reason"]:
@@ -85,8 +123,15 @@ async def _one(
     except httpx.HTTPError as exc:
         error = type(exc).__name__
     end = time.monotonic()
+    body = b"".join(chunks)
     if error is None:
-        error = f"status {status}" if status != 200 else incomplete(b"".join(chunks), stream=stream)
+        question = question_of(plan.label, index)
+        error = (
+            f"status {status}"
+            if status != 200
+            else incomplete(body, stream=stream, question=question)
+        )
+    resumed = stream and error is None and streamed(body)[1]
     return RequestRecord(
         start=start - began,
         ttfb=None if first is None else first - start,
@@ -96,6 +141,7 @@ async def _one(
         stream=stream,
         ok=error is None,
         error=error,
+        resumed=resumed,
     )
 
 

@@ -48,6 +48,10 @@ EXTRA_CALLS_GOAL = 0.10
 TTFB_SLACK = 1.2  # p99 may exceed the healthy p99 plus the hedge delay by 20 %
 DEMOTION_GOAL_S = 5.0
 RETURN_GOAL_S = 30.0
+# With a secondary that can continue: broken streams finished as one answer, and a stalled
+# one's whole time (its stall told by its pace, then the continuation).
+RESUMED_GOAL = 0.99
+RESUME_GOAL_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,20 +66,23 @@ class RequestRecord:
     stream: bool
     ok: bool  # 200 and complete: a parsable body, or a stream ending in data: [DONE]
     error: str | None = None  # why not ok, in a few words
+    resumed: bool = False  # a stream another provider finished (its last chunk says so)
 
     def to_row(self) -> list[Any]:
         """Compact form for the JSON file (see ``RECORD_FIELDS``)."""
         ttfb = None if self.ttfb is None else round(self.ttfb, 5)
         total = round(self.total, 5)
         return [round(self.start, 4), ttfb, total, self.status, self.provider, self.stream,
-                self.ok, self.error]  # fmt: skip
+                self.ok, self.error, self.resumed]  # fmt: skip
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> RequestRecord:
         return cls(*row)
 
 
-RECORD_FIELDS = ("start", "ttfb", "total", "status", "provider", "stream", "ok", "error")
+RECORD_FIELDS = (
+    "start", "ttfb", "total", "status", "provider", "stream", "ok", "error", "resumed",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +192,17 @@ def summarize(
         "upstream_calls": calls,
         "extra_upstream_calls": round((calls - sent) / sent, 4) if sent else 0.0,
     }
+    resumed = sorted(r.total for r in records if r.resumed and r.ok)
+    if resumed:
+        # Finished by another provider: each cost one more call, which is not waste.
+        summary["resumed"] = {
+            "completed": len(resumed),
+            "total_p50_s": round(percentile(resumed, 50), 3),
+            "total_p99_s": round(percentile(resumed, 99), 3),
+        }
+        summary["extra_upstream_calls"] = (
+            round((calls - sent - len(resumed)) / sent, 4) if sent else 0.0
+        )
     if outage is not None:
         start, end = outage
         summary["outage"] = {
@@ -202,11 +220,45 @@ def _verdict(value: float | None, limit: float, *, at_least: bool = False) -> bo
     return value >= limit if at_least else value <= limit
 
 
+def _resumed_rows(name: str, scenario: Mapping[str, Any]) -> list[TargetRow]:
+    """Where the secondary can continue: the broken streams finished as one answer, and how
+    long a stalled one took to resume."""
+    summary = scenario["summary"]
+    resumed = summary.get("resumed", {})
+    saved, lost = int(resumed.get("completed", 0)), int(summary.get("cut_midway", 0))
+    broken = saved + lost
+    share = saved / broken if broken else None
+    rows = [
+        TargetRow(
+            name,
+            "broken streams finished by the secondary, text whole",
+            f"≥ {RESUMED_GOAL:.0%}",
+            "no stream broke" if share is None else f"{share:.2%} ({saved}/{broken})",
+            _verdict(share, RESUMED_GOAL, at_least=True),
+        )
+    ]
+    fault = scenario.get("fault") or {}
+    if fault.get("mode") == "stall_mid_stream":
+        p99 = resumed.get("total_p99_s")
+        rows.append(
+            TargetRow(
+                name,
+                "a stalled stream's whole time, resumed (p99)",
+                f"≤ {RESUME_GOAL_S:g} s",
+                "none resumed" if p99 is None else f"{p99:.2f} s",
+                _verdict(p99, RESUME_GOAL_S),
+            )
+        )
+    return rows
+
+
 def _success_rows(name: str, scenario: Mapping[str, Any]) -> list[TargetRow]:
     """Success, re-based where the primary cuts streams: see ``CUT_SHARE_GOAL``."""
     summary = scenario["summary"]
     fault = scenario.get("fault") or {}
     cut = int(summary.get("cut_midway", 0))
+    if scenario.get("resume"):
+        return _resumed_rows(name, scenario)
     if fault.get("mode") != "truncated_stream":
         rate = summary["success_rate"]
         return [

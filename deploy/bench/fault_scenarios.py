@@ -20,6 +20,9 @@ class FaultScenario:
     fault: dict[str, Any] | None = None
     # An outage: 503 on every request for a window, then recovery (timed, paced requests).
     outage: bool = False
+    # The secondary can continue a partial answer (its table's ``continuation``): a stream
+    # the primary breaks after its first bytes is finished there, as one answer.
+    resume: bool = False
 
 
 SCENARIOS: dict[str, FaultScenario] = {
@@ -52,6 +55,20 @@ SCENARIOS: dict[str, FaultScenario] = {
             "or half a JSON body)",
             {"mode": "truncated_stream", "after_chunks": 3, "abort": 1, "probability": 0.3},
         ),
+        FaultScenario(
+            "stream_cut_resumed",
+            "primary: 30 % of answers cut mid-way (connection dropped after 3 events); the "
+            "secondary can continue a partial answer",
+            {"mode": "truncated_stream", "after_chunks": 3, "abort": 1, "probability": 0.3},
+            resume=True,
+        ),
+        FaultScenario(
+            "stream_stall_resumed",
+            "primary: 5 % of streams stall mid-way for 20 s (its limit is 60 s); the "
+            "secondary can continue a partial answer",
+            {"mode": "stall_mid_stream", "after_chunks": 3, "seconds": 20.0, "probability": 0.05},
+            resume=True,
+        ),
         # Not in the default set: headers at once, then no first token.
         FaultScenario(
             "stall_after_headers",
@@ -61,4 +78,13 @@ SCENARIOS: dict[str, FaultScenario] = {
     )
 }
 
-DEFAULT_SCENARIOS = ("healthy", "errors_5xx", "stall", "outage", "rate_limit", "stream_cut")
+DEFAULT_SCENARIOS = (
+    "healthy",
+    "errors_5xx",
+    "stall",
+    "outage",
+    "rate_limit",
+    "stream_cut",
+    "stream_cut_resumed",
+    "stream_stall_resumed",
+)

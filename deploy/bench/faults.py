@@ -110,12 +110,17 @@ class _ScenarioRun:
     wall_seconds: float
 
 
-def providers_toml(urls: Mapping[str, str], settings: Mapping[str, str]) -> str:
-    """The origin's providers file: ``bench-model`` → primary, then secondary."""
+def providers_toml(
+    urls: Mapping[str, str], settings: Mapping[str, str], resume: bool = False
+) -> str:
+    """The origin's providers file: ``bench-model`` → primary, then secondary (which can
+    continue a partial answer when ``resume``)."""
     extra = "".join(f"{name} = {value}\n" for name, value in settings.items())
     tables = "".join(
         f'[providers.{name}]\nkind = "openai"\nbase_url = "{url}/v1"\n'
-        f'api_key = "bench-{name}"\n{extra}\n'
+        f'api_key = "bench-{name}"\n{extra}'
+        + ('continuation = "continue_final_message"\n' if resume and name == SECONDARY else "")
+        + "\n"
         for name, url in urls.items()
     )
     return tables + f'[models]\n"{BENCH_MODEL}" = ["{PRIMARY}", "{SECONDARY}"]\n'
@@ -189,17 +194,16 @@ class FaultBenchRunner:
                 raise BenchError(str(error)) from None
             self._controls[name] = ProviderControl(url)
             self._urls[name] = url
-        providers_file = self._state / "providers.toml"
-        providers_file.write_text(providers_toml(self._urls, self.config.provider_settings))
         self._env = env | {
             "PRISM_KEY_SECRET": self._key_secret,
             "PRISM_FORWARD_SECRET": secrets.token_urlsafe(32),
             "REDIS_URL": self._redis.url,
-            "PRISM_PROVIDERS_FILE": str(providers_file),
             **self.config.origin_env,
         }
 
-    def _start_origin(self, name: str) -> tuple[HelperServer, str]:
+    def _start_origin(self, name: str, resume: bool = False) -> tuple[HelperServer, str]:
+        providers_file = self._state / f"providers-{name}.toml"
+        providers_file.write_text(providers_toml(self._urls, self.config.provider_settings, resume))
         port = free_port()
         origin = HelperServer(
             "origin",
@@ -208,7 +212,7 @@ class FaultBenchRunner:
                 *("--port", str(port), "--admin-port", str(free_port()), "--workers", "1"),
             ],
             self._logs / f"origin-{name}.log",
-            self._env,
+            self._env | {"PRISM_PROVIDERS_FILE": str(providers_file)},
         )
         url = f"http://127.0.0.1:{port}"
         try:
@@ -234,7 +238,7 @@ class FaultBenchRunner:
 
     def _scenario(self, scenario: FaultScenario) -> dict[str, Any]:
         cfg = self.config
-        origin, url = self._start_origin(scenario.name)
+        origin, url = self._start_origin(scenario.name, scenario.resume)
         try:
             run = asyncio.run(self._drive(scenario, url))
         finally:
@@ -250,6 +254,7 @@ class FaultBenchRunner:
         return {
             "description": scenario.description,
             "fault": scenario.fault,
+            "resume": scenario.resume,
             "requests": cfg.requests,
             "concurrency": cfg.concurrency,
             "rate_per_s": round(cfg.outage_rate, 2) if scenario.outage else None,

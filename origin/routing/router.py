@@ -38,6 +38,7 @@ from .operation import Operation
 from .resume import can_continue
 from .retry import CLIENT_ERROR, outcome_of
 from .route_request import RouteRequest
+from .stall_watch import StallWatch
 from .targets import Plan, Routed, Target
 
 if TYPE_CHECKING:
@@ -82,6 +83,7 @@ class Router:
         self._plans: dict[str, Plan] = {}
         self._seconds: dict[tuple[str, bool], Any] = {}
         self._losers: set[asyncio.Task[Any]] = set()
+        self.stalls = StallWatch()  # every open stream, for a silence past its pace
         self.telemetry = telemetry  # None: no tracing
 
     # -- the public interface (the flight's) ---------------------------------------------
@@ -248,6 +250,8 @@ class Router:
                         target.model,
                         lambda e: self._broken(target, e),
                         lambda: self._whole(target, started),
+                        self.stalls,
+                        target.pace,
                     )
             else:
                 value = await op.complete(target.provider, body, target.model)

@@ -8,6 +8,7 @@ from typing import Any, Generic, TypeVar
 from ..providers.base import ChatProvider, ProviderSpec
 from .health import Admission, Health
 from .hedge import HedgeBudget
+from .stall_watch import Pace
 
 __all__ = ["Plan", "Routed", "Target"]
 
@@ -38,6 +39,7 @@ class Target:
         "label",
         "model",
         "name",
+        "pace",
         "provider",
         "provider_health",
         "spec",
@@ -54,6 +56,7 @@ class Target:
         self.health = health
         self.provider_health = provider_health
         self.hedges = HedgeBudget()
+        self.pace = Pace()  # its streams' silences: when one of them has stalled
         self.counters: dict[str, Any] = {}
 
     def admission(self, now: float) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from deploy.bench.fault_load import BENCH_MODEL, chat_body, incomplete
+from deploy.bench.fault_load import BENCH_MODEL, chat_body, incomplete, streamed
 from deploy.bench.fault_metrics import (
     RECORD_FIELDS,
     RequestRecord,
@@ -129,6 +129,48 @@ def test_only_complete_answers_count_as_successes() -> None:
     assert incomplete(finished[:20], stream=False) == "unparsable body"
     unfinished = json.dumps({"choices": [{"finish_reason": None}]}).encode()
     assert incomplete(unfinished, stream=False) == "unfinished choice"
+
+
+def sse(*contents: str, resumed: bool = False) -> bytes:
+    chunks: list[dict[str, Any]] = [
+        {"choices": [{"index": 0, "delta": {"content": c}}]} for c in contents
+    ]
+    if resumed:
+        chunks[-1]["prism"] = {"providers": ["primary", "secondary"], "resumed": True}
+    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + (
+        b"data: [DONE]\n\n"
+    )
+
+
+def test_a_stream_must_be_the_stand_ins_whole_answer_and_says_when_it_was_resumed() -> None:
+    question = "fault bench run request 3"
+    whole = sse("Echo: fault bench", " run request 3 [0a1b2c3d4e]", resumed=True)
+    assert incomplete(whole, stream=True, question=question) is None
+    assert streamed(whole) == ("Echo: fault bench run request 3 [0a1b2c3d4e]", True)
+    repeated = sse("Echo: fault bench", " bench run request 3 [0a1b2c3d4e]")
+    lost = sse("Echo: fault", " run request 3 [0a1b2c3d4e]")
+    for spoiled in (repeated, lost):
+        assert incomplete(spoiled, stream=True, question=question) == "stream text lost or repeated"
+    assert streamed(lost)[1] is False
+
+
+def test_resumed_scenarios_count_broken_streams_finished_and_a_stalls_whole_time() -> None:
+    records = [
+        record(0.0, stream=True, resumed=True, total=2.1),
+        record(0.1, stream=True, resumed=True, total=2.4),
+        record(0.2, stream=True),
+        record(0.3, stream=True, ok=False, error="stream without [DONE]"),  # lost
+    ]
+    summary = summarize(records, {"p": {"chat_requests": 6}}, primary="primary")
+    assert summary["resumed"]["completed"] == 2 and summary["cut_midway"] == 1
+    assert summary["extra_upstream_calls"] == 0.0  # a resumption's call is not waste
+    scenario = {"summary": summary, "resume": True, "fault": {"mode": "stall_mid_stream"}}
+    rows = {
+        row.name: row for row in evaluate({"hedge_delay_s": 0.25, "scenarios": {"s": scenario}})
+    }
+    finished = rows["broken streams finished by the secondary, text whole"]
+    assert finished.measured.startswith("66.67% (2/3)") and finished.met is False
+    assert rows["a stalled stream's whole time, resumed (p99)"].met is True
 
 
 # ---------------------------------------------------------------- metrics on synthetic runs

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,6 +17,7 @@ import openai
 import pytest
 
 from deploy.local.provider import ProviderServer
+from origin.routing.stall_watch import FLOOR
 from tests.fixtures.origin import AccessLines, OriginFactory, RunningOrigin
 from tests.polling import wait_for
 
@@ -435,3 +437,40 @@ def test_a_continuation_that_breaks_too_ends_in_its_own_error(
     assert whole(origin, api_key, messages).startswith(content(chunks))
     assert len(content(chunks)) > len(content(chunks[:3]))  # part of the rest reached it
     assert resumed(origin, "failed") == 1
+
+
+def stream(origin: RunningOrigin, api_key: str, messages: list[dict[str, str]]) -> httpx.Response:
+    return post(origin, api_key, {"model": "demo", "messages": messages, "stream": True})
+
+
+@pytest.mark.parametrize("continued", [True, False], ids=["continued", "no_other_target"])
+def test_a_stall_is_caught_by_the_streams_pace_not_the_providers_minute(
+    start_origin: Callable[..., RunningOrigin],
+    provider: ProviderServer,
+    api_key: str,
+    continued: bool,
+) -> None:
+    """The first provider's limit is 60 s; its streams have been quick, so a stream of it
+    silent for the floor (2 s) is stalled: continued by the next target (one answer, whole),
+    or, with none that can continue, ended with the timeout as its error event."""
+    origin = start_origin(
+        second="" if not continued else 'kind = "anthropic"', first="first_byte_timeout = 60"
+    )
+    for _ in range(3):  # whole, quick streams: the first target learns its pace
+        assert events(stream(origin, api_key, question()).text)[-1] == "[DONE]"
+    messages = question()
+    provider.control.set_fault("stall_mid_stream", after_chunks=3, seconds=50)
+    started = time.monotonic()
+    try:
+        answer = stream(origin, api_key, messages)
+    finally:
+        provider.control.release()
+    took = time.monotonic() - started
+    assert took < FLOOR + 3  # the stall was told in seconds (the provider allowed 60)
+    *chunks, last = events(answer.text)
+    if continued:
+        assert last == "[DONE]" and content(chunks) == whole(origin, api_key, messages)
+        assert resumed(origin, "resumed") == 1
+    else:
+        assert last["error"]["code"] == "upstream_timeout"
+        assert "stalled" in last["error"]["message"]
