@@ -69,7 +69,9 @@ class Settings:
     redis_client: RedisClientKind = "pipe"  # RedisPipe, or redis-py's pool (the way out)
     # Identical misses on every process sharing the Redis make one provider call: the
     # leader's lease lasts this long unrenewed (a dead leader is replaced within about
-    # it); 0: shared within each process only (origin/routing/flight_lease.py).
+    # it); 0: shared within each process only (origin/routing/flight_lease.py). Off by
+    # default where the lookup reads a nearby replica: the lease is taken on the primary,
+    # and a far primary would cost every miss its round trip before the provider call.
     flight_lease: float = 3.0
     # The whole request (headers and body) must arrive within this; else 408 and close.
     read_timeout: float = 30.0
@@ -176,6 +178,8 @@ class Settings:
             raise SettingsError("PRISM_REDIS_TIMEOUT must be more than 0 (seconds).")
         if not 0 <= numbers.get("flight_lease", 3) <= 60:
             raise SettingsError("PRISM_FLIGHT_LEASE must be 0 (off) to 60 (seconds).")
+        if "flight_lease" not in numbers and env.get("PRISM_REDIS_READ_URL"):
+            numbers["flight_lease"] = 0.0
         if numbers.get("budget_hold", 60) < 60:
             raise SettingsError("PRISM_BUDGET_HOLD_SECONDS must be at least 60 (seconds).")
         if not 0.05 <= numbers.get("usage_flush_interval", 1) <= 60:

@@ -12,12 +12,14 @@ import pytest
 import redis
 
 from deploy.local.provider import closed_port
+from origin import Settings
 from origin.connection.redis_pipe import RedisPipe
 from origin.providers.base import UpstreamCompletion
 from origin.routing.coalescing import FlightTable
 from origin.routing.flight_lease import FlightLeases
 from origin.routing.shared_call import Call
 from prism import UpstreamError
+from tests.fixtures.origin import origin_env
 from tests.origin.routing.test_coalescing import (
     END,
     FINISH,
@@ -240,3 +242,12 @@ async def test_without_redis_each_process_calls_on_its_own(redis_url: str) -> No
         assert answer is not None and down.router.calls == 1 and down.outcomes == ["own"]
     finally:
         await down.close()
+
+
+def test_shared_flights_are_off_by_default_where_the_lookup_reads_a_replica() -> None:
+    """The lease is taken on the primary: a far one would cost every miss its round trip."""
+    base = origin_env("redis://127.0.0.1:6379/0", "http://127.0.0.1:9")
+    assert Settings.from_env(base).flight_lease == 3.0
+    replica = {**base, "PRISM_REDIS_READ_URL": "redis://127.0.0.1:6380/0"}
+    assert Settings.from_env(replica).flight_lease == 0.0
+    assert Settings.from_env({**replica, "PRISM_FLIGHT_LEASE": "2"}).flight_lease == 2.0
