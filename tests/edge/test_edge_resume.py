@@ -1,0 +1,59 @@
+"""Through the edge in the real local Workers runtime: a chat stream the first provider cuts
+mid-answer is finished by the route's next target at the origin, and the PoP relays it as
+one answer ending in [DONE] (its own edge and origin, routing ``demo`` to the stand-in's
+OpenAI API, then to it as Anthropic's kind)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from deploy.local.provider import ProviderServer
+from deploy.local.redis import RedisServer
+from prism import KeyRing
+from tests.fixtures.edge import EdgeStack, edge_with_providers
+from tests.fixtures.workers import WorkersRuntimeFactory
+from tests.origin.routing.test_resume import content, events, providers_file, question
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def resume_edge(
+    tmp_path_factory: pytest.TempPathFactory,
+    workers_runtime_factory: WorkersRuntimeFactory,
+    edge_redis: RedisServer,
+    provider_server: ProviderServer,
+    key_ring: KeyRing,
+) -> Iterator[EdgeStack]:
+    folder = tmp_path_factory.mktemp("resume-edge")
+    config = folder / "providers.toml"
+    config.write_text(providers_file(provider_server.url))
+    with edge_with_providers(
+        folder, workers_runtime_factory, edge_redis, provider_server, key_ring, config
+    ) as stack:
+        yield stack
+
+
+def test_a_stream_cut_mid_answer_reaches_the_client_through_the_edge_whole(
+    resume_edge: EdgeStack, api_key: str
+) -> None:
+    headers = {"authorization": f"Bearer {api_key}"}
+    messages = question()
+
+    def ask(model: str, stream: bool) -> httpx.Response:
+        body = {"model": model, "messages": messages, "stream": stream}
+        return httpx.post(
+            resume_edge.url + "/v1/chat/completions", json=body, headers=headers, timeout=60
+        )
+
+    resume_edge.provider.control.set_fault("truncated_stream", after_chunks=3, abort=1)
+    answer = ask("demo", stream=True)
+    assert answer.status_code == 200
+    *chunks, done = events(answer.text)
+    assert done == "[DONE]"
+    assert chunks[-1]["prism"]["resumed"] is True
+    whole = ask("whole", stream=False).json()["choices"][0]["message"]["content"]
+    assert content(chunks) == whole  # no word lost or repeated at the splice
