@@ -357,7 +357,8 @@ async def resume(
 async def _relay(
     upstream: UpstreamStream, builder: StreamBuilder, splice: Splice, relay: Relay
 ) -> PrismError | None:
-    """As the flight's own relay, each event through the splice first."""
+    """As the flight's own relay (``Flight._relay``), each event through the splice first:
+    a loop of its own, so a healthy stream's relay has no splice step per event."""
     frames, usage = relay.frames, relay.usage_frames
     decoder = SSEDecoder()
     async for raw in upstream.events:
