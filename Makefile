@@ -41,7 +41,7 @@ typecheck: setup
 	$(BIN)/mypy
 
 pytest: setup test-tools
-	$(BIN)/pytest -n 2 $(PYTEST_ARGS)
+	$(BIN)/pytest -n 2 --durations=15 $(PYTEST_ARGS)
 
 # $(call apt-install,TOOLS,WITHOUT): installs those of TOOLS (each a command and its apt
 # package) that are missing, when we may (root or sudo -n), running apt-get update only if
