@@ -148,9 +148,7 @@ class ApiRoute(Generic[R]):
         if lookup.entry is not None:
             now = time.time()  # once: a clock read is not free on every machine
             envelope = self._entries.decode(lookup.entry, now)
-            if envelope is not None and not (
-                envelope.fallback and self.gw.router.primary_healthy(envelope.model)
-            ):
+            if envelope is not None and self._servable(envelope):
                 request.usage = envelope.usage
                 if caller.fingerprint is not None and not envelope.fallback:
                     # The edge writes KV with the time left (never a fallback's answer).
@@ -294,13 +292,16 @@ class ApiRoute(Generic[R]):
             return semantic.pending(asked_question) if decision.write else None
         match, pending = await semantic.lookup(asked_question, threshold)
         asked.request.timer.mark("semantic")
-        if match is None or (
-            match.envelope.fallback and self.gw.router.primary_healthy(match.envelope.model)
-        ):
+        if match is None or not self._servable(match.envelope):
             return pending
         asked.out[h.CACHE_KEY] = match.fingerprint[: h.CACHE_KEY_PREFIX_LEN]
         asked.out[h.SEMANTIC_SCORE] = f"{match.score:.4f}"
         return self._hit(asked, match.envelope, "semantic", time.time())
+
+    def _servable(self, envelope: Envelope) -> bool:
+        """A stored answer may be served: any but a fallback's once its route's primary is
+        healthy again (then the miss asks the primary, whose answer replaces it)."""
+        return not envelope.fallback or not self.gw.router.primary_healthy(envelope.model)
 
     def _hit(self, asked: Asked[R], envelope: Envelope, layer: str, now: float) -> Reply:
         """A stored answer (from Redis or the semantic layer): nothing spent, its savings

@@ -12,27 +12,17 @@ import httpx
 import pytest
 
 from deploy.local.provider import ProviderServer
-from deploy.local.provider_settings import ProviderSettings
 from deploy.local.redis import RedisServer
 from prism import KeyRing
 from tests.fixtures.edge import EdgeStack, edge_with_providers
 from tests.fixtures.workers import WorkersRuntimeFactory
-from tests.origin.routing.test_fallback_recovery import (
-    PRIMARY_WORDS,
-    flapping_config,
-    from_primary,
-    recover,
-)
+from tests.origin.routing import test_fallback_recovery as flapping
+from tests.origin.routing.test_fallback_recovery import flapping_config, from_primary, recover
 
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture
-def primary() -> Iterator[ProviderServer]:
-
-    server = ProviderServer(ProviderSettings(reply_words=PRIMARY_WORDS)).start()
-    yield server
-    server.stop()
+primary = flapping.primary  # the same flapping primary as the origin's test
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ healthy fallback, through a real origin and Redis."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -43,10 +43,9 @@ label = "backup"
 
 
 @pytest.fixture
-def primary() -> Iterator[ProviderServer]:
-    server = ProviderServer(ProviderSettings(reply_words=PRIMARY_WORDS)).start()
-    yield server
-    server.stop()
+def primary(provider_factory: Callable[[ProviderSettings], ProviderServer]) -> ProviderServer:
+    """The flapping primary: its own stand-in, stopped and served again by the test."""
+    return provider_factory(ProviderSettings(reply_words=PRIMARY_WORDS))
 
 
 def from_primary(answer: httpx.Response) -> bool:
