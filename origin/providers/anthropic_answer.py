@@ -15,6 +15,8 @@ from typing import Any
 
 import orjson
 
+from .token_counts import token_count
+
 __all__ = [
     "FINISH_REASONS",
     "STRUCTURED_TOOL",
@@ -45,19 +47,15 @@ def finish_reason(stop_reason: Any) -> str:
     return FINISH_REASONS.get(stop_reason, "stop") if isinstance(stop_reason, str) else "stop"
 
 
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
 def chat_usage(usage: Any) -> dict[str, Any]:
     """OpenAI usage; Anthropic counts cached prompt tokens apart from ``input_tokens``.
     Cache writes (billed above the input price) stay visible as ``cache_creation_tokens``
     in ``prompt_tokens_details`` so their cost can be right (``origin/providers/pricing.py``)."""
     usage = usage if isinstance(usage, dict) else {}
-    cache_read = _int(usage.get("cache_read_input_tokens"))
-    cache_write = _int(usage.get("cache_creation_input_tokens"))
-    prompt = _int(usage.get("input_tokens")) + cache_write + cache_read
-    completion = _int(usage.get("output_tokens"))
+    cache_read = token_count(usage.get("cache_read_input_tokens"))
+    cache_write = token_count(usage.get("cache_creation_input_tokens"))
+    prompt = token_count(usage.get("input_tokens")) + cache_write + cache_read
+    completion = token_count(usage.get("output_tokens"))
     result: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,

@@ -18,6 +18,8 @@ import orjson
 
 from prism import InvalidRequestError, PrismError, UpstreamError
 
+from .token_counts import token_count
+
 __all__ = [
     "FILTERED",
     "FINISH_REASONS",
@@ -56,24 +58,22 @@ def finish_reason(reason: Any, calls: bool) -> str:
     return "tool_calls" if calls and finish == "stop" else finish
 
 
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
 def chat_usage(usage: Any) -> dict[str, Any]:
     """OpenAI usage for ``usageMetadata``: tool-use prompt tokens count as prompt tokens and
     thinking tokens as completion tokens (both billed so); the cached share of the prompt
     stays visible as ``cached_tokens``."""
     usage = usage if isinstance(usage, dict) else {}
-    prompt = _int(usage.get("promptTokenCount")) + _int(usage.get("toolUsePromptTokenCount"))
-    thoughts = _int(usage.get("thoughtsTokenCount"))
-    completion = _int(usage.get("candidatesTokenCount")) + thoughts
+    prompt = token_count(usage.get("promptTokenCount")) + token_count(
+        usage.get("toolUsePromptTokenCount")
+    )
+    thoughts = token_count(usage.get("thoughtsTokenCount"))
+    completion = token_count(usage.get("candidatesTokenCount")) + thoughts
     result: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
-    cached = _int(usage.get("cachedContentTokenCount"))
+    cached = token_count(usage.get("cachedContentTokenCount"))
     if cached:
         result["prompt_tokens_details"] = {"cached_tokens": cached}
     if thoughts:

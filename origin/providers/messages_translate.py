@@ -21,6 +21,7 @@ from prism import InvalidRequestError
 
 from .anthropic_answer import FINISH_REASONS, tool_call_of
 from .anthropic_request import TOOL_CHOICES
+from .token_counts import token_count
 
 __all__ = ["ChunkTranslator", "stop_reason", "to_chat_request", "to_message"]
 
@@ -193,15 +194,11 @@ def to_chat_request(body: dict[str, Any], stream: bool = False) -> dict[str, Any
 # ---------------------------------------------------------------- responses
 
 
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
 def _usage(usage: Any) -> dict[str, int]:
     usage = usage if isinstance(usage, dict) else {}
     return {
-        "input_tokens": _int(usage.get("prompt_tokens")),
-        "output_tokens": _int(usage.get("completion_tokens")),
+        "input_tokens": token_count(usage.get("prompt_tokens")),
+        "output_tokens": token_count(usage.get("completion_tokens")),
     }
 
 

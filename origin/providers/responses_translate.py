@@ -21,6 +21,8 @@ from typing import Any
 
 from prism import InvalidRequestError
 
+from .token_counts import token_count
+
 __all__ = [
     "base_id",
     "call_item",
@@ -206,14 +208,13 @@ def to_chat_request(body: dict[str, Any], stream: bool = False) -> dict[str, Any
 # ---------------------------------------------------------------- responses
 
 
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
 def usage_of(usage: Any) -> dict[str, Any]:
     """A chat completion's ``usage`` in the Responses API's form."""
     usage = usage if isinstance(usage, dict) else {}
-    prompt, completion = _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
+    prompt, completion = (
+        token_count(usage.get("prompt_tokens")),
+        token_count(usage.get("completion_tokens")),
+    )
     prompt_details = usage.get("prompt_tokens_details")
     prompt_details = prompt_details if isinstance(prompt_details, dict) else {}
     completion_details = usage.get("completion_tokens_details")
@@ -221,12 +222,12 @@ def usage_of(usage: Any) -> dict[str, Any]:
     return {
         "input_tokens": prompt,
         "input_tokens_details": {
-            "cached_tokens": _int(prompt_details.get("cached_tokens")),
-            "cache_write_tokens": _int(prompt_details.get("cache_creation_tokens")),
+            "cached_tokens": token_count(prompt_details.get("cached_tokens")),
+            "cache_write_tokens": token_count(prompt_details.get("cache_creation_tokens")),
         },
         "output_tokens": completion,
         "output_tokens_details": {
-            "reasoning_tokens": _int(completion_details.get("reasoning_tokens"))
+            "reasoning_tokens": token_count(completion_details.get("reasoning_tokens"))
         },
         "total_tokens": prompt + completion,
     }
@@ -247,7 +248,7 @@ def response_shell(
     return {
         "id": f"resp_{base}",
         "object": "response",
-        "created_at": _int(created),
+        "created_at": created if isinstance(created, int) else 0,
         "status": "completed" if reason is None else "incomplete",
         "error": None,
         "incomplete_details": None if reason is None else {"reason": reason},

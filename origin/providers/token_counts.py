@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-__all__ = ["Tokens", "tokens_of"]
+__all__ = ["Tokens", "token_count", "tokens_of"]
 
 
 class Tokens(NamedTuple):
@@ -17,7 +17,8 @@ class Tokens(NamedTuple):
     completion: int
 
 
-def _count(value: Any) -> int:
+def token_count(value: Any) -> int:
+    """A reported token count: a positive int, else 0 (absent, null, a bool, garbage)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
@@ -29,22 +30,22 @@ def tokens_of(usage: Any) -> Tokens | None:
         details = usage.get("prompt_tokens_details")
         details = details if isinstance(details, dict) else {}
         return Tokens(
-            _count(usage.get("prompt_tokens")),
-            _count(details.get("cached_tokens")),
-            _count(details.get("cache_creation_tokens")),
-            _count(usage.get("completion_tokens")),
+            token_count(usage.get("prompt_tokens")),
+            token_count(details.get("cached_tokens")),
+            token_count(details.get("cache_creation_tokens")),
+            token_count(usage.get("completion_tokens")),
         )
     details = usage.get("input_tokens_details")
     if isinstance(details, dict):  # the Responses API's: input_tokens counts the cached ones
         return Tokens(
-            _count(usage.get("input_tokens")),
-            _count(details.get("cached_tokens")),
-            _count(details.get("cache_write_tokens")),
-            _count(usage.get("output_tokens")),
+            token_count(usage.get("input_tokens")),
+            token_count(details.get("cached_tokens")),
+            token_count(details.get("cache_write_tokens")),
+            token_count(usage.get("output_tokens")),
         )
     if "input_tokens" in usage or "output_tokens" in usage:  # Anthropic's own form
-        read = _count(usage.get("cache_read_input_tokens"))
-        write = _count(usage.get("cache_creation_input_tokens"))
-        prompt = _count(usage.get("input_tokens")) + read + write
-        return Tokens(prompt, read, write, _count(usage.get("output_tokens")))
+        read = token_count(usage.get("cache_read_input_tokens"))
+        write = token_count(usage.get("cache_creation_input_tokens"))
+        prompt = token_count(usage.get("input_tokens")) + read + write
+        return Tokens(prompt, read, write, token_count(usage.get("output_tokens")))
     return None
