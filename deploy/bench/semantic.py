@@ -3,10 +3,11 @@
 The set (``data/semantic_pairs.jsonl``) holds question pairs written by hand: ``match``
 true for paraphrases that should share an answer, false for near misses that must not
 (another entity, swapped direction, another number, a negation, an antonym, another
-task on the same subject). A pair is a hit when the cosine similarity of its normalized
-texts (``partition.normalized``) is at or above the threshold and, with the guard, the
-texts agree (``origin.store.semantic.guard``): the exact decision the origin makes between a
-question and an indexed one.
+task on the same subject). With the guard, a pair is a hit when its texts agree and the
+cosine similarity of its normalized texts (``partition.normalized``), weighed by the words
+they share, is at or above the threshold (``origin.store.semantic.guard.judged``): the
+exact decision the origin makes between a question and an indexed one; without it, when
+the cosine alone is.
 
 Reported: at each threshold of a sweep, the hit rate (paraphrases matched) and the
 wrong-hit rate (near misses matched), with and without the guard; the wrong hits at
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from deploy.bench.loadgen import percentile
 from origin.settings import SemanticEngine
 from origin.store.semantic.embedder import MAX_BATCH
-from origin.store.semantic.guard import agree
+from origin.store.semantic.guard import judged
 from origin.store.semantic.partition import normalized
 
 if TYPE_CHECKING:
@@ -46,6 +47,14 @@ class Pair:
     match: bool
     kind: str
     split: str  # "dev": the guard was written with these in view; "held-out": written after
+
+
+def hit_at(cosine: float, score: float | None, threshold: float, guarded: bool) -> bool:
+    """A pair of this ``cosine`` and judged ``score`` (None: the guard said no) is a hit at
+    ``threshold``, with the guard (the origin's decision) or on the cosine alone."""
+    if guarded:
+        return score is not None and score >= threshold
+    return cosine >= threshold
 
 
 def load_pairs(path: Path = PAIRS_FILE) -> list[Pair]:
@@ -122,15 +131,15 @@ def run(
         chunk = texts[start : start + MAX_BATCH]
         encoded = model.encode_ids([model.tokens(text) for text in chunk])
         vectors.update(zip(chunk, encoded, strict=True))
-    scored = [
-        (p, float(vectors[normalized(p.a)] @ vectors[normalized(p.b)]), agree(p.a, p.b))
-        for p in pairs
-    ]
+    scored = []
+    for p in pairs:
+        cosine = float(vectors[normalized(p.a)] @ vectors[normalized(p.b)])
+        scored.append((p, cosine, judged(p.a, p.b, cosine)))
     positives = [s for s in scored if s[0].match]
     negatives = [s for s in scored if not s[0].match]
 
-    def rate(group: list[tuple[Pair, float, bool]], t: float, guarded: bool) -> float:
-        hits = sum(1 for _, score, ok in group if score >= t and (ok or not guarded))
+    def rate(group: list[tuple[Pair, float, float | None]], t: float, guarded: bool) -> float:
+        hits = sum(1 for _, cosine, score in group if hit_at(cosine, score, t, guarded))
         return hits / len(group) if group else 0.0
 
     rows = []
@@ -149,14 +158,14 @@ def run(
                 )
             )
     wrong = [
-        {"a": p.a, "b": p.b, "kind": p.kind, "set": p.split, "score": round(s, 4)}
-        for p, s, ok in negatives
-        if s >= threshold and ok
+        {"a": p.a, "b": p.b, "kind": p.kind, "set": p.split, "score": round(score, 4)}
+        for p, _, score in negatives
+        if score is not None and score >= threshold
     ]
     missed = [
-        {"a": p.a, "b": p.b, "score": round(s, 4), "guard": ok}
-        for p, s, ok in positives
-        if not (s >= threshold and ok)
+        {"a": p.a, "b": p.b, "score": round(cosine, 4), "guard": score is not None}
+        for p, cosine, score in positives
+        if score is None or score < threshold
     ]
     timings, cpu = [], []
     for i in range(samples):  # one text at a time, tokenizing included, as a lookup is

@@ -314,7 +314,7 @@ def _labelled_stream() -> list[Pair]:
     take offline at the default threshold (with the origin's own engine: one the cache
     would never take is not a miss under load) alternating with the near misses, each
     kind shuffled, so every phase meets both."""
-    from origin.store.semantic.guard import agree
+    from origin.store.semantic.guard import judged
     from origin.store.semantic.partition import normalized
     from prism import DEFAULT_SEMANTIC_THRESHOLD
 
@@ -326,8 +326,9 @@ def _labelled_stream() -> list[Pair]:
     vectors = dict(zip(texts, model.encode_ids([model.tokens(t) for t in texts]), strict=True))
 
     def taken(pair: Pair) -> bool:
-        score = float(vectors[normalized(pair.a)] @ vectors[normalized(pair.b)])
-        return score >= DEFAULT_SEMANTIC_THRESHOLD and agree(pair.a, pair.b)
+        cosine = float(vectors[normalized(pair.a)] @ vectors[normalized(pair.b)])
+        score = judged(pair.b, pair.a, cosine)  # b asked, a indexed
+        return score is not None and score >= DEFAULT_SEMANTIC_THRESHOLD
 
     paraphrases = [p for p in pairs if p.match and taken(p)]
     near_misses = [p for p in pairs if not p.match]

@@ -2,8 +2,9 @@
 from outside the repository (JSON lines ``{"a": ..., "b": ..., "same": true|false}``).
 
 Each pair is asked as the cache would meet it: ``a`` was answered and indexed, ``b`` is
-asked in the same partition. It is a hit when the cosine similarity of the normalized
-texts is at or above the threshold and the guard lets it through. Counted per file and
+asked in the same partition. It is a hit when the guard lets it through and the cosine
+similarity of the normalized texts, weighed by the words they share (``guard.judged``),
+is at or above the threshold, as the origin decides. Counted per file and
 threshold: the hit rate on pairs labelled ``same`` and the wrong-hit rate on pairs
 labelled different (with and without the guard). Written: a JSON report and a PNG of
 both rates against the threshold.
@@ -17,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from origin.store.semantic.embedder import MAX_BATCH
-from origin.store.semantic.guard import agree
+from origin.store.semantic.guard import judged
 from origin.store.semantic.partition import MAX_TEXT_CHARS, normalized
 
 from .charts import NO_MATPLOTLIB, pyplot
+from .semantic import hit_at
 
 __all__ = [
     "LabelledPair",
@@ -106,17 +108,20 @@ def run_pairs(model: Any, path: Path, threshold: float) -> PairsReport:
     pairs = load_labelled(path)
     usable = [p for p in pairs if max(len(p.a), len(p.b)) <= MAX_TEXT_CHARS]
     vectors = _embed_all(model, sorted({normalized(t) for p in usable for t in (p.a, p.b)}))
-    scored: list[tuple[LabelledPair, float, bool]] = []
+    scored: list[tuple[LabelledPair, float, float | None]] = []
     for p in usable:
         va, vb = vectors[normalized(p.a)], vectors[normalized(p.b)]
         if va is None or vb is None:
             continue
-        scored.append((p, float(va @ vb), agree(p.b, p.a)))  # b asked, a indexed
+        cosine = float(va @ vb)
+        scored.append((p, cosine, judged(p.b, p.a, cosine)))  # b asked, a indexed
     same = [s for s in scored if s[0].same]
     different = [s for s in scored if not s[0].same]
 
-    def rate(group: list[tuple[LabelledPair, float, bool]], t: float, guarded: bool) -> float:
-        hits = sum(1 for _, score, ok in group if score >= t and (ok or not guarded))
+    def rate(
+        group: list[tuple[LabelledPair, float, float | None]], t: float, guarded: bool
+    ) -> float:
+        hits = sum(1 for _, cosine, score in group if hit_at(cosine, score, t, guarded))
         return hits / len(group) if group else 0.0
 
     rows = [
@@ -130,9 +135,9 @@ def run_pairs(model: Any, path: Path, threshold: float) -> PairsReport:
         for t in sorted({*SWEEP, threshold})
     ]
     wrong = [
-        {"a": p.a, "b": p.b, "score": round(s, 4)}
-        for p, s, ok in sorted(different, key=lambda x: -x[1])
-        if s >= threshold and ok
+        {"a": p.a, "b": p.b, "score": round(score, 4)}
+        for p, _, score in sorted(different, key=lambda x: -x[1])
+        if score is not None and score >= threshold
     ]
     return PairsReport(
         file=path.name,

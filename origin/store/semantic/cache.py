@@ -3,8 +3,9 @@
 ``lookup`` starts the question's embedding (in the embedder's thread) and, meanwhile,
 catches up with the question's partition in the index (only what was added since this
 process last read it); an empty partition is a miss at once, without waiting for the
-model. Otherwise the best candidates at or above the project's threshold that also pass
-the lexical guard (``guard.agree``) are read from Redis in one ``MGET``, and the first
+model. Otherwise the best candidates that pass the lexical guard and whose score, weighed
+by the words they share with the question (``guard.judged``), is at or above the project's
+threshold are read from Redis in one ``MGET``, and the first
 that is still a valid entry is the answer. A candidate whose
 entry is gone is removed from the index, never served.
 
@@ -41,7 +42,7 @@ from ...metrics import Metrics
 from ...settings import Settings
 from .embedder import Embedder, EmbedderUnavailable
 from .engine import auto_threads, predicted_space
-from .guard import agree
+from .guard import MAX_LEXICAL_BOOST, judged
 from .index import RedisStreamIndex, SemanticIndex, _retrieve
 from .notify import IndexNotifier
 from .partition import Question, normalized
@@ -209,16 +210,17 @@ class SemanticCache:
     def _agreeing(
         self, question: Question, vector: Vector, threshold: float
     ) -> list[tuple[str, float]]:
-        """The best indexed questions at or above ``threshold`` that the guard lets
-        through (best first, at most ``MAX_CANDIDATES``)."""
+        """The best indexed questions whose judged score (``guard.judged``) is at or above
+        ``threshold`` (best first, at most ``MAX_CANDIDATES``), with that score."""
         found: list[tuple[str, float]] = []
-        nearest = self.index.nearest(question.partition, vector, threshold, SHORTLISTED)
-        for candidate in nearest:
-            if agree(question.text, candidate.text):
-                found.append((candidate.fingerprint, candidate.score))
-                if len(found) == MAX_CANDIDATES:
-                    break
-        return found
+        # Shortlisted by cosine down to the most the words' weighing can add to a score.
+        bound = threshold - MAX_LEXICAL_BOOST
+        for candidate in self.index.nearest(question.partition, vector, bound, SHORTLISTED):
+            score = judged(question.text, candidate.text, candidate.score)
+            if score is not None and score >= threshold:
+                found.append((candidate.fingerprint, score))
+        found.sort(key=lambda item: -item[1])
+        return found[:MAX_CANDIDATES]
 
     async def _forget(self, partition: str, fingerprint: str) -> None:
         try:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from origin.store.semantic.guard import agree, words
+from origin.store.semantic.guard import MAX_LEXICAL_BOOST, agree, judged, words
 from origin.store.semantic.partition import MAX_TEXT_CHARS, normalized, question
 from prism import ChatRequest, parse_chat_request
 from prism.routes import CHAT_PATH
@@ -107,6 +107,17 @@ def test_the_guard_refuses_what_the_score_cannot_see(a: str, b: str) -> None:
 )
 def test_the_guard_lets_paraphrases_through(a: str, b: str) -> None:
     assert agree(a, b) and agree(b, a)
+
+
+def test_the_judged_score_weighs_the_cosine_by_the_content_words_shared() -> None:
+    # Other words, the same question: the score counts for more than the cosine says.
+    reworded = judged("How should one get rid of chronic dandruff?", "cure for bad dandruff", 0.9)
+    # The same words but one name: for less (template questions differing in a detail).
+    template = judged("rehab center near Greene County", "rehab center near Greene county", 0.9)
+    assert reworded is not None and 0.9 < reworded <= 0.9 + MAX_LEXICAL_BOOST
+    assert template == pytest.approx(0.9 - MAX_LEXICAL_BOOST)
+    # What the guard refuses has no score at all, however high its cosine.
+    assert judged("convert 5 km to miles", "convert 5 miles to km", 0.99) is None
 
 
 def test_words_split_contractions_and_keep_numbers_and_symbols() -> None:
