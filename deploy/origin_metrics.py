@@ -131,15 +131,12 @@ class Frame:
             "status": self.health.status,
             "uptime_seconds": self.health.uptime_seconds,
             "interval_seconds": None if rates is None else round(rates.seconds, 3),
-            "requests": {
-                "kv": None,  # answered at the edge: the origin never sees them
-                **{
-                    layer: {
-                        "total": self.totals.requests.get(layer, 0.0),
-                        "per_second": None if rates is None else rates.requests.get(layer, 0.0),
-                    }
-                    for layer in LAYERS
-                },
+            "requests": {  # kv: the edge's hits, as its records told this origin
+                layer: {
+                    "total": self.totals.requests.get(layer, 0.0),
+                    "per_second": None if rates is None else rates.requests.get(layer, 0.0),
+                }
+                for layer in LAYERS
             },
             "hit_ratio": None if rates is None else rates.hit_ratio,
             "hit_ratio_since_start": self.totals.hit_ratio,

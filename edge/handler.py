@@ -31,6 +31,7 @@ from .origins import Origins
 from .pipeline import CachedApiRoute
 from .platform import EdgeRequest, EdgeResponse, Platform
 from .policy_cache import PolicyCache
+from .request_log import EdgeRequestLog, RequestNote
 from .revocation import RevocationSet
 from .routes import ROUTES, STORED_RESPONSES, EdgeRoute, canonical_path
 from .settings import EdgeSettings
@@ -71,6 +72,10 @@ class EdgeHandler:
         if routes.keys() != ROUTES.keys():
             raise RuntimeError(f"edge routes {sorted(routes)} are not the table's")
         self.routes = routes
+        # What this isolate answers itself is told to the origin (edge/request_log.py).
+        self.request_log = (
+            EdgeRequestLog(settings.forward_secret, self.origins) if settings.request_log else None
+        )
         self._key_ring = settings.key_ring
         # Request ids need to be unique, not secret: a random prefix per isolate and a counter.
         self._id_prefix = secrets.token_hex(4)
@@ -79,23 +84,36 @@ class EdgeHandler:
     async def handle(self, request: EdgeRequest, platform: Platform) -> EdgeResponse:
         request_id = request.headers.get(h.REQUEST_ID) or f"{self._id_prefix}{next(self._ids):08x}"
         timings: Timings = []
+        note = RequestNote(request_id, timings)
         path = canonical_path(request.path)
         route = None if path is None else self.routes[path]
+        failure: PrismError | None = None
         try:
             if route is None:
                 raise NotFoundError(f"Unknown route {request.method} {request.path[:200]}.")
-            response = await self._serve(route, request, platform, timings, request_id)
+            response = await self._serve(route, request, platform, note)
         except PrismError as error:
+            failure = error
             response = _error_response(error, route)
         except Exception as error:  # a bug still answers in the API's format, and is told
             platform.log_error(f"prism edge: request {request_id} failed: {error!r}")
-            response = _error_response(PrismError("The gateway failed unexpectedly."), route)
+            failure = PrismError("The gateway failed unexpectedly.")
+            response = _error_response(failure, route)
         response.headers[h.REQUEST_ID] = request_id
         edge_timing = h.server_timing(timings)
         origin_timing = response.headers.get(h.SERVER_TIMING)
         response.headers[h.SERVER_TIMING] = (
             f"{edge_timing}, {origin_stages(origin_timing)}" if origin_timing else edge_timing
         )
+        log = self.request_log
+        if (
+            log is not None
+            and path is not None
+            and origin_timing is None
+            and response.passthrough is None
+        ):  # a route's request answered here (the origin logs what it answered): sent after
+            log.add(note, request.method, path, response, failure, edge_timing, platform.now())
+            log.send_soon(platform)
         return response
 
     async def _serve(
@@ -103,8 +121,7 @@ class EdgeHandler:
         route: EdgeRoute,
         request: EdgeRequest,
         platform: Platform,
-        timings: Timings,
-        request_id: str,
+        note: RequestNote,
     ) -> EdgeResponse:
         if request.method not in route.methods:
             raise MethodNotAllowedError(f"Method {request.method[:20]} is not allowed here.")
@@ -116,12 +133,13 @@ class EdgeHandler:
         try:
             revoked = await self.revoked.contains(identity.key_id, platform.now(), platform.kv_get)
         except Exception as error:  # KV failing: the last known set still holds
-            survived("revocation", error, request_id, platform, timings)
+            survived("revocation", error, note.id, platform, note.timings)
             revoked = identity.key_id in self.revoked
         if revoked:
             raise AuthenticationError("This API key has been revoked.", code="key_revoked")
-        timings.append(("auth", elapsed_ms(started, platform.now())))
-        return await route.serve(request, platform, identity, timings, request_id)
+        note.project, note.key_id = identity.project, identity.key_id
+        note.timings.append(("auth", elapsed_ms(started, platform.now())))
+        return await route.serve(request, platform, identity, note)
 
 
 def _error_response(error: PrismError, route: EdgeRoute | None) -> EdgeResponse:

@@ -22,6 +22,7 @@ from .deadlines import DeadlineTimer
 from .forward import OriginForwarder
 from .platform import EdgeRequest, EdgeResponse, Platform
 from .policy_cache import PolicyCache
+from .request_log import RequestNote
 from .routes import ROUTES
 from .settings import EdgeSettings
 from .timings import Timings, elapsed_ms, survived
@@ -107,15 +108,14 @@ class ModelsRoute:
         request: EdgeRequest,
         platform: Platform,
         identity: KeyIdentity,
-        timings: Timings,
-        request_id: str,
+        note: RequestNote,
     ) -> EdgeResponse:
         if "no-cache" not in request.headers.get("cache-control", ""):
-            listed = await self._published(platform, identity, timings, request_id)
+            listed = await self._published(platform, identity, note.timings, note.id)
             if listed is not None:
                 return listed
         return await self._forwarder.forward(
-            "GET", MODELS_PATH, request, platform, identity, "", None, timings
+            "GET", MODELS_PATH, request, platform, identity, "", None, note.timings
         )
 
     async def _published(

@@ -36,6 +36,7 @@ from .deadlines import DeadlineTimer
 from .forward import OriginForwarder
 from .platform import EdgeRequest, EdgeResponse, Platform
 from .policy_cache import PolicyCache
+from .request_log import RequestNote
 from .routes import ROUTES
 from .settings import EdgeSettings
 from .timings import Timings, elapsed_ms, survived
@@ -101,10 +102,10 @@ class CachedApiRoute(Generic[R]):
         request: EdgeRequest,
         platform: Platform,
         identity: KeyIdentity,
-        timings: Timings,
-        request_id: str,
+        note: RequestNote,
     ) -> EdgeResponse:
         project = identity.project
+        timings, request_id = note.timings, note.id
         started = platform.now()
         body = await self._read_body(request, platform)
         known = self._bodies.get(project, body)
@@ -114,6 +115,7 @@ class CachedApiRoute(Generic[R]):
             self._bodies.put(project, body, parsed, fp)
         else:
             parsed, fp = known
+        note.model, note.stream, note.fingerprint = parsed.model, parsed.stream, fp
         decision = self._classify(parsed, request.headers.get("cache-control"))
         # CPU only, and the Workers clock stands still while code runs: I/O stages only.
         timings.append(("parse", elapsed_ms(started, platform.now())))
@@ -133,6 +135,7 @@ class CachedApiRoute(Generic[R]):
             envelope = self._entries.decode(cached, platform.now()) if cached else None
             if envelope is not None:
                 headers[h.CACHE_LAYER] = "kv"
+                note.usage = envelope.usage
                 if parsed.stream:
                     headers["content-type"] = SSE
                     headers["cache-control"] = "no-cache"

@@ -19,7 +19,7 @@ from prism import KeyIdentity, PrismError
 from prism.routes import CHAT_PATH, EMBEDDINGS_PATH, MESSAGES_PATH, MODELS_PATH, RESPONSES_PATH
 
 from .platform import EdgeRequest, EdgeResponse, Platform
-from .timings import Timings
+from .request_log import RequestNote
 
 __all__ = [
     "ROUTES",
@@ -61,8 +61,7 @@ class EdgeRoute(Protocol):
         request: EdgeRequest,
         platform: Platform,
         identity: KeyIdentity,
-        timings: Timings,
-        request_id: str,
+        note: RequestNote,  # the request's id and stages, and what its record needs
     ) -> EdgeResponse: ...
 
 

@@ -40,6 +40,9 @@ class EdgeSettings:
     # PRISM_TRACE=on (when the origin exports traces): the edge starts its own span on each
     # forward. Off, a client's traceparent is passed on as it came, at no cost.
     trace: bool = False
+    # PRISM_REQUEST_LOG=off: the isolate keeps no records of what it answers itself (KV
+    # hits, refusals) and sends none to the origin (edge/request_log.py).
+    request_log: bool = True
 
     @classmethod
     def from_env(cls, get: Callable[[str], str | None]) -> EdgeSettings:
@@ -82,6 +85,11 @@ class EdgeSettings:
             raise ValueError(f"PRISM_TRACE must be on or off, not {trace[:20]!r}")
         if trace == "on":
             optional["trace"] = True
+        request_log = (get("PRISM_REQUEST_LOG") or "on").strip().lower()
+        if request_log not in ("on", "off"):
+            raise ValueError(f"PRISM_REQUEST_LOG must be on or off, not {request_log[:20]!r}")
+        if request_log == "off":
+            optional["request_log"] = False
         max_body = get("PRISM_MAX_BODY_BYTES")
         if max_body:
             optional["limits"] = Limits(max_body_bytes=int(max_body))

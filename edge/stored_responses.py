@@ -12,8 +12,8 @@ from prism import KeyIdentity, MethodNotAllowedError, PrismError, error_json
 
 from .forward import OriginForwarder
 from .platform import EdgeRequest, EdgeResponse, Platform
+from .request_log import RequestNote
 from .routes import ROUTES, STORED_RESPONSES, normal_path, stored_response_methods
-from .timings import Timings
 
 __all__ = ["StoredResponsesRoute"]
 
@@ -32,12 +32,11 @@ class StoredResponsesRoute:
         request: EdgeRequest,
         platform: Platform,
         identity: KeyIdentity,
-        timings: Timings,
-        request_id: str,
+        note: RequestNote,
     ) -> EdgeResponse:
         path = normal_path(request.path)  # the handler matched it: a stored response's
         if request.method not in stored_response_methods(path):
             raise MethodNotAllowedError(f"Method {request.method[:20]} is not allowed here.")
         return await self._forwarder.forward(
-            request.method, path, request, platform, identity, "", None, timings
+            request.method, path, request, platform, identity, "", None, note.timings
         )

@@ -18,9 +18,17 @@ import orjson
 
 from prism import AuthenticationError, NotFoundError, UpstreamUnavailableError
 from prism import headers as h
-from prism.routes import CHAT_PATH, EMBEDDINGS_PATH, MESSAGES_PATH, MODELS_PATH, RESPONSES_PATH
+from prism.routes import (
+    CHAT_PATH,
+    EMBEDDINGS_PATH,
+    MESSAGES_PATH,
+    MODELS_PATH,
+    REQUEST_LOG_PATH,
+    RESPONSES_PATH,
+)
 
 from .apis.chat import CHAT
+from .apis.edge_records import EdgeRecords
 from .apis.embeddings import EMBEDDINGS
 from .apis.messages import MESSAGES
 from .apis.pipeline import ApiRoute
@@ -226,6 +234,11 @@ def create_app(
             name="responses",
         ),
         Route(RESPONSES_PATH + "/", stored_response, frozenset({"GET", "POST", "DELETE"})),
+        Route(
+            REQUEST_LOG_PATH,
+            EdgeRecords(settings.forward_secret, gateway.billing, gateway.metrics),
+            frozenset({"POST"}),
+        ),
         Route("/healthz", alive),
     ]
     dashboard = None

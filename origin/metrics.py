@@ -15,7 +15,8 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 
 
 class _RequestStats(Collector):
-    """``prism_origin_requests_total`` and ``prism_origin_request_duration_seconds``.
+    """``{prefix}_requests_total`` and ``{prefix}_request_duration_seconds``: the origin's
+    answers (``prism_origin``), and the edge's own as its records tell (``prism_edge``).
 
     Recorded on every request, so kept as plain numbers and exported at scrape time:
     only the event loop's thread touches them (scrapes included), so they need none of
@@ -25,7 +26,9 @@ class _RequestStats(Collector):
     costs one dict lookup.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str, answered_by: str) -> None:
+        self._prefix = prefix
+        self._answered_by = answered_by
         # Per (route, status, layer): a count per bucket (the last one is +Inf), then the sum.
         self.series: dict[tuple[str, int, str], list[float]] = {}
 
@@ -38,8 +41,8 @@ class _RequestStats(Collector):
 
     def collect(self) -> Iterator[Metric]:
         requests = CounterMetricFamily(
-            "prism_origin_requests",
-            "Requests answered, by route, status and cache layer.",
+            f"{self._prefix}_requests",
+            f"Requests {self._answered_by}, by route, status and cache layer.",
             labels=("route", "status", "layer"),
         )
         histograms: dict[tuple[str, str], list[float]] = {}
@@ -50,7 +53,7 @@ class _RequestStats(Collector):
                 histogram[index] += value
         yield requests
         durations = HistogramMetricFamily(
-            "prism_origin_request_duration_seconds",
+            f"{self._prefix}_request_duration_seconds",
             "Time to the response head, by route and cache layer.",
             labels=("route", "layer"),
         )
@@ -67,11 +70,14 @@ class _RequestStats(Collector):
 class Metrics:
     def __init__(self) -> None:
         self.registry = registry = CollectorRegistry(auto_describe=True)
-        self._requests = _RequestStats()
+        self._requests = _RequestStats("prism_origin", "answered")
         registry.register(self._requests)
         # Count one answered request and observe its time to the response head (route,
         # status, layer, seconds): the stats' own method, one call per request.
         self.record_request: Callable[[str, int, str, float], None] = self._requests.record
+        edge = _RequestStats("prism_edge", "the edge answered itself (KV hits, refusals)")
+        registry.register(edge)
+        self.record_edge_request: Callable[[str, int, str, float], None] = edge.record
         self.provider_seconds = Histogram(
             "prism_provider_latency_seconds",
             "Provider time to first byte (stream) or to the full answer.",
@@ -84,6 +90,13 @@ class Metrics:
             "Edge forward headers refused: malformed, signature (forged, or replayed on another"
             " route or method), expired, or body (replayed with another body).",
             ("reason",),
+            registry=registry,
+        )
+        self.edge_records = Counter(
+            "prism_edge_request_records",
+            "Records of requests the edge answered itself (KV hits, refusals): received, or"
+            " dropped at the edge (its queue was full while no origin took them).",
+            ("outcome",),
             registry=registry,
         )
         self.coalesced = Counter(

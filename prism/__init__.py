@@ -25,7 +25,7 @@ from .errors import (
     error_json,
 )
 from .fingerprint import EXCLUDED_FIELDS, canonical_document, fingerprint
-from .forward import Forwarded, ForwardRejected, sign_forward, verify_forward
+from .forward import Forwarded, ForwardRejected, body_digest, sign_forward, verify_forward
 from .keys import (
     REVOKED_KEY,
     KeyIdentity,
@@ -90,6 +90,7 @@ __all__ = [
     "UpstreamTimeoutError",
     "UpstreamUnavailableError",
     "bearer_token",
+    "body_digest",
     "canonical_document",
     "classify",
     "decode_envelope",

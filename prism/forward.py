@@ -23,7 +23,14 @@ from dataclasses import dataclass
 from . import headers as h
 from .errors import AuthenticationError
 
-__all__ = ["FORWARD_TTL_SECONDS", "ForwardRejected", "Forwarded", "sign_forward", "verify_forward"]
+__all__ = [
+    "FORWARD_TTL_SECONDS",
+    "ForwardRejected",
+    "Forwarded",
+    "body_digest",
+    "sign_forward",
+    "verify_forward",
+]
 
 # What the edge needs between signing and the origin reading the headers (one
 # subrequest), plus clock skew; the header is useless to a replay after that.
@@ -50,6 +57,12 @@ class Forwarded:
     key_id: str
     fingerprint: str
     expires: int
+
+
+def body_digest(body: bytes) -> str:
+    """What a forward that is not an API request (the edge's request records) signs in
+    the fingerprint's place: the body's SHA-256, so the origin can check the bytes."""
+    return hashlib.sha256(body).hexdigest()
 
 
 def _signature(secret: bytes, message: str, method: str, path: str) -> str:

@@ -12,6 +12,7 @@ __all__ = [
     "MESSAGES_PATH",
     "MODELS_KEY",
     "MODELS_PATH",
+    "REQUEST_LOG_PATH",
     "RESPONSES_PATH",
 ]
 
@@ -24,6 +25,9 @@ MODELS_PATH = "/v1/models"
 # The origin's liveness on its public port: answered from its event loop, no I/O; the
 # edge probes it when an answer is slow to start, load balancers check it.
 HEALTH_PATH = "/healthz"
+# Where the edge sends the records of the requests it answered itself (KV hits, refusals):
+# the origin's public port, signed like a forward, never an API a key can call.
+REQUEST_LOG_PATH = "/prism/request-log"
 MODELS_KEY = "prism:models"  # the origin's model list, published to Workers KV for the edge
 CLOUDFLARE_API_URL = "https://api.cloudflare.com/client/v4"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"  # the origin's and `prism keys`' default

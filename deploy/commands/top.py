@@ -143,11 +143,14 @@ def render(frame: Frame, interval: float, live: bool, width: int = 160) -> Rende
         f" · every {interval:g} s" + (" · q to quit" if live else ""),
     )
 
-    layers = Table(title="Requests (this origin)", title_justify="left", min_width=40)
+    layers = Table(
+        title="Requests (this origin, and the edge's told to it)",
+        title_justify="left",
+        min_width=40,
+    )
     layers.add_column("layer")
     layers.add_column("req/s", justify="right")
     layers.add_column("total", justify="right")
-    layers.add_row("kv (edge)", _NONE, _NONE, style="dim")
     for layer in LAYERS:
         per_second = None if rates is None else rates.requests.get(layer, 0.0)
         layers.add_row(layer, _number(per_second), f"{totals.requests.get(layer, 0):,.0f}")
@@ -161,7 +164,7 @@ def render(frame: Frame, interval: float, live: bool, width: int = 160) -> Rende
         f"hit ratio {_percent(None if rates is None else rates.hit_ratio)} (last interval)\n"
         f"          {_percent(totals.hit_ratio)} (since start)\n"
         f"5xx/s     {_number(None if rates is None else rates.server_errors, 2)}\n"
-        "kv: hits served by Workers KV at the\nedge never reach the origin.",
+        "kv: hits served by Workers KV at the\nedge, told to this origin after them.",
         style="",
     )
 

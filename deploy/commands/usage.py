@@ -33,6 +33,7 @@ def _cells(row: UsageRow) -> list[str]:
         row.day,
         row.key_id,
         row.model,
+        f"{r.get('kv', 0):,}",
         f"{r.get('redis', 0):,}",
         f"{r.get('semantic', 0):,}",
         f"{r.get('miss', 0) + r.get('bypass', 0):,}",
@@ -49,7 +50,17 @@ def _print(report: UsageReport) -> None:
     table = Table(title=f"Usage of {report.project}, {report.since} to {report.until} (UTC)")
     for name in ("Day", "Key", "Model"):
         table.add_column(name)
-    numbers = ("Hits", "Semantic", "Calls", "Coalesced", "Tokens in", "Tokens out", "Cost", "Saved")
+    numbers = (
+        "KV hits",
+        "Redis hits",
+        "Semantic",
+        "Calls",
+        "Coalesced",
+        "Tokens in",
+        "Tokens out",
+        "Cost",
+        "Saved",
+    )
     for name in numbers:
         table.add_column(name, justify="right")
     for row in report.rows:
@@ -61,8 +72,9 @@ def _print(report: UsageReport) -> None:
     if not report.rows:
         console.print("No usage recorded in this range.")
     console.print(
-        "Hits: answered from the origin's Redis (hits at the edge's Workers KV are not "
-        "seen by the origin). Semantic: paraphrases answered from the semantic cache. "
+        "KV hits: answered at the edge from Workers KV (counted when the edge's records "
+        "reach the origin, seconds later). Redis hits: answered from the origin's Redis. "
+        "Semantic: paraphrases answered from the semantic cache. "
         "Calls: provider calls (misses and cache bypasses)."
     )
     status = report.budget

@@ -16,10 +16,13 @@ from prometheus_client.core import Metric
 
 __all__ = ["LAYERS", "STATES", "Rates", "Totals", "hit_ratio", "rates_between", "totals_of"]
 
-# The layers the origin answers from (``x-prism-edge-cache-layer``). ``kv`` hits are
-# answered at the edge and never reach the origin: no origin figure can show them.
-LAYERS = ("miss", "redis", "semantic", "bypass")
-HIT_LAYERS = ("redis", "semantic")
+# The layers a request is answered from (``x-prism-edge-cache-layer``): ``kv`` hits are
+# answered at the edge, and counted by the origin their records reach
+# (``origin/apis/edge_records.py``); ``refused`` are the edge's own refusals.
+LAYERS = ("miss", "kv", "redis", "semantic", "bypass")
+HIT_LAYERS = ("kv", "redis", "semantic")
+# The origin's answers, and the edge's own as their records tell the origin.
+_REQUESTS = frozenset({"prism_origin_requests", "prism_edge_requests"})
 # ``prism_provider_state``'s values.
 STATES = ("healthy", "probing", "demoted")
 
@@ -90,7 +93,7 @@ def totals_of(families: Iterable[Metric], at: float) -> Totals:
         name = family.name
         for sample in family.samples:
             labels, value = sample.labels, sample.value
-            if name == "prism_origin_requests" and sample.name.endswith("_total"):
+            if name in _REQUESTS and sample.name.endswith("_total"):
                 layer = labels.get("layer", "bypass")
                 requests[layer] = requests.get(layer, 0.0) + value
                 if labels.get("status", "").startswith("5"):

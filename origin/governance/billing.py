@@ -61,21 +61,25 @@ class Billing:
         now: float,
         layer: str = "redis",
     ) -> None:
-        """A hit (``layer``: redis or semantic): nothing spent; saved what its entry cost
-        (0 when unknown)."""
+        """A hit (``layer``: redis or semantic; the edge's ``kv`` hits are counted from
+        their records, ``saved``): nothing spent; saved what its entry cost (0 when
+        unknown)."""
         known = self._saved.get(id(envelope))
         if known is not None and known[0] is envelope:
             saved = known[1]
         else:
-            saved = 0
-            tokens = tokens_of(envelope.usage)
-            price = self.budgets.model_prices(model)[0] if tokens is not None else None
-            if price is not None and tokens is not None:
-                saved = cost_micros(price, tokens)
+            saved = self.saved(model, envelope.usage)
             if len(self._saved) >= 1024:
                 self._saved.clear()
             self._saved[id(envelope)] = (envelope, saved)
         self.usage.hit(project, key_id, model, saved, now, layer)
+
+    def saved(self, model: str, usage: dict[str, Any] | None) -> int:
+        """What an answer with ``usage`` would have cost on ``model``, in micro-dollars (0
+        when its tokens or the model's price are unknown)."""
+        tokens = tokens_of(usage)
+        price = self.budgets.model_prices(model)[0] if tokens is not None else None
+        return cost_micros(price, tokens) if price is not None and tokens is not None else 0
 
     async def open(
         self,

@@ -10,7 +10,7 @@ Redis::
 
     prism:usage:<project>:<YYYY-MM-DD>   hash, fields "<counter>|<key id>|<model>":
         requests.redis | requests.semantic | requests.miss | requests.bypass
-        | requests.coalesced
+        | requests.coalesced | requests.kv
         tokens_in, tokens_out   as the provider reported them (prompt, completion)
         cost_micros             what the provider charged, integer micro-USD
         saved_micros            what cache hits would have cost (their entry's usage)
@@ -18,8 +18,9 @@ Redis::
 
 Layers: ``redis`` and ``semantic`` are hits (an exact one, and a paraphrase answered from
 the semantic cache; days written before ``semantic`` was counted apart have no such field
-and counted those hits as ``redis``); ``kv`` hits are answered at the edge and never reach
-the origin, so they are not counted here; ``coalesced`` requests rode on another request's
+and counted those hits as ``redis``); ``kv`` hits are answered at the edge, which sends
+their records to the origin after the response (``origin/apis/edge_records.py``), and
+count when those arrive (earlier days have none); ``coalesced`` requests rode on another request's
 provider call (that request's key pays for it, see ``origin/governance/billing.py``). ``/metrics``
 exports this process's totals by project and model (``prism_usage_*``).
 """
@@ -44,7 +45,7 @@ __all__ = ["FIELDS", "LAYERS", "USAGE_SCRIPT", "UsageRecorder", "usage_key"]
 
 log = logging.getLogger("prism.origin")
 
-LAYERS = ("redis", "semantic", "miss", "bypass", "coalesced")
+LAYERS = ("redis", "semantic", "miss", "bypass", "coalesced", "kv")
 # One slot per counter, in this order, in the in-memory rows and the hash fields.
 FIELDS = (
     *(f"requests.{layer}" for layer in LAYERS),

@@ -57,7 +57,14 @@ def test_usage_prints_what_the_origin_recorded(
     report = json.loads(result.stdout)
     [row] = report["rows"]
     assert (row["day"], row["key_id"], row["model"]) == (day, _key_id(api_key), MODEL)
-    assert row["requests"] == {"redis": 1, "semantic": 0, "miss": 2, "bypass": 0, "coalesced": 0}
+    assert row["requests"] == {
+        "redis": 1,
+        "semantic": 0,
+        "miss": 2,
+        "bypass": 0,
+        "coalesced": 0,
+        "kv": 0,
+    }
     assert row["tokens_in"] > first.json()["usage"]["prompt_tokens"]
     assert row["cost_usd"] > 0 and 0 < row["saved_usd"] < row["cost_usd"]
     assert report["totals"]["requests"]["miss"] == 2
@@ -87,7 +94,14 @@ def test_a_day_written_before_semantic_hits_were_counted_apart_reads_none(
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     [row] = report["rows"]
-    assert row["requests"] == {"redis": 3, "semantic": 0, "miss": 1, "bypass": 0, "coalesced": 0}
+    assert row["requests"] == {
+        "redis": 3,
+        "semantic": 0,
+        "miss": 1,
+        "bypass": 0,
+        "coalesced": 0,
+        "kv": 0,
+    }
     assert report["totals"]["requests"]["semantic"] == 0
 
     text = usage(redis_url, "--project", "acme")

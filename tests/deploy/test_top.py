@@ -99,7 +99,7 @@ def test_json_frame_shows_rates_providers_and_spend_today(
 
     found = wait_for(frame, timeout=CLI_START, interval=0.2)  # a `prism top` each try
     assert found["url"] == dev_stack.info["origin_admin_url"]
-    assert found["requests"]["kv"] is None
+    assert found["requests"]["kv"]["total"] == 0  # the edge's hits, once its records come
     assert found["providers"]["openai"]["state"] == "healthy"
     assert found["spend"]["scope"] == "today"  # the dev stack's admin key was found
     assert found["spend"]["projects"]["dev"]["cost_usd"] > 0
@@ -164,7 +164,7 @@ def test_top_refreshes_in_a_real_terminal_and_quits_cleanly(
             ) from None
         assert "prism top " + dev_stack.info["origin_admin_url"] in shown
         assert "q to quit" in shown and "Spend today (UTC, every origin)" in shown
-        assert "kv (edge)" in shown  # said plainly: the origin cannot see KV hits
+        assert "kv" in shown and "told to this origin" in shown  # the edge's hits, as told
         subprocess.run([*tmux, "send-keys", "-t", "top", quit_key], check=True, timeout=10)
         after = wait_for(lambda: "prism top exited" in screen() and screen(), timeout=15)
         assert "prism top exited 0" in after

@@ -40,7 +40,7 @@ class CutStack:
 def stack(
     tmp_path_factory: pytest.TempPathFactory,
     workers_runtime_factory: WorkersRuntimeFactory,
-    redis_server: RedisServer,
+    module_redis: RedisServer,
 ) -> Iterator[CutStack]:
     bundle = build_edge("local", tmp_path_factory.mktemp("cut") / "bundle")
     provider = ProviderServer(ProviderSettings()).start()
@@ -64,7 +64,7 @@ def stack(
     )
     kv = KVApi(runtime)
     origin = serve_origin(
-        Settings.from_env(origin_env(redis_server.url, provider.url, **kv.settings())), port
+        Settings.from_env(origin_env(module_redis.url, provider.url, **kv.settings())), port
     )
     try:
         yield CutStack(runtime, proxy, provider)

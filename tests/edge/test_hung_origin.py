@@ -86,7 +86,7 @@ def hung(origin: RunningOrigin) -> Iterator[None]:
 def stack(
     tmp_path_factory: pytest.TempPathFactory,
     workers_runtime_factory: WorkersRuntimeFactory,
-    redis_server: RedisServer,
+    module_redis: RedisServer,
 ) -> Iterator[Hung]:
     base = tmp_path_factory.mktemp("hung")
     bundle = build_edge("local", base / "bundle")
@@ -127,7 +127,7 @@ def stack(
         name: serve_origin(
             Settings.from_env(
                 origin_env(
-                    redis_server.url,
+                    module_redis.url,
                     provider.url,
                     **kv.settings(),
                     PRISM_KV_FLUSH_INTERVAL="0.05",

@@ -125,7 +125,7 @@ def requests_of(origin: RunningOrigin) -> float:
 def regions(
     tmp_path_factory: pytest.TempPathFactory,
     workers_runtime_factory: WorkersRuntimeFactory,
-    redis_server: RedisServer,
+    module_redis: RedisServer,
 ) -> Iterator[Regions]:
     base = tmp_path_factory.mktemp("regions")
     bundle = build_edge("local", base / "bundle")
@@ -158,7 +158,7 @@ def regions(
     )
     kv = KVApi(runtime)
     origins = {
-        name: serve_replicating_origin(kv, redis_server.url, provider.url, port)
+        name: serve_replicating_origin(kv, module_redis.url, provider.url, port)
         for name, port in ports.items()
     }
     try:

@@ -137,7 +137,8 @@
       (100 * p.error_rate).toFixed(1) + " %", p.p50_ms, p.p95_ms, p.reason || "",
     ]));
     fillTable("projects", Object.entries(latest.projects || {}).map(([name, p]) => [
-      name, p.requests.redis + p.requests.semantic, p.requests.miss + p.requests.bypass,
+      name, (p.requests.kv || 0) + p.requests.redis + p.requests.semantic,
+      p.requests.miss + p.requests.bypass,
       p.requests.coalesced,
       usd(p.cost_usd), usd(p.saved_usd),
     ]));

@@ -145,7 +145,7 @@ def test_the_history_shows_rates_by_layer_providers_and_spend(
     origin = origin_factory(DASHBOARD_ENV)
     send_traffic(origin, api_key, "dashboard history")
     found = wait_for(lambda: shows_traffic(origin), timeout=15, interval=0.2)
-    assert found["layers"] == ["miss", "redis", "semantic", "bypass"]
+    assert found["layers"] == ["miss", "kv", "redis", "semantic", "bypass"]
     assert len(found["t"]) >= 2 and found["t"] == sorted(found["t"])
     assert found["requests"]["redis"][0] is None  # nothing to compare the first point with
     assert max(r or 0 for r in found["requests"]["miss"]) > 0
@@ -155,7 +155,14 @@ def test_the_history_shows_rates_by_layer_providers_and_spend(
     assert latest["providers"]["openai"]["state"] == "healthy"
     assert found["providers"]["openai"]["state"][-1] == 0
     acme = latest["projects"]["acme"]
-    assert acme["requests"] == {"redis": 3, "semantic": 0, "miss": 1, "bypass": 0, "coalesced": 0}
+    assert acme["requests"] == {
+        "redis": 3,
+        "semantic": 0,
+        "miss": 1,
+        "bypass": 0,
+        "coalesced": 0,
+        "kv": 0,
+    }
     assert acme["cost_usd"] > 0 and acme["saved_usd"] > 0
     assert max(v or 0 for v in found["projects"]["acme"]["spend_usd"]) == acme["cost_usd"]
     assert latest["kv"]["queued"] == 0

@@ -359,4 +359,5 @@ def test_usage_counts_each_apis_requests_tokens_cost_and_hit_savings(
         "miss": 1,
         "bypass": 0,
         "coalesced": 0,
+        "kv": 0,
     }

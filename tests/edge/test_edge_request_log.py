@@ -1,0 +1,72 @@
+"""Through the edge in the real local Workers runtime: what the PoP answers itself (a KV hit,
+a refused key) reaches the origin as records after the response, so usage and the origin's
+figures count the KV hit; what the origin answered is not told twice."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import UTC, datetime
+
+import httpx
+import redis
+
+from origin.dashboard.figures import totals_of
+from tests.fixtures.edge import EdgeStack
+from tests.polling import wait_for
+
+CHAT = "/v1/chat/completions"
+
+
+def edge_metric(edge: EdgeStack, name: str, **labels: str) -> float:
+    value = edge.origin.gateway.metrics.registry.get_sample_value(name, labels)
+    return value or 0.0
+
+
+def test_a_kv_hit_and_a_refused_key_reach_the_origin_as_records(
+    edge: EdgeStack, api_key: str
+) -> None:
+    key_id = edge.key_ring.verify(api_key).key_id
+    body = {"model": "demo", "messages": [{"role": "user", "content": secrets.token_hex(6)}]}
+    auth = {"authorization": f"Bearer {api_key}"}
+    with httpx.Client(base_url=edge.url, headers=auth, timeout=30) as http:
+        assert http.post(CHAT, json=body).headers["x-prism-edge-cache-layer"] == "miss"
+        kv_before = edge_metric(
+            edge, "prism_edge_requests_total", route="chat", status="200", layer="kv"
+        )
+        # The origin's KV writer puts the entry in KV; from then on the PoP answers.
+        wait_for(lambda: http.post(CHAT, json=body).headers["x-prism-edge-cache-layer"] == "kv")
+        refused_before = edge_metric(
+            edge, "prism_edge_requests_total", route="chat", status="401", layer="refused"
+        )
+        bad = http.post(CHAT, json=body, headers={"authorization": "Bearer sk-not-a-key"})
+        assert bad.status_code == 401
+    # Sent after the responses (waitUntil): polled for, not waited on.
+    wait_for(
+        lambda: (
+            edge_metric(edge, "prism_edge_requests_total", route="chat", status="200", layer="kv")
+            > kv_before
+        ),
+        timeout=10,
+    )
+    wait_for(
+        lambda: (
+            edge_metric(
+                edge, "prism_edge_requests_total", route="chat", status="401", layer="refused"
+            )
+            == refused_before + 1
+        ),
+        timeout=10,
+    )
+    # The KV hit counts in the project's usage and in the figures prism top and the
+    # dashboard read (kv among the hit layers).
+    day = datetime.now(UTC).strftime("%Y-%m-%d")
+    with redis.Redis.from_url(edge.redis_url) as admin:
+        field = f"requests.kv|{key_id}|demo".encode()
+        wait_for(lambda: int(admin.hget(f"prism:usage:acme:{day}", field) or 0) >= 1, timeout=10)
+    totals = totals_of(edge.origin.gateway.metrics.registry.collect(), 0.0)
+    assert totals.requests["kv"] >= 1 and totals.hit_ratio is not None
+    # Only the PoP's own answers are told: the miss the origin answered is its record.
+    assert (
+        edge_metric(edge, "prism_edge_requests_total", route="chat", status="200", layer="miss")
+        == 0
+    )
