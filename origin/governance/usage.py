@@ -154,7 +154,8 @@ class UsageRecorder(Collector):
         self._process = secrets.token_hex(8)
         self._batches = 0
         self.dropped = 0  # rows lost: too many pending, or a batch never written
-        self.retried = 0  # batches sent again after a failure
+        self.failures = 0  # batches that failed to be written (each time)
+        self.retried = 0  # batches written on a later try
 
     def _day(self, now: float) -> dict[Row, list[int]]:
         if not self._day_starts <= now < self._day_ends:
@@ -263,6 +264,7 @@ class UsageRecorder(Collector):
         try:
             await self._redis.execute("EVAL", USAGE_SCRIPT, len(keys), *keys, *batch.args)
         except RedisClientError as error:
+            self.failures += 1
             # An error reply is the script's own failure: sending it again would fail again.
             late = time.monotonic() - batch.made > RETRY_SECONDS
             if isinstance(error, RedisReplyError) or late:
