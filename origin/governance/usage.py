@@ -81,6 +81,9 @@ _MAX_ROWS = 100_000  # pending rows while Redis is away: beyond it, new rows are
 # (MARKER_SECONDS), so every retry of a batch that did land still finds the marker.
 RETRY_SECONDS = 3000
 MARKER_SECONDS = 3600
+# Error replies that pass (a failover, a restart loading its data, a busy or full server):
+# the batch is sent again. Any other error reply is the batch's own, and it is dropped.
+_PASSING = ("READONLY", "MASTERDOWN", "LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "OOM")
 
 # KEYS[1] = the batch's marker, then the day hashes; ARGV[1] = the hashes' expiry (s),
 # ARGV[2] = the marker's (s), then per hash: n, then n (field, amount). The marker is set
@@ -265,9 +268,8 @@ class UsageRecorder(Collector):
             await self._redis.execute("EVAL", USAGE_SCRIPT, len(keys), *keys, *batch.args)
         except RedisClientError as error:
             self.failures += 1
-            # An error reply is the script's own failure: sending it again would fail again.
-            late = time.monotonic() - batch.made > RETRY_SECONDS
-            if isinstance(error, RedisReplyError) or late:
+            refused = isinstance(error, RedisReplyError) and not str(error).startswith(_PASSING)
+            if refused or time.monotonic() - batch.made > RETRY_SECONDS:
                 self._unsent = None
                 self.dropped += batch.rows
                 log.warning("usage flush failed, %d rows dropped: %s", batch.rows, error)

@@ -178,6 +178,39 @@ def test_a_batch_redis_refuses_is_dropped_and_counted(redis_url: str) -> None:
     admin.close()
 
 
+def test_a_batch_a_replica_refuses_during_a_failover_is_kept_for_the_new_primary(
+    tmp_path: Path,
+) -> None:
+    """READONLY (the recorder reached a replica) passes once it is promoted: kept, not
+    dropped like a batch Redis can never take."""
+    (tmp_path / "primary").mkdir()
+    (tmp_path / "replica").mkdir()
+    with (
+        RedisServer(workdir=tmp_path / "primary") as primary,
+        RedisServer(workdir=tmp_path / "replica", replica_of=primary) as replica,
+    ):
+        admin = redis.Redis.from_url(replica.url, decode_responses=True)
+
+        async def run() -> UsageRecorder:
+            client = RedisPipe(replica.url)
+            recorder = UsageRecorder(client)
+            recorder.hit("acme", "k1", "m", 3, MONDAY)
+            assert not await recorder.flush()  # READONLY (or MASTERDOWN while it syncs)
+            assert recorder.failures == 1 and recorder.dropped == 0
+            admin.replicaof("NO", "ONE")  # the failover: the replica is the primary now
+            assert await recorder.flush()
+            await client.close()
+            return recorder
+
+        recorder = asyncio.run(run())
+        assert admin.hgetall("prism:usage:acme:2024-10-04") == {
+            "requests.redis|k1|m": "1",
+            "saved_micros|k1|m": "3",
+        }
+        assert recorder.retried == 1
+        admin.close()
+
+
 def test_metrics_totals_count_flushed_and_pending_alike(redis_url: str) -> None:
     async def run() -> None:
         recorder = UsageRecorder(RedisPipe(redis_url))
