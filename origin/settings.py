@@ -114,6 +114,11 @@ class Settings:
     # How often the providers behind a wildcard route are asked for their model lists
     # (origin.routing.model_catalog): /v1/models lists what they list.
     models_refresh_interval: float = 300.0
+    # The request log's durable history (origin/requestlog/files.py): gzip'd JSON lines in
+    # a local directory, or in an S3 bucket under a prefix (one of the two, or neither).
+    log_dir: str | None = None
+    log_bucket: str | None = None
+    log_prefix: str = "requests/"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -206,6 +211,12 @@ class Settings:
             raise SettingsError("PRISM_ADMIN_KEY must be at least 16 characters.")
         if numbers.get("fallback_ttl", 1) < 1:
             raise SettingsError("PRISM_FALLBACK_TTL must be at least 1 (seconds).")
+        log_dir, log_bucket = env.get("PRISM_LOG_DIR") or None, env.get("PRISM_LOG_BUCKET") or None
+        if log_dir and log_bucket:
+            raise SettingsError("Set PRISM_LOG_DIR or PRISM_LOG_BUCKET, not both.")
+        log_prefix = env.get("PRISM_LOG_PREFIX", "requests/").lstrip("/")
+        if log_prefix and not log_prefix.endswith("/"):
+            log_prefix += "/"
         return cls(
             key_ring=ring,
             forward_secret=forward.encode(),
@@ -226,6 +237,9 @@ class Settings:
             access_log_prompt=_switch(env, "PRISM_ACCESS_LOG_PROMPT", False),
             admin_key=admin_key,
             limits=Limits(**_numbers(env, max_body_bytes=("PRISM_MAX_BODY_BYTES", int))),
+            log_dir=log_dir,
+            log_bucket=log_bucket,
+            log_prefix=log_prefix,
             **numbers,
         )
 

@@ -1,5 +1,6 @@
 """The access steps of ``prism deploy origin``: the HTTPS-only security group and the
-instance role (read the stack's parameters and releases, Session Manager; nothing else)."""
+instance role (read the stack's parameters and releases, write its request log's files,
+Session Manager; nothing else)."""
 
 from __future__ import annotations
 
@@ -126,8 +127,8 @@ class AccessSteps:
         return group_id
 
     def instance_profile(self, *, partition: str, account: str, bucket: str) -> tuple[str, bool]:
-        """Role + profile that may read only the stack's parameters and releases, plus
-        Session Manager; (name, newly usable)."""
+        """Role + profile that may read only the stack's parameters and releases, put its
+        request log's files, plus Session Manager; (name, newly usable)."""
         config, iam, name = self.config, self.iam, self.config.role_name
         tags = [{"Key": t["Key"], "Value": t["Value"]} for t in config.tags()]
         base = f"arn:{partition}:ssm:{config.region}:{account}:parameter{config.parameter_path}"
@@ -148,6 +149,12 @@ class AccessSteps:
             "Resource": f"arn:{partition}:s3:::{bucket}/{config.release_prefix}releases/*",
             "Action": "s3:GetObject",
         }
+        request_log = {
+            "Sid": "WriteRequestLog",
+            "Effect": "Allow",
+            "Resource": f"arn:{partition}:s3:::{bucket}/{config.request_log_prefix}*",
+            "Action": "s3:PutObject",
+        }
         if self._exists(lambda: iam.get_role(RoleName=name)):
             self.progress(f"Reusing IAM role {name}")
         else:
@@ -165,6 +172,11 @@ class AccessSteps:
             RoleName=name,
             PolicyName="prism-origin-read-releases",
             PolicyDocument=_policy(releases),
+        )
+        iam.put_role_policy(
+            RoleName=name,
+            PolicyName="prism-origin-write-request-log",
+            PolicyDocument=_policy(request_log),
         )
         iam.put_role_policy(
             RoleName=name,

@@ -278,6 +278,11 @@ class OriginDeployConfig:
         return f"origin/{self.name}/"
 
     @property
+    def request_log_prefix(self) -> str:
+        """Where in that bucket the stack's origins write the request log's files."""
+        return f"{self.release_prefix}logs/requests/"
+
+    @property
     def target(self) -> ReleaseTarget:
         """The instance's image, Python and platform (from the instance type's architecture)."""
         return TARGETS["aarch64" if architecture(self.instance_type) == "arm64" else "x86_64"]
@@ -307,6 +312,7 @@ class OriginDeployConfig:
             release=release.id,
             files=release.files,
             load_balanced=self.fleet,
+            log_prefix=self.request_log_prefix,
         )
 
 

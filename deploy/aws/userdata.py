@@ -261,7 +261,7 @@ ExecStartPre=/opt/prism/bin/prism-fetch-env
 # `-`: the file does not exist until ExecStartPre has written it.
 EnvironmentFile=-@@env_file
 Environment=PRISM_RELEASE=@@release
-ExecStart=@@venv/bin/prism origin serve --host 127.0.0.1 --port @@port \\
+@@{log_env}ExecStart=@@venv/bin/prism origin serve --host 127.0.0.1 --port @@port \\
     --admin-host 127.0.0.1 --admin-port @@admin_port
 # Ready once it serves (READY=1), then alive only while its event loop runs: the loop
 # pings the watchdog, and a loop stuck for WatchdogSec gets the process restarted.
@@ -363,9 +363,12 @@ def render_user_data(
     release: str,
     files: Mapping[str, str],
     load_balanced: bool = False,
+    log_prefix: str | None = None,
 ) -> str:
-    """The instance's user-data; every argument is a name or a hash, never a secret value."""
+    """The instance's user-data; every argument is a name or a hash, never a secret value.
+    ``log_prefix``: where in ``bucket`` the origin writes its request log's files."""
     for label, value in (
+        ("log prefix", log_prefix or ""),
         ("region", region),
         ("parameter path", parameter_path),
         ("site", site),
@@ -403,4 +406,13 @@ def render_user_data(
         admin_port=str(ADMIN_PORT),
         watchdog_sec=str(WATCHDOG_SECONDS),
         caddyfile=render_caddyfile(site, acme=acme, load_balanced=load_balanced),
+        log_env=(
+            # The request log's durable files, in the release bucket (the role may put
+            # objects under this prefix only); an SSM parameter of the same name wins.
+            f"Environment=PRISM_LOG_BUCKET={bucket}\n"
+            f"Environment=PRISM_LOG_PREFIX={log_prefix}\n"
+            f"Environment=AWS_DEFAULT_REGION={region}\n"
+            if log_prefix
+            else ""
+        ),
     )

@@ -26,11 +26,21 @@ from deploy.local.redis import RedisServer
 from deploy.local.workers import ExtraWorker, LocalWorkersRuntime
 from prism import parse_key_secrets
 
-__all__ = ["Component", "LocalStack", "StackConfig", "StackError", "StackInfo", "dev_api_key"]
+__all__ = [
+    "REQUEST_LOG_DIR",
+    "Component",
+    "LocalStack",
+    "StackConfig",
+    "StackError",
+    "StackInfo",
+    "dev_api_key",
+]
 
 DEMO_LABEL = "demo (local)"
 _DEV_PROJECT, _DEV_KEY_ID = "dev", "devkey0000000001"
 _SECRETS_FILE = "dev-secrets.json"
+# The origin's durable request log (PRISM_LOG_DIR), under the state directory.
+REQUEST_LOG_DIR = "logs/requests"
 # The local regions' names (only names here: every part runs on loopback).
 REGIONS = ("us-west-1", "ap-south-1")
 _PROVIDER_ENV = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "PRISM_PROVIDERS_FILE")
@@ -217,6 +227,9 @@ class LocalStack:
             "PRISM_ADMIN_KEY": dev["PRISM_ADMIN_KEY"],  # the dashboard on the admin listener
             "REDIS_URL": redis_url,
         }
+        if not (cfg.env.get("PRISM_LOG_DIR") or cfg.env.get("PRISM_LOG_BUCKET")):
+            # The request log's durable history, for `prism logs query`.
+            origin_env["PRISM_LOG_DIR"] = str(state / REQUEST_LOG_DIR)
         if any(cfg.env.get(name) for name in _PROVIDER_ENV):
             provider = "configured (" + ", ".join(n for n in _PROVIDER_ENV if cfg.env.get(n)) + ")"
         else:

@@ -3,8 +3,15 @@
 Every answered request adds to counters in memory (no Redis command on any request's
 path); every ``interval`` (1 s) and at shutdown one script writes them all (HINCRBY into
 one hash per project and day, with an expiry). A process that crashes loses at most the
-counts of its last interval; a flush that fails is dropped rather than retried, so a
-write that did land is never counted twice (while Redis is unavailable, counts wait).
+counts of its last interval.
+
+A flush that fails is kept and sent again, and counted once all the same: each batch
+carries an id that the script marks as applied (``SET NX``) before it adds anything, so a
+retry of a batch whose write landed but whose reply was lost adds nothing. One batch is
+in flight at a time: while it is not written, new counts wait in memory (merged, so an
+outage costs memory by distinct rows, not by requests), and the next batch is made once
+it has landed. Rows past the bound, and a batch not written within the marker's life
+(``RETRY_SECONDS``), are dropped and counted (``prism_usage_dropped_rows_total``).
 
 Redis::
 
@@ -15,6 +22,7 @@ Redis::
         cost_micros             what the provider charged, integer micro-USD
         saved_micros            what cache hits would have cost (their entry's usage)
         unpriced                answered calls whose cost is unknown (model has no price)
+    prism:usage-batch:<batch id>         "1" once that batch was applied (expires)
 
 Layers: ``redis`` and ``semantic`` are hits (an exact one, and a paraphrase answered from
 the semantic cache; days written before ``semantic`` was counted apart have no such field
@@ -30,18 +38,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..background import cancel_and_wait
-from ..connection.redis_client import RedisClient, RedisClientError
+from ..connection.redis_client import RedisClient, RedisClientError, RedisReplyError
 from ..providers.token_counts import Tokens
 
-__all__ = ["FIELDS", "LAYERS", "USAGE_SCRIPT", "UsageRecorder", "usage_key"]
+__all__ = [
+    "FIELDS",
+    "LAYERS",
+    "RETRY_SECONDS",
+    "USAGE_SCRIPT",
+    "UsageRecorder",
+    "batch_key",
+    "usage_key",
+]
 
 log = logging.getLogger("prism.origin")
 
@@ -60,11 +78,26 @@ _IN, _OUT, _COST, _SAVED, _UNPRICED = range(len(LAYERS), len(FIELDS))
 RETENTION_SECONDS = 400 * 86_400  # a year of days, and a month to spare
 _MAX_ROWS = 100_000  # pending rows while Redis is away: beyond it, new rows are dropped
 
-# KEYS = the day hashes; ARGV[1] = expiry (s), then per key: n, then n (field, amount).
+# A batch not written this long after it was made is dropped: its marker lives longer
+# (MARKER_SECONDS), so every retry of a batch that did land still finds the marker.
+RETRY_SECONDS = 3000
+MARKER_SECONDS = 3600
+# Error replies that pass (a failover, a restart loading its data, a busy or full server):
+# the batch is sent again. Any other error reply is the batch's own, and it is dropped.
+_PASSING = ("READONLY", "MASTERDOWN", "LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "OOM")
+
+# KEYS[1] = the batch's marker, then the day hashes; ARGV[1] = the hashes' expiry (s),
+# ARGV[2] = the marker's (s), then per hash: n, then n (field, amount). The marker is set
+# first: a batch already applied adds nothing (0), and an error halfway through can only
+# lose the rest of a batch, never count a part of it twice.
 USAGE_SCRIPT = """
+if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[2]) then
+  return 0
+end
 local ttl = tonumber(ARGV[1])
-local at = 2
-for _, key in ipairs(KEYS) do
+local at = 3
+for i = 2, #KEYS do
+  local key = KEYS[i]
   local n = tonumber(ARGV[at])
   at = at + 1
   for _ = 1, n do
@@ -73,7 +106,7 @@ for _, key in ipairs(KEYS) do
   end
   redis.call('EXPIRE', key, ttl)
 end
-return #KEYS
+return 1
 """
 
 
@@ -81,7 +114,22 @@ def usage_key(project: str, day: str) -> str:
     return f"prism:usage:{project}:{day}"
 
 
+def batch_key(batch_id: str) -> str:
+    return f"prism:usage-batch:{batch_id}"
+
+
 Row = tuple[str, str, str]  # project, key id, model
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    """One flush's counts as the script's arguments, sent as they are until they land."""
+
+    id: str
+    keys: list[str]
+    args: list[str | int]
+    rows: int
+    made: float  # time.monotonic()
 
 
 class UsageRecorder(Collector):
@@ -105,7 +153,13 @@ class UsageRecorder(Collector):
         # Flushed counts by (project, model), for /metrics (which adds the pending ones).
         self._totals: dict[tuple[str, str], list[int]] = {}
         self._task: asyncio.Task[None] | None = None
-        self.dropped = 0  # rows lost: a failed flush, or too many pending
+        # The batch sent and not known to have landed; its id is this process's and a count.
+        self._unsent: _Batch | None = None
+        self._process = secrets.token_hex(8)
+        self._batches = 0
+        self.dropped = 0  # rows lost: too many pending, or a batch never written
+        self.failures = 0  # batches that failed to be written (each time)
+        self.retried = 0  # batches written on a later try
 
     def _day(self, now: float) -> dict[Row, list[int]]:
         if not self._day_starts <= now < self._day_ends:
@@ -166,12 +220,28 @@ class UsageRecorder(Collector):
     # -- the writer -------------------------------------------------------------------
 
     async def flush(self) -> bool:
-        """Write what was counted since the last flush in one command; False if it failed
-        (those counts are dropped) or Redis is unavailable (they wait)."""
-        if not self._pending:
+        """Write the batch not yet written, then what was counted since, one command
+        each; False if one failed (kept for the next flush) or Redis is unavailable
+        (the counts wait)."""
+        if self._unsent is None and not self._pending:
             return True
         if not self._available():
             return False
+        if self._unsent is not None:
+            if not await self._send(self._unsent):
+                return False
+            self._unsent = None
+            self.retried += 1
+        if not self._pending:
+            return True
+        batch = self._unsent = self._take()
+        if not await self._send(batch):
+            return False
+        self._unsent = None
+        return True
+
+    def _take(self) -> _Batch:
+        """The pending counts as the next batch (and into the /metrics totals)."""
         pending, rows = self._pending, self._rows
         self._pending, self._rows, self._day_starts, self._day_ends = {}, 0, 0.0, 0.0
         _add_totals(self._totals, pending)
@@ -183,15 +253,29 @@ class UsageRecorder(Collector):
                     if amount:
                         fields += (f"{FIELDS[index]}|{key_id}|{model}", amount)
         keys = list(hashes)
-        args: list[str | int] = [RETENTION_SECONDS]
+        args: list[str | int] = [RETENTION_SECONDS, MARKER_SECONDS]
         for name in keys:
             args.append(len(hashes[name]) // 2)
             args += hashes[name]
+        self._batches += 1
+        batch_id = f"{self._process}-{self._batches}"
+        return _Batch(batch_id, keys, args, rows, time.monotonic())
+
+    async def _send(self, batch: _Batch) -> bool:
+        """True once the batch is applied (now, or by an earlier try whose reply was lost).
+        False: kept to be sent again, unless it can never be (dropped and counted)."""
+        keys = [batch_key(batch.id), *batch.keys]
         try:
-            await self._redis.execute("EVAL", USAGE_SCRIPT, len(keys), *keys, *args)
+            await self._redis.execute("EVAL", USAGE_SCRIPT, len(keys), *keys, *batch.args)
         except RedisClientError as error:
-            self.dropped += rows
-            log.warning("usage flush failed, %d rows dropped: %s", rows, error)
+            self.failures += 1
+            refused = isinstance(error, RedisReplyError) and not str(error).startswith(_PASSING)
+            if refused or time.monotonic() - batch.made > RETRY_SECONDS:
+                self._unsent = None
+                self.dropped += batch.rows
+                log.warning("usage flush failed, %d rows dropped: %s", batch.rows, error)
+            else:
+                log.warning("usage flush failed, %d rows kept to retry: %s", batch.rows, error)
             return False
         return True
 
@@ -240,7 +324,13 @@ class UsageRecorder(Collector):
             cost.add_metric((project, model), counts[_COST] / 1_000_000)
             saved.add_metric((project, model), counts[_SAVED] / 1_000_000)
             unpriced.add_metric((project, model), counts[_UNPRICED])
-        yield from (tokens, cost, saved, unpriced)
+        dropped = CounterMetricFamily(
+            "prism_usage_dropped_rows",
+            "Usage rows never written to Redis: past the pending bound, or a batch that "
+            "could not be written in time.",
+            value=self.dropped,
+        )
+        yield from (tokens, cost, saved, unpriced, dropped)
 
 
 def _add_totals(

@@ -30,6 +30,15 @@ def descendants(root: int) -> set[int]:
     return set(process_tree(root)) - {root}
 
 
+def _argv(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+
+
+def _environ(pid: int) -> dict[str, str]:
+    pairs = Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0")
+    return dict(pair.split("=", 1) for pair in pairs if "=" in pair)
+
+
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -47,6 +56,10 @@ def test_prism_dev_serves_miss_then_kv_and_stops_cleanly_on_sigint(tmp_path: Pat
         assert info["provider"] == "demo (local)"
         children = descendants(dev.pid)
         assert len(children) >= 4  # redis, provider, origin, runtime (+ workerd)
+        # The request log's durable files go to the state directory (`prism logs query`).
+        origins = [pid for pid in children if _argv(pid)[3:5] == ["origin", "serve"]]
+        logs = str((tmp_path / "state" / "logs" / "requests").resolve())
+        assert origins and all(_environ(pid)["PRISM_LOG_DIR"] == logs for pid in origins)
 
         smoke = subprocess.run(
             [*PRISM, "smoke", info["edge_url"], "--key", info["api_key"], "--json", "--pause", "1.5"],

@@ -211,7 +211,7 @@ def test_first_deploy_stores_the_release_and_moves_the_address_once_healthy(
     assert release.wheel_name.startswith("prism_edge_gateway-")
 
 
-def test_instance_role_reads_only_its_parameters_and_releases(
+def test_instance_role_reads_only_its_parameters_and_releases_and_writes_its_request_log(
     aws: MockAws, instances: Instances, releases: list[Release]
 ) -> None:
     result, _ = run(make_config(), aws, instances, releases[0])
@@ -235,6 +235,9 @@ def test_instance_role_reads_only_its_parameters_and_releases(
     releases_policy = statement("prism-origin-read-releases")
     assert releases_policy["Action"] == "s3:GetObject"
     assert releases_policy["Resource"] == f"arn:aws:s3:::{result.bucket}/origin/main/releases/*"
+    request_log = statement("prism-origin-write-request-log")  # put only, under its prefix
+    assert request_log["Action"] == "s3:PutObject"
+    assert request_log["Resource"] == f"arn:aws:s3:::{result.bucket}/origin/main/logs/requests/*"
     session_manager = statement("prism-origin-session-manager")  # instead of SSH
     assert "ssm:UpdateInstanceInformation" in session_manager["Action"]
     assert not any(a.startswith("ssm:Get") for a in session_manager["Action"])
@@ -271,6 +274,9 @@ def test_no_secret_value_in_user_data_tags_progress_plan_or_repr(
         "ExecStart=/opt/prism/venv/bin/prism origin serve --host 127.0.0.1 --port 8080" in decoded
     )
     assert f"Environment=PRISM_RELEASE={result.release}" in decoded
+    # The request log's files go to the release bucket, under the prefix the role may write.
+    assert f"Environment=PRISM_LOG_BUCKET={result.bucket}\n" in decoded
+    assert "Environment=PRISM_LOG_PREFIX=origin/main/logs/requests/\n" in decoded
     assert '"install", "--no-input", "--require-hashes", "-r", requirements' in decoded
     assert not re.search(r"pip install [a-z]", decoded)  # nothing installed by bare name
     assert f"https://{result.public_ip} {{" in decoded  # no domain: the Elastic IP
