@@ -67,6 +67,7 @@ def _passed(body: dict[str, Any]) -> dict[str, Any]:
 class ResponsesOperation:
     name = "responses"
     done_frame = b""  # ``response.completed`` ends the stream, among its frames
+    continuation = None  # a broken stream ends in its error event
 
     async def complete(
         self, provider: ChatProvider, body: dict[str, Any], model: str
