@@ -1,4 +1,5 @@
-"""The fault benchmark's client: unique chat requests at a fixed concurrency, each recorded.
+"""The fault benchmark's client: unique chat (or Anthropic Messages) requests at a fixed
+concurrency, each recorded.
 
 Half the requests stream. Each body carries a counter, so every request is a cache
 miss that reaches a provider. Requests run closed-loop (a worker starts the next one
@@ -19,10 +20,20 @@ import orjson
 
 from .fault_metrics import RequestRecord
 
-__all__ = ["BENCH_MODEL", "LoadPlan", "chat_body", "incomplete", "open_client", "run_requests"]
+__all__ = [
+    "BENCH_MODEL",
+    "LoadPlan",
+    "chat_body",
+    "incomplete",
+    "messages_body",
+    "open_client",
+    "run_requests",
+]
 
 BENCH_MODEL = "bench-model"
 CHAT_PATH = "/v1/chat/completions"
+MESSAGES_PATH = "/v1/messages"
+_MESSAGE_STOP = b'data: {"type":"message_stop"}'
 _ECHO_CHARS = 80  # how much of the question the stand-in echoes (its default)
 
 Progress = Callable[[int], None]
@@ -37,6 +48,7 @@ class LoadPlan:
     label: str  # part of every message, so no two runs share a request
     rate: float | None = None  # requests started per second at most (None: as fast as possible)
     timeout: float = 30.0  # per request, end to end
+    api: str = "chat"  # or "messages": Anthropic's Messages API
 
 
 def question_of(label: str, index: int) -> str:
@@ -54,8 +66,24 @@ def chat_body(label: str, index: int) -> tuple[bytes, bool]:
     return orjson.dumps(body), stream
 
 
+def messages_body(label: str, index: int) -> tuple[bytes, bool]:
+    """As ``chat_body``, to the Messages API."""
+    stream = index % 2 == 1
+    body = {
+        "model": BENCH_MODEL,
+        "max_tokens": 1024,
+        "messages": [{"role": "user", "content": question_of(label, index)}],
+        "stream": stream,
+    }
+    return orjson.dumps(body), stream
+
+
+_APIS = {"chat": (CHAT_PATH, chat_body), "messages": (MESSAGES_PATH, messages_body)}
+
+
 def streamed(body: bytes) -> tuple[str, bool]:
-    """A stream's text (its deltas joined) and whether another provider finished it."""
+    """A stream's text (its deltas joined, chat's or Messages') and whether another
+    provider finished it."""
     parts: list[str] = []
     resumed = False
     for line in body.split(b"\n"):
@@ -64,6 +92,8 @@ def streamed(body: bytes) -> tuple[str, bool]:
         chunk = orjson.loads(line[6:])
         extension = chunk.get("prism")
         resumed = resumed or (isinstance(extension, dict) and extension.get("resumed") is True)
+        if chunk.get("type") == "content_block_delta":
+            parts.append((chunk.get("delta") or {}).get("text") or "")
         for choice in chunk.get("choices") or ():
             parts.append((choice.get("delta") or {}).get("content") or "")
     return "".join(parts), resumed
@@ -76,11 +106,15 @@ def _known_answer(question: str) -> re.Pattern[str]:
     return re.compile(re.escape(f"Echo: {echo} [") + r"[0-9a-f.]+\]")
 
 
-def incomplete(body: bytes, *, stream: bool, question: str | None = None) -> str | None:
+def incomplete(
+    body: bytes, *, stream: bool, question: str | None = None, api: str = "chat"
+) -> str | None:
     """Why a 200 body is not a complete answer, or None when it is; with ``question``, a
     stream's text must be the stand-in's whole answer to it."""
     if stream:
-        if not body.rstrip().endswith(b"data: [DONE]"):
+        if api == "messages" and not body.rstrip().endswith(_MESSAGE_STOP):
+            return "stream without message_stop"
+        if api == "chat" and not body.rstrip().endswith(b"data: [DONE]"):
             return "stream without [DONE]"
         if question is not None:
             try:
@@ -92,7 +126,7 @@ def incomplete(body: bytes, *, stream: bool, question: str | None = None) -> str
         return None
     try:
         data = orjson.loads(body)
-        if data["choices"][0]["finish_reason"]:
+        if data["stop_reason"] if api == "messages" else data["choices"][0]["finish_reason"]:
             return None
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
         return "unparsable body"
@@ -102,14 +136,15 @@ def incomplete(body: bytes, *, stream: bool, question: str | None = None) -> str
 async def _one(
     client: httpx.AsyncClient, plan: LoadPlan, index: int, began: float
 ) -> RequestRecord:
-    payload, stream = chat_body(plan.label, index)
+    path, make_body = _APIS[plan.api]
+    payload, stream = make_body(plan.label, index)
     start = time.monotonic()
     first: float | None = None
     status, provider, error = 0, None, None
     chunks: list[bytes] = []
     try:
         async with asyncio.timeout(plan.timeout):
-            async with client.stream("POST", CHAT_PATH, content=payload) as response:
+            async with client.stream("POST", path, content=payload) as response:
                 status = response.status_code
                 provider = response.headers.get("x-prism-provider")
                 async for chunk in response.aiter_raw():
@@ -129,7 +164,7 @@ async def _one(
         error = (
             f"status {status}"
             if status != 200
-            else incomplete(body, stream=stream, question=question)
+            else incomplete(body, stream=stream, question=question, api=plan.api)
         )
     resumed = stream and error is None and streamed(body)[1]
     return RequestRecord(

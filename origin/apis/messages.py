@@ -7,7 +7,8 @@ stream, chunk by chunk) a Messages answer (``providers.messages_translate``). Ei
 the cache holds the ``message``: a plain hit replays its bytes, a streamed one
 Anthropic's event sequence (``prism.messages_sse``). Errors are in Anthropic's format,
 budget and rate-limit refusals too. Budgets and token limits count the prompt's bound
-and ``max_tokens`` (required here); usage is read from the message's own ``usage``.
+and ``max_tokens`` (required here); usage is read from the message's own ``usage``. A
+stream broken mid-answer is carried on by another target (``apis.messages_resume``).
 """
 
 from __future__ import annotations
