@@ -23,7 +23,7 @@ class FaultScenario:
     # The secondary can continue a partial answer (its table's ``continuation``): a stream
     # the primary breaks after its first bytes is finished there, as one answer.
     resume: bool = False
-    api: str = "chat"  # the API the load asks: "chat" or "messages" (Anthropic's)
+    api: str = "chat"  # the API the load asks: "chat", "messages" (Anthropic's), "responses"
 
 
 SCENARIOS: dict[str, FaultScenario] = {
@@ -85,6 +85,14 @@ SCENARIOS: dict[str, FaultScenario] = {
             resume=True,
             api="messages",
         ),
+        FaultScenario(
+            "responses_cut_resumed",
+            "as stream_cut_resumed, the load on the Responses API (translated to the "
+            "providers' chat API)",
+            {"mode": "truncated_stream", "after_chunks": 3, "abort": 1, "probability": 0.3},
+            resume=True,
+            api="responses",
+        ),
         # Not in the default set: headers at once, then no first token.
         FaultScenario(
             "stall_after_headers",
@@ -105,4 +113,5 @@ DEFAULT_SCENARIOS = (
     "stream_stall_resumed",
     "messages_cut_resumed",
     "messages_stall_resumed",
+    "responses_cut_resumed",
 )
