@@ -52,19 +52,21 @@ def partial_message(frames: list[bytes]) -> Partial | None:
             event = orjson.loads(frame[at + len(_DATA) :]) if at >= 0 else None
         except orjson.JSONDecodeError:
             return None
-        kind = event.get("type") if isinstance(event, dict) else None
+        if not isinstance(event, dict):
+            return None
+        kind = event.get("type")
         if kind == "message_start":
-            message = event.get("message") if isinstance(event, dict) else None
+            message = event.get("message")
             usage = message.get("usage") if isinstance(message, dict) else None
             usage = usage if isinstance(usage, dict) else {}
         elif kind == "content_block_start":
-            block = event.get("content_block") if isinstance(event, dict) else None
+            block = event.get("content_block")
             if not isinstance(block, dict) or block.get("type") != "text":
                 return None
             text.append(str(block.get("text") or ""))
             open_block, blocks = blocks, blocks + 1
         elif kind == "content_block_delta":
-            delta = event.get("delta") if isinstance(event, dict) else None
+            delta = event.get("delta")
             if not isinstance(delta, dict) or delta.get("type") != "text_delta":
                 return None
             text.append(str(delta.get("text") or ""))
@@ -132,7 +134,7 @@ class MessagesSplice:
                 delta["text"] = text
             return [*out, self._renumbered(event)]
         if kind == "message_delta":
-            out = self._number() if self._offset is None else self._close()
+            out = self._number() if self._offset is None else []
             usage = event.get("usage")
             usage = usage if isinstance(usage, dict) else {}
             first = self._first
