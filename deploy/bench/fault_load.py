@@ -1,4 +1,5 @@
-"""The fault benchmark's client: unique chat requests at a fixed concurrency, each recorded.
+"""The fault benchmark's client: unique chat (or Anthropic Messages, or Responses) requests
+at a fixed concurrency, each recorded.
 
 Half the requests stream. Each body carries a counter, so every request is a cache
 miss that reaches a provider. Requests run closed-loop (a worker starts the next one
@@ -19,10 +20,27 @@ import orjson
 
 from .fault_metrics import RequestRecord
 
-__all__ = ["BENCH_MODEL", "LoadPlan", "chat_body", "incomplete", "open_client", "run_requests"]
+__all__ = [
+    "BENCH_MODEL",
+    "LoadPlan",
+    "chat_body",
+    "incomplete",
+    "messages_body",
+    "open_client",
+    "responses_body",
+    "run_requests",
+]
 
 BENCH_MODEL = "bench-model"
 CHAT_PATH = "/v1/chat/completions"
+MESSAGES_PATH = "/v1/messages"
+RESPONSES_PATH = "/v1/responses"
+# How each API's whole stream ends: its last event's data begins so.
+_STREAM_ENDS = {
+    "chat": (b"data: [DONE]", "stream without [DONE]"),
+    "messages": (b'data: {"type":"message_stop"', "stream without message_stop"),
+    "responses": (b'data: {"type":"response.completed"', "stream without response.completed"),
+}
 _ECHO_CHARS = 80  # how much of the question the stand-in echoes (its default)
 
 Progress = Callable[[int], None]
@@ -37,6 +55,7 @@ class LoadPlan:
     label: str  # part of every message, so no two runs share a request
     rate: float | None = None  # requests started per second at most (None: as fast as possible)
     timeout: float = 30.0  # per request, end to end
+    api: str = "chat"  # or "messages" (Anthropic's Messages API), or "responses"
 
 
 def question_of(label: str, index: int) -> str:
@@ -54,8 +73,35 @@ def chat_body(label: str, index: int) -> tuple[bytes, bool]:
     return orjson.dumps(body), stream
 
 
+def messages_body(label: str, index: int) -> tuple[bytes, bool]:
+    """As ``chat_body``, to the Messages API."""
+    stream = index % 2 == 1
+    body = {
+        "model": BENCH_MODEL,
+        "max_tokens": 1024,
+        "messages": [{"role": "user", "content": question_of(label, index)}],
+        "stream": stream,
+    }
+    return orjson.dumps(body), stream
+
+
+def responses_body(label: str, index: int) -> tuple[bytes, bool]:
+    """As ``chat_body``, to the Responses API."""
+    stream = index % 2 == 1
+    body = {"model": BENCH_MODEL, "input": question_of(label, index), "stream": stream}
+    return orjson.dumps(body), stream
+
+
+_APIS = {
+    "chat": (CHAT_PATH, chat_body),
+    "messages": (MESSAGES_PATH, messages_body),
+    "responses": (RESPONSES_PATH, responses_body),
+}
+
+
 def streamed(body: bytes) -> tuple[str, bool]:
-    """A stream's text (its deltas joined) and whether another provider finished it."""
+    """A stream's text (its deltas joined, chat's, Messages' or Responses') and whether
+    another provider finished it."""
     parts: list[str] = []
     resumed = False
     for line in body.split(b"\n"):
@@ -64,6 +110,11 @@ def streamed(body: bytes) -> tuple[str, bool]:
         chunk = orjson.loads(line[6:])
         extension = chunk.get("prism")
         resumed = resumed or (isinstance(extension, dict) and extension.get("resumed") is True)
+        kind = chunk.get("type")
+        if kind == "content_block_delta":
+            parts.append((chunk.get("delta") or {}).get("text") or "")
+        elif kind == "response.output_text.delta":
+            parts.append(chunk.get("delta") or "")
         for choice in chunk.get("choices") or ():
             parts.append((choice.get("delta") or {}).get("content") or "")
     return "".join(parts), resumed
@@ -76,12 +127,15 @@ def _known_answer(question: str) -> re.Pattern[str]:
     return re.compile(re.escape(f"Echo: {echo} [") + r"[0-9a-f.]+\]")
 
 
-def incomplete(body: bytes, *, stream: bool, question: str | None = None) -> str | None:
+def incomplete(
+    body: bytes, *, stream: bool, question: str | None = None, api: str = "chat"
+) -> str | None:
     """Why a 200 body is not a complete answer, or None when it is; with ``question``, a
     stream's text must be the stand-in's whole answer to it."""
     if stream:
-        if not body.rstrip().endswith(b"data: [DONE]"):
-            return "stream without [DONE]"
+        end, missing = _STREAM_ENDS[api]
+        if not body.rstrip().rsplit(b"\n", 1)[-1].startswith(end):
+            return missing
         if question is not None:
             try:
                 text, _ = streamed(body)
@@ -92,7 +146,13 @@ def incomplete(body: bytes, *, stream: bool, question: str | None = None) -> str
         return None
     try:
         data = orjson.loads(body)
-        if data["choices"][0]["finish_reason"]:
+        if api == "messages":
+            done = data["stop_reason"]
+        elif api == "responses":
+            done = data["status"] == "completed"
+        else:
+            done = data["choices"][0]["finish_reason"]
+        if done:
             return None
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
         return "unparsable body"
@@ -102,14 +162,15 @@ def incomplete(body: bytes, *, stream: bool, question: str | None = None) -> str
 async def _one(
     client: httpx.AsyncClient, plan: LoadPlan, index: int, began: float
 ) -> RequestRecord:
-    payload, stream = chat_body(plan.label, index)
+    path, make_body = _APIS[plan.api]
+    payload, stream = make_body(plan.label, index)
     start = time.monotonic()
     first: float | None = None
     status, provider, error = 0, None, None
     chunks: list[bytes] = []
     try:
         async with asyncio.timeout(plan.timeout):
-            async with client.stream("POST", CHAT_PATH, content=payload) as response:
+            async with client.stream("POST", path, content=payload) as response:
                 status = response.status_code
                 provider = response.headers.get("x-prism-provider")
                 async for chunk in response.aiter_raw():
@@ -129,7 +190,7 @@ async def _one(
         error = (
             f"status {status}"
             if status != 200
-            else incomplete(body, stream=stream, question=question)
+            else incomplete(body, stream=stream, question=question, api=plan.api)
         )
     resumed = stream and error is None and streamed(body)[1]
     return RequestRecord(

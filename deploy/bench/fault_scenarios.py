@@ -23,6 +23,7 @@ class FaultScenario:
     # The secondary can continue a partial answer (its table's ``continuation``): a stream
     # the primary breaks after its first bytes is finished there, as one answer.
     resume: bool = False
+    api: str = "chat"  # the API the load asks: "chat", "messages" (Anthropic's), "responses"
 
 
 SCENARIOS: dict[str, FaultScenario] = {
@@ -69,6 +70,29 @@ SCENARIOS: dict[str, FaultScenario] = {
             {"mode": "stall_mid_stream", "after_chunks": 3, "seconds": 20.0, "probability": 0.05},
             resume=True,
         ),
+        FaultScenario(
+            "messages_cut_resumed",
+            "as stream_cut_resumed, the load on Anthropic's Messages API (translated to the "
+            "providers' chat API)",
+            {"mode": "truncated_stream", "after_chunks": 3, "abort": 1, "probability": 0.3},
+            resume=True,
+            api="messages",
+        ),
+        FaultScenario(
+            "messages_stall_resumed",
+            "as stream_stall_resumed, the load on Anthropic's Messages API",
+            {"mode": "stall_mid_stream", "after_chunks": 3, "seconds": 20.0, "probability": 0.05},
+            resume=True,
+            api="messages",
+        ),
+        FaultScenario(
+            "responses_cut_resumed",
+            "as stream_cut_resumed, the load on the Responses API (translated to the "
+            "providers' chat API)",
+            {"mode": "truncated_stream", "after_chunks": 3, "abort": 1, "probability": 0.3},
+            resume=True,
+            api="responses",
+        ),
         # Not in the default set: headers at once, then no first token.
         FaultScenario(
             "stall_after_headers",
@@ -87,4 +111,7 @@ DEFAULT_SCENARIOS = (
     "stream_cut",
     "stream_cut_resumed",
     "stream_stall_resumed",
+    "messages_cut_resumed",
+    "messages_stall_resumed",
+    "responses_cut_resumed",
 )

@@ -255,6 +255,7 @@ class FaultBenchRunner:
             "description": scenario.description,
             "fault": scenario.fault,
             "resume": scenario.resume,
+            "api": scenario.api,
             "requests": cfg.requests,
             "concurrency": cfg.concurrency,
             "rate_per_s": round(cfg.outage_rate, 2) if scenario.outage else None,
@@ -276,6 +277,7 @@ class FaultBenchRunner:
             label=f"{self._nonce}-{scenario.name}",
             rate=cfg.outage_rate if scenario.outage else None,
             timeout=cfg.request_timeout,
+            api=scenario.api,
         )
         primary = self._controls[PRIMARY]
         async with open_client(plan) as client:

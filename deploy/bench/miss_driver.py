@@ -16,7 +16,9 @@ no ``--provider-url`` the driver starts one itself, as a child)::
     valgrind --tool=callgrind python -m deploy.bench.miss_driver \\
         redis://127.0.0.1:6390/0 200 --provider-url http://127.0.0.1:9111 --stream
 
-It checks every answer is a 200 miss (and a stream ends with ``[DONE]``).
+It checks every answer is a 200 miss (and a stream ends with ``[DONE]``). ``--api messages``
+sends the same request to Anthropic's Messages API (translated to the provider's chat API;
+a stream ends with ``message_stop``).
 """
 
 from __future__ import annotations
@@ -40,16 +42,22 @@ from deploy.local.processes import ChildProcess
 from origin import Settings, create_app
 from prism import headers as h
 from prism import parse_key_secrets
+from prism.routes import CHAT_PATH, MESSAGES_PATH
 
 from .loadgen import UNIQUE
-from .workload import chat_body, chat_scope, serving
+from .workload import chat_body, chat_scope, messages_body, serving
 
-__all__ = ["drive_misses", "main"]
+__all__ = ["APIS", "drive_misses", "main"]
 
 _KEY_SECRET = "bench-miss-driver-key-secret-0123456"
 _PROJECT = "bench"
 _WARM = 64  # misses before counting: modules loaded, connections pooled, memos filled
 _REPLY_WORDS = 150  # about a 1 KB answer, as the throughput bench's provider gives
+# Per API: its path, its body, and how its whole stream ends.
+APIS = {
+    "chat": (CHAT_PATH, chat_body, b"data: [DONE]\n\n"),
+    "messages": (MESSAGES_PATH, messages_body, b'{"type":"message_stop"}\n\n'),
+}
 
 
 def drive_misses(
@@ -59,6 +67,7 @@ def drive_misses(
     concurrency: int = 32,
     stream: bool = False,
     pause: bool = False,
+    api: str = "chat",
 ) -> float:
     """Send ``count`` misses after a warm-up; the wall time per miss in seconds (the
     instruction count is what to trust)."""
@@ -73,7 +82,8 @@ def drive_misses(
     }
     # Under valgrind a turn of the loop is 50 x slower: no Redis timeout may fire.
     settings = dataclasses.replace(Settings.from_env(env), redis_timeout=60.0)
-    template = chat_body(UNIQUE, stream=stream)
+    path, make_body, stream_end = APIS[api]
+    template = make_body(UNIQUE, stream=stream)
     nonce = uuid.uuid4().hex[:12]
     # Built before the count starts, one distinct body per request: every one a miss.
     bodies = iter([template.replace(UNIQUE, f"{nonce}-{i}").encode() for i in range(_WARM + count)])
@@ -84,7 +94,7 @@ def drive_misses(
 
     async def one() -> None:
         body = next(bodies)
-        scope = chat_scope(auth, len(body))
+        scope = chat_scope(auth, len(body), path)
         sent = False
         finished = asyncio.Event()
         head: dict[str, Any] = {}
@@ -111,7 +121,7 @@ def drive_misses(
         layer = dict(head.get("headers", ())).get(layer_header)
         if head.get("status") != 200 or layer != b"miss":
             raise RuntimeError(f"not a miss: {head.get('status')} {layer!r} {b''.join(chunks)!r}")
-        if stream and not b"".join(chunks).endswith(b"data: [DONE]\n\n"):
+        if stream and not b"".join(chunks).endswith(stream_end):
             raise RuntimeError(f"the stream did not end whole: {b''.join(chunks)[-200:]!r}")
 
     async def batches(n: int) -> None:
@@ -161,6 +171,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--stream", action="store_true", help="streamed requests (SSE)")
     parser.add_argument("--provider-url", help="a running local provider (else one is started)")
+    parser.add_argument("--api", choices=sorted(APIS), default="chat", help="the API asked")
     parser.add_argument(
         "--pause",
         action="store_true",
@@ -168,11 +179,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         " then: valgrind --instr-atstart=no, then callgrind_control -i on)",
     )
     args = parser.parse_args(argv)
-    kind = "streamed" if args.stream else "JSON"
+    kind = ("streamed " if args.stream else "JSON ") + args.api
 
     def drive(url: str) -> float:
         return drive_misses(
-            args.redis_url, url, args.count, args.concurrency, args.stream, args.pause
+            args.redis_url, url, args.count, args.concurrency, args.stream, args.pause, args.api
         )
 
     if args.provider_url:

@@ -36,6 +36,7 @@ __all__ = [
     "PlantedEntry",
     "chat_body",
     "chat_scope",
+    "messages_body",
     "plant_entry",
     "serving",
 ]
@@ -63,6 +64,21 @@ def chat_body(tag: str, *, stream: bool = False) -> str:
             {"role": "system", "content": _SYSTEM},
             {"role": "user", "content": f"[{tag}] {_USER}"},
         ],
+    }
+    text = json.dumps(body, separators=(",", ":"))
+    assert tag != UNIQUE or UNIQUE in text
+    return text
+
+
+def messages_body(tag: str, *, stream: bool = False) -> str:
+    """The same request as ``chat_body``'s, to Anthropic's Messages API."""
+    body = {
+        "model": MODEL,
+        "max_tokens": 512,
+        "temperature": 0,
+        "stream": stream,
+        "system": _SYSTEM,
+        "messages": [{"role": "user", "content": f"[{tag}] {_USER}"}],
     }
     text = json.dumps(body, separators=(",", ":"))
     assert tag != UNIQUE or UNIQUE in text
@@ -104,17 +120,18 @@ async def serving(app: Any) -> AsyncIterator[None]:
         await served
 
 
-def chat_scope(authorization: bytes, length: int) -> dict[str, Any]:
-    """The ASGI scope of a chat request with a body of ``length`` bytes, as uvicorn makes
-    it (the in-process drivers call the app with it, no sockets)."""
+def chat_scope(authorization: bytes, length: int, path: str = CHAT_PATH) -> dict[str, Any]:
+    """The ASGI scope of a chat request (or one to ``path``: ``MESSAGES_PATH``) with a body
+    of ``length`` bytes, as uvicorn makes it (the in-process drivers call the app with it,
+    no sockets)."""
     return {
         "type": "http",
         "asgi": {"version": "3.0"},
         "http_version": "1.1",
         "method": "POST",
         "scheme": "http",
-        "path": CHAT_PATH,
-        "raw_path": CHAT_PATH.encode(),
+        "path": path,
+        "raw_path": path.encode(),
         "query_string": b"",
         "root_path": "",
         "headers": [

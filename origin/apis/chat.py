@@ -30,6 +30,7 @@ from prism.sse import DONE
 
 from ..governance.token_bounds import completion_token_bound, prompt_token_bound
 from ..providers.base import ChatProvider, UpstreamCompletion, UpstreamStream
+from ..routing.resume import ChatContinuation
 from ..store.semantic import question
 from .pipeline import CLIENT_GONE, JSON, SSE, Api
 
@@ -100,6 +101,9 @@ class ChatOperation:
 
     name = "chat"
     done_frame = DONE
+
+    def __init__(self) -> None:
+        self.continuation = ChatContinuation(self.stream)  # a stream broken mid-answer
 
     def complete(
         self, provider: ChatProvider, body: dict[str, Any], model: str

@@ -39,6 +39,7 @@ def _no_embeddings(provider: ChatProvider) -> InvalidRequestError:
 class EmbeddingsOperation:
     name = "embeddings"
     done_frame = b""
+    continuation = None  # a broken stream ends in its error event
 
     async def complete(
         self, provider: ChatProvider, body: dict[str, Any], model: str

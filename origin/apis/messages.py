@@ -7,7 +7,8 @@ stream, chunk by chunk) a Messages answer (``providers.messages_translate``). Ei
 the cache holds the ``message``: a plain hit replays its bytes, a streamed one
 Anthropic's event sequence (``prism.messages_sse``). Errors are in Anthropic's format,
 budget and rate-limit refusals too. Budgets and token limits count the prompt's bound
-and ``max_tokens`` (required here); usage is read from the message's own ``usage``.
+and ``max_tokens`` (required here); usage is read from the message's own ``usage``. A
+stream broken mid-answer is carried on by another target (``apis.messages_resume``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ..providers.anthropic import AnthropicProvider
 from ..providers.base import ChatProvider, UpstreamCompletion, UpstreamStream
 from ..providers.messages_translate import ChunkTranslator, to_chat_request, to_message
 from .event_streams import EventStreamBuilder, TranslatedStream
+from .messages_resume import MessagesContinuation
 from .pipeline import Api
 
 __all__ = ["MESSAGES", "MessagesOperation"]
@@ -35,6 +37,9 @@ __all__ = ["MESSAGES", "MessagesOperation"]
 class MessagesOperation:
     name = "messages"
     done_frame = b""  # ``message_stop`` ends the stream, among its frames
+
+    def __init__(self) -> None:
+        self.continuation = MessagesContinuation(self._translated)  # a stream broken midway
 
     async def complete(
         self, provider: ChatProvider, body: dict[str, Any], model: str
@@ -50,7 +55,13 @@ class MessagesOperation:
     ) -> UpstreamStream:
         if isinstance(provider, AnthropicProvider):
             return await provider.messages_stream(body, model)
-        upstream = await provider.stream(to_chat_request(body, stream=True), model)
+        return await self._translated(provider, to_chat_request(body, stream=True), model)
+
+    async def _translated(
+        self, provider: ChatProvider, chat: dict[str, Any], model: str
+    ) -> UpstreamStream:
+        """A chat request's stream, as Messages events."""
+        upstream = await provider.stream(chat, model)
         translator = ChunkTranslator(model)
         events = TranslatedStream(upstream.events, translator, event_frame, provider.spec.name)
         return UpstreamStream(events=events, close=upstream.close)

@@ -11,7 +11,8 @@ The cache holds the ``response``: a plain hit replays its bytes, a streamed one 
 Responses event sequence (``prism.responses_sse``). A stateful request (``store: true``,
 ``previous_response_id``, …) is never cached (``prism.responses_request``). Errors are
 OpenAI's, as for chat. Budgets and token limits count the prompt's bound and
-``max_output_tokens``; usage is read from the response's own ``usage``.
+``max_output_tokens``; usage is read from the response's own ``usage``. A stream broken
+mid-answer is carried on by another target through its chat API (``apis.responses_resume``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from ..providers.responses_stream import ChunkTranslator
 from ..providers.responses_translate import to_chat_request, to_response
 from .event_streams import EventStreamBuilder, TranslatedStream
 from .pipeline import Api
+from .responses_resume import ResponsesContinuation
 
 __all__ = ["RESPONSES", "ResponsesOperation", "stored_owner_key"]
 
@@ -68,6 +70,9 @@ class ResponsesOperation:
     name = "responses"
     done_frame = b""  # ``response.completed`` ends the stream, among its frames
 
+    def __init__(self) -> None:
+        self.continuation = ResponsesContinuation(self._translated)  # a stream broken midway
+
     async def complete(
         self, provider: ChatProvider, body: dict[str, Any], model: str
     ) -> UpstreamCompletion:
@@ -85,7 +90,13 @@ class ResponsesOperation:
         native = _native(provider)
         if native is not None:
             return await native.responses_stream(_passed(body), model)
-        upstream = await provider.stream(to_chat_request(body, stream=True), model)
+        return await self._translated(provider, body, to_chat_request(body, stream=True), model)
+
+    async def _translated(
+        self, provider: ChatProvider, body: dict[str, Any], chat: dict[str, Any], model: str
+    ) -> UpstreamStream:
+        """``body``'s chat request ``chat``, its stream as Responses events."""
+        upstream = await provider.stream(chat, model)
         translator = ChunkTranslator(body, model)
         events = TranslatedStream(upstream.events, translator, event_frame, provider.spec.name)
         return UpstreamStream(events=events, close=upstream.close)

@@ -3,7 +3,8 @@ pass along (``Call.op``): chat completions, embeddings, Anthropic messages.
 
 An ``Operation`` knows how to call a provider for a complete answer or a stream, how to
 rebuild a stream into the answer that is cached (its ``StreamBuilder``, fed each event's
-data by the flight's one relay), and how to replay a cached answer as that API's stream.
+data by the flight's one relay), how to replay a cached answer as that API's stream, and
+(its ``continuation``) how a stream broken mid-answer is carried on by another target.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Protocol
 from prism import PrismError
 
 from ..providers.base import ChatProvider, UpstreamCompletion, UpstreamStream
+from .continuation import Continuation
 
 __all__ = ["Operation", "StreamBuilder"]
 
@@ -47,6 +49,11 @@ class Operation(Protocol):
     name: str  # the API, in error messages and in traces
     # Ends a whole stream after its frames (b"": the stream's own end event is one of them).
     done_frame: bytes
+
+    @property
+    def continuation(self) -> Continuation | None:
+        """How a stream of this API broken mid-answer is carried on (None: it is not)."""
+        ...
 
     def complete(
         self, provider: ChatProvider, body: dict[str, Any], model: str

@@ -1,14 +1,16 @@
-"""A chat stream that broke after the client had part of its answer, continued by another
+"""A stream that broke after the client had part of its answer, continued by another
 target of its route, so the client still gets one whole answer.
 
-What the client has (``partial_answer``, read from the relayed frames) is put last in the
-request as an assistant message the continuing target carries on from: Anthropic's kind as
-its native prefill, an OpenAI-compatible provider as its table's ``continuation`` says
-(``"continue_final_message"``: vLLM's flags; ``"prefix"``: DeepSeek's and Mistral's
-``prefix: true`` on that message). The continuation is asked for through the router's own
-attempt path (``Router.resume``); only its text is relayed (``Splice``): its chunks take the
-first part's ``id``, ``created`` and ``model``, its role chunk is dropped, and the final chunk
-says which providers answered (``"prism": {"providers": [...], "resumed": true}``).
+What the client has (the operation's ``Continuation.partial``, read from the relayed
+frames) is put last in the request as an assistant turn the continuing target carries on
+from: Anthropic's kind as its native prefill, an OpenAI-compatible provider as its table's
+``continuation`` says (``"continue_final_message"``: vLLM's flags; ``"prefix"``: DeepSeek's
+and Mistral's ``prefix: true`` on that message). The continuation is asked for through the
+router's own attempt path (``Router.resume``); only its rest is relayed, through the API's
+splice. Chat's (``ChatContinuation``, ``Splice``): its chunks take the first part's ``id``,
+``created`` and ``model``, its role chunk is dropped, and the final chunk says which
+providers answered (``"prism": {"providers": [...], "resumed": true}``). Anthropic
+Messages' is ``origin.apis.messages_resume``.
 
 Only on the path of a broken stream: a healthy stream does no work of this module's.
 """
@@ -25,11 +27,13 @@ import orjson
 from prism import PrismError, SSEDecoder, UpstreamError
 
 from ..providers.base import ChatProvider, ProviderSpec, UpstreamCompletion, UpstreamStream
+from .continuation import Continuation, Partial, Splicer, asks_afresh
 from .operation import Operation, StreamBuilder
 from .targets import Plan, Routed
 
 __all__ = [
     "Asked",
+    "ChatContinuation",
     "ContinuationOp",
     "Partial",
     "Relay",
@@ -39,7 +43,9 @@ __all__ = [
     "can_continue",
     "continuation_body",
     "partial_answer",
+    "prefill",
     "resume",
+    "trim_overlap",
 ]
 
 log = logging.getLogger("prism.origin")
@@ -50,13 +56,6 @@ RESUMED, FAILED, UNAVAILABLE = "resumed", "failed", "unavailable"
 def can_continue(spec: ProviderSpec) -> bool:
     """The provider can be asked to carry on from a partial answer."""
     return spec.kind == "anthropic" or spec.continuation is not None
-
-
-class Partial(NamedTuple):
-    """The answer the client has so far."""
-
-    text: str
-    meta: dict[str, Any]  # the first chunk's id, created and model: the continuation's too
 
 
 def partial_answer(frames: list[bytes], usage: set[int]) -> Partial | None:
@@ -89,7 +88,7 @@ def partial_answer(frames: list[bytes], usage: set[int]) -> Partial | None:
     return None if meta is None else Partial("".join(text), meta)
 
 
-def _prefill(spec: ProviderSpec, text: str) -> str:
+def prefill(spec: ProviderSpec, text: str) -> str:
     """The partial text as the provider is given it: Anthropic refuses a prefill that ends
     in white space, so that is left off (and dropped again from the continuation's start)."""
     return text.rstrip() if spec.kind == "anthropic" else text
@@ -98,10 +97,10 @@ def _prefill(spec: ProviderSpec, text: str) -> str:
 def continuation_body(spec: ProviderSpec, body: dict[str, Any], text: str) -> dict[str, Any]:
     """``body`` asking ``spec``'s provider to carry on from ``text`` (unchanged when there
     is no text yet: the answer is asked for afresh)."""
-    prefill = _prefill(spec, text)
-    if not prefill:
+    given = prefill(spec, text)
+    if not given:
         return body
-    message: dict[str, Any] = {"role": "assistant", "content": prefill}
+    message: dict[str, Any] = {"role": "assistant", "content": given}
     extra: dict[str, Any] = {}
     if spec.continuation == "prefix":
         message["prefix"] = True
@@ -110,13 +109,49 @@ def continuation_body(spec: ProviderSpec, body: dict[str, Any], text: str) -> di
     return {**body, **extra, "messages": [*body["messages"], message]}
 
 
+def trim_overlap(overlap: str, text: str) -> tuple[str, str]:
+    """What is left of ``overlap`` and of ``text`` once the start they share is dropped:
+    past the first text the overlap is settled, whether it matched or not."""
+    same = 0
+    while same < min(len(text), len(overlap)) and text[same] == overlap[same]:
+        same += 1
+    return (overlap[same:] if same == len(text) else ""), text[same:]
+
+
+class ChatContinuation:
+    """Chat's: the text of the one choice, carried on as ``continuation_body`` asks."""
+
+    __slots__ = ("_stream",)
+
+    def __init__(
+        self, stream: Callable[[ChatProvider, dict[str, Any], str], Awaitable[UpstreamStream]]
+    ) -> None:
+        self._stream = stream  # the chat operation's own (it always asks for usage)
+
+    def partial(self, body: dict[str, Any], frames: list[bytes], usage: set[int]) -> Partial | None:
+        if body.get("n") not in (None, 1) or not asks_afresh(body):
+            return None
+        return partial_answer(frames, usage)
+
+    def stream(
+        self, provider: ChatProvider, body: dict[str, Any], model: str, text: str
+    ) -> Awaitable[UpstreamStream]:
+        return self._stream(provider, continuation_body(provider.spec, body, text), model)
+
+    def splice(self, partial: Partial, overlap: str, providers: list[str]) -> Splice:
+        return Splice(partial.meta, overlap, providers)
+
+
 class ContinuationOp:
-    """The chat operation, each target asked with its own continuation body."""
+    """The operation, each target asked to carry on from the text so far its own way."""
 
-    __slots__ = ("_op", "_text", "done_frame", "name")
+    __slots__ = ("_continuation", "_op", "_text", "done_frame", "name")
 
-    def __init__(self, op: Operation, text: str) -> None:
+    continuation = None  # a continuation that breaks too ends in its own error
+
+    def __init__(self, op: Operation, continuation: Continuation, text: str) -> None:
         self._op = op
+        self._continuation = continuation
         self._text = text
         self.name = op.name
         self.done_frame = op.done_frame
@@ -129,7 +164,7 @@ class ContinuationOp:
     def stream(
         self, provider: ChatProvider, body: dict[str, Any], model: str
     ) -> Awaitable[UpstreamStream]:
-        return self._op.stream(provider, continuation_body(provider.spec, body, self._text), model)
+        return self._continuation.stream(provider, body, model, self._text)
 
     def builder(
         self, provider: str, body: dict[str, Any], redact: Callable[[str], str]
@@ -203,14 +238,8 @@ class Splice:
                 delta.pop("role", None)  # the client had the first part's
             content = delta.get("content")
             if self._overlap and isinstance(content, str) and content:
-                same = 0
-                while same < min(len(content), len(self._overlap)) and (
-                    content[same] == self._overlap[same]
-                ):
-                    same += 1
-                # Past the first text the overlap is settled, whether it matched or not.
-                self._overlap = self._overlap[same:] if same == len(content) else ""
-                delta["content"] = content = content[same:]
+                self._overlap, content = trim_overlap(self._overlap, content)
+                delta["content"] = content
             if (
                 content
                 or choice.get("finish_reason")
@@ -278,13 +307,10 @@ async def resume(
     None when the route does not resume or no target can continue (``failure`` stands);
     raises the continuation's own failure when it broke after it relayed part."""
     body, model, op, request_id = asked
-    n = body.get("n")
-    last = body.get("messages")
-    if op.name != "chat" or n not in (None, 1) or not isinstance(last, list) or not last:
+    continuation = op.continuation
+    if continuation is None:
         return None
-    if isinstance(last[-1], dict) and last[-1].get("role") == "assistant":
-        return None  # the client's own prefill: its continuation would be ambiguous
-    partial = partial_answer(relay.frames, relay.usage_frames)
+    partial = continuation.partial(body, relay.frames, relay.usage_frames)
     if partial is None:
         return None
     plan = router.resume_plan(model, broken, partial.text)
@@ -301,7 +327,7 @@ async def resume(
         )
         return None
     try:
-        routed = await router.resume(plan, body, ContinuationOp(op, partial.text))
+        routed = await router.resume(plan, body, ContinuationOp(op, continuation, partial.text))
     except PrismError as refused:
         router.count_resumption(broken.provider, FAILED)
         log.info(
@@ -314,8 +340,8 @@ async def resume(
         )
         return None
     spec = next(t.spec for t in plan.targets if t.name == routed.provider)
-    overlap = partial.text[len(_prefill(spec, partial.text)) :]
-    splice = Splice(partial.meta, overlap, [broken.label, routed.label])
+    overlap = partial.text[len(prefill(spec, partial.text)) :]
+    splice = continuation.splice(partial, overlap, [broken.label, routed.label])
     upstream = routed.value
     try:
         try:
@@ -355,7 +381,7 @@ async def resume(
 
 
 async def _relay(
-    upstream: UpstreamStream, builder: StreamBuilder, splice: Splice, relay: Relay
+    upstream: UpstreamStream, builder: StreamBuilder, splice: Splicer, relay: Relay
 ) -> PrismError | None:
     """As the flight's own relay (``Flight._relay``), each event through the splice first:
     a loop of its own, so a healthy stream's relay has no splice step per event."""

@@ -331,3 +331,46 @@ def test_records_survive_the_json_round_trip() -> None:
     again = RequestRecord.from_row(row)
     assert again.provider == "primary" and again.stream and again.ok
     assert again.ttfb == pytest.approx(0.0123456, abs=1e-5)
+
+
+def test_a_messages_stream_is_read_by_its_events_and_ends_with_message_stop() -> None:
+    question = "fault bench run request 5"
+    deltas = [
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": t}}
+        for t in ("Echo: fault bench", " run request 5 [0a1b2c3d4e]")
+    ]
+    events: list[dict[str, Any]] = [
+        {"type": "message_start", "message": {}},
+        *deltas,
+        {"type": "message_delta", "delta": {}, "prism": {"resumed": True}},
+        {"type": "message_stop"},
+    ]
+    body = b"".join(
+        f"event: {e['type']}\ndata: {json.dumps(e, separators=(',', ':'))}\n\n".encode()
+        for e in events
+    )
+    assert incomplete(body, stream=True, question=question, api="messages") is None
+    assert streamed(body) == ("Echo: fault bench run request 5 [0a1b2c3d4e]", True)
+    cut = body[: body.index(b"event: message_delta")]
+    assert incomplete(cut, stream=True, api="messages") == "stream without message_stop"
+    assert incomplete(b'{"stop_reason": "end_turn"}', stream=False, api="messages") is None
+
+
+def test_a_responses_stream_is_read_by_its_deltas_and_ends_with_response_completed() -> None:
+    question = "fault bench run request 7"
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": {}},
+        {"type": "response.output_text.delta", "delta": "Echo: fault bench"},
+        {"type": "response.output_text.delta", "delta": " run request 7 [0a1b2c3d4e]"},
+        {"type": "response.completed", "response": {}, "prism": {"resumed": True}},
+    ]
+    body = b"".join(
+        f"event: {e['type']}\ndata: {json.dumps(e, separators=(',', ':'))}\n\n".encode()
+        for e in events
+    )
+    assert incomplete(body, stream=True, question=question, api="responses") is None
+    assert streamed(body) == ("Echo: fault bench run request 7 [0a1b2c3d4e]", True)
+    cut = body[: body.index(b"event: response.completed")]
+    assert incomplete(cut, stream=True, api="responses") == "stream without response.completed"
+    assert incomplete(b'{"status": "completed"}', stream=False, api="responses") is None
+    assert incomplete(b'{"status": "incomplete"}', stream=False, api="responses") is not None
