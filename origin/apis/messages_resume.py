@@ -24,12 +24,10 @@ from ..providers.anthropic import AnthropicProvider
 from ..providers.base import ChatProvider, UpstreamStream
 from ..providers.messages_translate import to_chat_request
 from ..providers.token_counts import token_count
-from ..routing.continuation import Partial, asks_afresh
+from ..routing.continuation import Partial, asks_afresh, frame_event
 from ..routing.resume import continuation_body, prefill, trim_overlap
 
 __all__ = ["FirstPart", "MessagesContinuation", "MessagesSplice", "partial_message"]
-
-_DATA = b"\ndata: "
 
 
 class FirstPart(NamedTuple):
@@ -47,12 +45,8 @@ def partial_message(frames: list[bytes]) -> Partial | None:
     text: list[str] = []
     blocks, open_block, usage = 0, None, None
     for frame in frames:
-        at = frame.find(_DATA)
-        try:
-            event = orjson.loads(frame[at + len(_DATA) :]) if at >= 0 else None
-        except orjson.JSONDecodeError:
-            return None
-        if not isinstance(event, dict):
+        event = frame_event(frame)
+        if event is None:
             return None
         kind = event.get("type")
         if kind == "message_start":

@@ -27,12 +27,10 @@ from prism import PrismError
 
 from ..providers.base import ChatProvider, UpstreamStream
 from ..providers.responses_translate import to_chat_request
-from ..routing.continuation import Partial, asks_afresh
+from ..routing.continuation import Partial, asks_afresh, frame_event
 from ..routing.resume import continuation_body, trim_overlap
 
 __all__ = ["FirstResponse", "ResponsesContinuation", "ResponsesSplice", "partial_response"]
-
-_DATA = b"\ndata: "
 
 
 class FirstResponse(NamedTuple):
@@ -54,12 +52,8 @@ def partial_response(frames: list[bytes]) -> Partial | None:
     text: list[str] = []
     sequence = -1
     for frame in frames:
-        at = frame.find(_DATA)
-        try:
-            event = orjson.loads(frame[at + len(_DATA) :]) if at >= 0 else None
-        except orjson.JSONDecodeError:
-            return None
-        if not isinstance(event, dict):
+        event = frame_event(frame)
+        if event is None:
             return None
         number = event.get("sequence_number")
         sequence = number if isinstance(number, int) else sequence

@@ -13,9 +13,11 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Any, NamedTuple, Protocol
 
+import orjson
+
 from ..providers.base import ChatProvider, UpstreamStream
 
-__all__ = ["Continuation", "Partial", "Splicer", "asks_afresh"]
+__all__ = ["Continuation", "Partial", "Splicer", "asks_afresh", "frame_event"]
 
 
 class Partial(NamedTuple):
@@ -54,6 +56,22 @@ class Continuation(Protocol):
         target was not given (white space an Anthropic prefill may not end in), dropped
         again from the continuation's start."""
         ...
+
+
+_DATA = b"\ndata: "
+
+
+def frame_event(frame: bytes) -> dict[str, Any] | None:
+    """The JSON object of a relayed ``event: ...\ndata: {...}`` frame (Messages', the
+    Responses API's); None when the frame carries none."""
+    at = frame.find(_DATA)
+    if at < 0:
+        return None
+    try:
+        event = orjson.loads(frame[at + len(_DATA) :])
+    except orjson.JSONDecodeError:
+        return None
+    return event if isinstance(event, dict) else None
 
 
 def asks_afresh(body: dict[str, Any]) -> bool:
