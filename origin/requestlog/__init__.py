@@ -1,0 +1,1 @@
+"""The request log: one record per request, buffered and fanned out to sinks."""

@@ -1,0 +1,29 @@
+"""Where request records go: the one interface every destination implements.
+
+A sink receives whole batches from its ``RecordBuffer`` (``origin.requestlog.buffer``):
+one background task per sink calls ``write`` with up to a batch of records, and retries
+the same batch with backoff when it raises. A sink so either stores the whole batch or
+raises; it never reports success for a part of it silently. ``close`` is awaited once,
+after the last flush at shutdown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+__all__ = ["RecordSink"]
+
+
+class RecordSink(Protocol):
+    """A destination for request records (the Redis window, durable files, OTLP logs)."""
+
+    name: str  # "redis", "files", "otlp": the metric label
+
+    async def write(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """Store the whole batch, or raise (the buffer retries it); never partial success silently."""
+        ...
+
+    async def close(self) -> None:
+        """Release what the sink holds; awaited once, after the last flush."""
+        ...
