@@ -21,7 +21,7 @@ class RecordSink(Protocol):
     name: str  # "redis", "files", "otlp": the metric label
 
     async def write(self, records: Sequence[Mapping[str, Any]]) -> None:
-        """Store the whole batch, or raise (the buffer retries it); never partial success silently."""
+        """Store the whole batch or raise (the buffer retries it); never a part silently."""
         ...
 
     async def close(self) -> None:
