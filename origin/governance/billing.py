@@ -60,9 +60,9 @@ class Billing:
         envelope: Envelope,
         now: float,
         layer: str = "redis",
-    ) -> None:
+    ) -> int:
         """A hit (``layer``: redis or semantic): nothing spent; saved what its entry cost
-        (0 when unknown)."""
+        (0 when unknown), which is returned (micro-dollars)."""
         known = self._saved.get(id(envelope))
         if known is not None and known[0] is envelope:
             saved = known[1]
@@ -76,6 +76,7 @@ class Billing:
                 self._saved.clear()
             self._saved[id(envelope)] = (envelope, saved)
         self.usage.hit(project, key_id, model, saved, now, layer)
+        return saved
 
     async def open(
         self,
