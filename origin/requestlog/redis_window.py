@@ -28,6 +28,7 @@ __all__ = [
     "ID_KEY_PREFIX",
     "NO_PROJECT",
     "PROJECTS_KEY",
+    "RECORD_FIELD",
     "STREAM_KEY_PREFIX",
     "RedisWindowSink",
     "id_key",
