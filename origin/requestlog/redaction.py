@@ -3,7 +3,7 @@
 What is recognised, anywhere in a string (no word boundary is needed: a secret glued to
 other text is still found): API keys of the ``sk-`` form (OpenAI's, Anthropic's
 ``sk-ant-``, Prism's own ``sk-prism-v1.…``), AWS access key ids (``AKIA…``, ``ASIA…``),
-bearer tokens (``Bearer …``), JSON Web Tokens (``eyJ….eyJ….…``) and, when the project asks
+bearer tokens (``Bearer`` and 16 or more token characters), JSON Web Tokens (``eyJ….eyJ….…``) and, when the project asks
 (``prism policy set --redact-emails``), email addresses. Each is replaced whole by
 ``[REDACTED]``; a match runs as long as the secret's characters go on, so no part of one
 is left behind. Only ASCII classes are used: what Unicode calls a letter never extends or
@@ -22,7 +22,7 @@ REDACTED = "[REDACTED]"
 _SECRETS = (
     r"sk-[A-Za-z0-9_.\-]{16,}",  # OpenAI, Anthropic (sk-ant-...), Prism (sk-prism-v1....)
     r"(?:AKIA|ASIA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA)[A-Z0-9]{16}",  # AWS access key ids
-    r"[Bb][Ee][Aa][Rr][Ee][Rr][ \t]+[A-Za-z0-9\-._~+/]+=*",  # RFC 6750 bearer tokens
+    r"[Bb][Ee][Aa][Rr][Ee][Rr][ \t]+[A-Za-z0-9\-._~+/]{16,}=*",  # RFC 6750 bearer tokens
     r"eyJ[A-Za-z0-9_\-]+\.[A-Za-z0-9_\-]+\.[A-Za-z0-9_\-]*",  # JWTs (a JSON header: eyJ)
 )
 _EMAIL = r"[A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)*\.[A-Za-z]{2,}"
