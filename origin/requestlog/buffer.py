@@ -36,6 +36,7 @@ class RecordBuffer:
         "_batch",
         "_close_timeout",
         "_dropped",
+        "_failing",
         "_first_backoff",
         "_held",
         "_interval",
@@ -57,7 +58,7 @@ class RecordBuffer:
         batch: int = 1000,
         interval: float = 1.0,
         first_backoff: float = 0.5,
-        max_backoff: float = 30.0,
+        max_backoff: float = 10.0,
         close_timeout: float = 5.0,
     ) -> None:
         self.sink = sink
@@ -72,6 +73,7 @@ class RecordBuffer:
         self._held: list[Mapping[str, Any]] = []  # the batch being written (or retried)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._failing = False  # said once per outage, not per retry
 
     @property
     def queued(self) -> int:
@@ -114,13 +116,20 @@ class RecordBuffer:
         try:
             await self.sink.write(self._held)
         except Exception as error:
-            log.warning(
-                "request log: sink %s failed a batch of %d records (%s); retrying",
-                self.sink.name,
-                len(self._held),
-                type(error).__name__,
-            )
+            if not self._failing:
+                self._failing = True
+                log.warning(
+                    "request log: sink %s failed a batch of %d records (%s); retrying, "
+                    "%d records at most wait meanwhile",
+                    self.sink.name,
+                    len(self._held),
+                    type(error).__name__,
+                    self._queue.maxlen,
+                )
             return False
+        if self._failing:
+            self._failing = False
+            log.warning("request log: sink %s writes again", self.sink.name)
         self._written.inc(len(self._held))
         self._held = []
         return True

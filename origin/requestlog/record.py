@@ -53,7 +53,7 @@ class RecordMaker:
         error = request.error
         if error:  # an error reply says "bypass"; the record says what happened
             layer = "miss" if attempts else "refused"
-        elif request.joined and layer == "miss":
+        elif request.joined:  # answered by another request's provider call
             layer = "coalesced"
         record: dict[str, Any] = {
             "ts": time.time(),

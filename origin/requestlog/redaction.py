@@ -3,8 +3,9 @@
 What is recognised, anywhere in a string (no word boundary is needed: a secret glued to
 other text is still found): API keys of the ``sk-`` form (OpenAI's, Anthropic's
 ``sk-ant-``, Prism's own ``sk-prism-v1.…``), AWS access key ids (``AKIA…``, ``ASIA…``),
-bearer tokens (``Bearer`` and 16 or more token characters), JSON Web Tokens (``eyJ….eyJ….…``) and, when the project asks
-(``prism policy set --redact-emails``), email addresses. Each is replaced whole by
+bearer tokens (``Bearer`` and 16 or more token characters), JSON Web Tokens
+(``eyJ….eyJ….…``) and, when the project asks (``prism policy set --redact-emails``),
+email addresses. Each is replaced whole by
 ``[REDACTED]``; a match runs as long as the secret's characters go on, so no part of one
 is left behind. Only ASCII classes are used: what Unicode calls a letter never extends or
 hides a match.

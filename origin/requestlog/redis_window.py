@@ -8,9 +8,10 @@ itself expires ``age`` after its last write). A request id finds its record with
 scan: ``prism:log-id:{id}`` holds "{project} {entry id}" for as long as the window keeps
 it. ``prism:log-projects`` lists the projects that have a window.
 
-A batch is one pipelined round trip for the entries, and one for the id keys (they
-name the entry ids the first round gave). A failed command fails the batch (the buffer
-retries it, so an entry may be written twice; the reader drops repeated ids).
+A batch is one script call per project in it (``_APPEND``: the entries, their id keys, the
+trims), sent together: one round trip, and no per-record command for this process to
+make. A failed call fails the batch (the buffer retries it, so an entry may be written
+twice; the reader drops repeated ids).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from ..connection.redis_client import RedisClient, RedisReplyError
+from ..connection.redis_client import Arg, LoadedScript, RedisClient
 
 __all__ = [
     "ID_KEY_PREFIX",
@@ -50,6 +51,25 @@ def id_key(request_id: str) -> str:
     return ID_KEY_PREFIX + request_id
 
 
+# One project's part of a batch in one command: each record appended (the stream capped
+# at ARGV[1] entries, about), its id key set to "{project} {entry id}" for ARGV[3] seconds,
+# then the stream trimmed to entries from ARGV[2] (ms) on, kept ARGV[3] seconds past this
+# write, and the project listed. ARGV[4] is the project, ARGV[5] the id keys' prefix, then
+# (request id, record JSON) pairs. The id keys are made here, from the prefix, as the
+# entry ids they hold are known only here.
+_APPEND = """
+local stream, window, age, project, prefix = KEYS[1], ARGV[1], ARGV[3], ARGV[4], ARGV[5]
+for i = 6, #ARGV, 2 do
+  local entry = redis.call('XADD', stream, 'MAXLEN', '~', window, '*', 'r', ARGV[i + 1])
+  redis.call('SET', prefix .. ARGV[i], project .. ' ' .. entry, 'EX', age)
+end
+redis.call('XTRIM', stream, 'MINID', '~', ARGV[2])
+redis.call('EXPIRE', stream, age)
+redis.call('SADD', KEYS[2], project)
+return (#ARGV - 5) / 2
+"""
+
+
 class RedisWindowSink:
     """A ``RecordSink`` writing each project's window (``origin.requestlog.sink``)."""
 
@@ -66,36 +86,37 @@ class RedisWindowSink:
         self._window = window
         self._age = age
         self._clock = clock
+        self._append = LoadedScript(_APPEND, 2)
 
     async def write(self, records: Sequence[Mapping[str, Any]]) -> None:
-        redis, window = self._redis, self._window
-        projects: dict[str, str] = {}  # project -> its stream's key
-        adds = []
+        by_project: dict[str, list[Arg]] = {}
+        dumps = orjson.dumps
         for record in records:
             project = record.get("project") or NO_PROJECT
-            key = projects.get(project)
-            if key is None:
-                key = projects[project] = STREAM_KEY_PREFIX + project
-            adds.append(
-                redis.execute(
-                    "XADD", key, "MAXLEN", "~", window, "*", RECORD_FIELD, orjson.dumps(record)
-                )
-            )
+            args = by_project.get(project)
+            if args is None:
+                args = by_project[project] = []
+            args += (record.get("id") or "", dumps(record))
         oldest = int((self._clock() - self._age) * 1000)
-        upkeep = []
-        for key in projects.values():
-            upkeep.append(redis.execute("XTRIM", key, "MINID", "~", oldest))
-            upkeep.append(redis.execute("EXPIRE", key, self._age))
-        upkeep.append(redis.execute("SADD", PROJECTS_KEY, *projects))
-        replies = await asyncio.gather(*adds, *upkeep, return_exceptions=True)
+        redis, append, window, age = self._redis, self._append, self._window, self._age
+        replies = await asyncio.gather(
+            *(
+                append.run(
+                    redis,
+                    STREAM_KEY_PREFIX + project,
+                    PROJECTS_KEY,
+                    window,
+                    oldest,
+                    age,
+                    project,
+                    ID_KEY_PREFIX,
+                    *args,
+                )
+                for project, args in by_project.items()
+            ),
+            return_exceptions=True,
+        )
         _raise_first(replies)
-        ids = []
-        for record, entry in zip(records, replies, strict=False):
-            request_id = record.get("id")
-            if request_id:
-                where = f"{record.get('project') or NO_PROJECT} {_text(entry)}"
-                ids.append(redis.execute("SET", ID_KEY_PREFIX + request_id, where, "EX", self._age))
-        _raise_first(await asyncio.gather(*ids, return_exceptions=True))
 
     async def close(self) -> None:
         await self._redis.close()
@@ -105,11 +126,3 @@ def _raise_first(replies: Sequence[object]) -> None:
     for reply in replies:
         if isinstance(reply, BaseException):
             raise reply
-
-
-def _text(entry: object) -> str:
-    if isinstance(entry, bytes):
-        return entry.decode()
-    if isinstance(entry, str):
-        return entry
-    raise RedisReplyError(f"XADD answered {entry!r}, not an entry id")

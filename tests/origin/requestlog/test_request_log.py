@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import redis
 from typer.testing import CliRunner
 
@@ -25,6 +26,13 @@ from tests.polling import wait_for
 
 runner = CliRunner()
 CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture
+def origin(origin_factory: OriginFactory) -> RunningOrigin:
+    # A busy machine is no Redis outage: a lookup slow past the default timeout would be
+    # served as one (no rate limit, no cache), and these tests say what each layer logs.
+    return origin_factory(settings={"redis_timeout": 5.0})
 
 
 def post(
@@ -57,7 +65,7 @@ def logged(redis_url: str, ids: set[str], *args: str) -> dict[str, dict[str, Any
         found = {r["id"]: r for r in records}
         return found if set(found) == ids else None
 
-    found = wait_for(all_there, timeout=10)
+    found = wait_for(all_there, timeout=30)
     records = [r for r in logs(redis_url, "--limit", "1000", *args) if r["id"] in ids]
     assert len(records) == len(ids)  # each once
     return found
@@ -241,21 +249,23 @@ def test_a_redis_outage_neither_fails_nor_slows_requests_and_the_records_arrive_
         assert post(origin, api_key, "rl-up").status_code == 200
         logged(server.url, {"rl-up"})
         server.stop()
-        for n in range(6):
+        down = [f"rl-down-{n}" for n in range(10)]
+        for request_id in down:
             started = time.monotonic()
-            assert post(origin, api_key, f"rl-down-{n}").status_code == 200
+            assert post(origin, api_key, request_id).status_code == 200
             assert time.monotonic() - started < 1.0
-        (buffer,) = origin.gateway.request_log.buffers  # type: ignore[union-attr]
+        # At most a batch being retried and 4 queued wait: the oldest of the rest are dropped
+        # (a record is made once its response is out: the last may follow it by a moment).
         wait_for(lambda: origin.metric("prism_request_log_dropped_total", sink="redis") >= 2)
         server.start()
-        # The four newest waited (the bound) and arrive; the two oldest were counted dropped.
-        found = logged(server.url, {f"rl-down-{n}" for n in range(2, 6)})
-        assert len(found) == 4
-        ids = {r["id"] for r in logs(server.url, "--limit", "100")}
-        assert "rl-down-0" not in ids and "rl-down-1" not in ids
-        assert origin.metric("prism_request_log_dropped_total", sink="redis") == 2
-        assert origin.metric("prism_request_log_written_total", sink="redis") >= 5
-        assert buffer.queued == 0
+        newest = set(down[-4:])  # always among those waiting
+        logged(server.url, newest)
+        (buffer,) = origin.gateway.request_log.buffers  # type: ignore[union-attr]
+        wait_for(lambda: buffer.queued == 0, timeout=30)
+        arrived = {r["id"] for r in logs(server.url, "--limit", "100")} & set(down)
+        dropped = origin.metric("prism_request_log_dropped_total", sink="redis")
+        assert newest <= arrived and len(arrived) + dropped == len(down)
+        assert origin.metric("prism_request_log_written_total", sink="redis") == 1 + len(arrived)
     finally:
         server.stop()
 
