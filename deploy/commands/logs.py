@@ -33,7 +33,7 @@ from .keys import RedisUrlOption, fail
 
 __all__ = ["app"]
 
-app = typer.Typer(help="The origin's request log: one record per request.")
+app = typer.Typer()  # its help is the callback's docstring
 
 _COLUMNS = ("Time (UTC)", "Request", "Project", "Key", "Model", "Layer", "Status", "Error")
 _NUMBERS = ("Provider", "Total ms", "Tokens", "Cost $")

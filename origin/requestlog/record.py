@@ -32,6 +32,7 @@ __all__ = ["PROMPT_FIELDS", "RecordMaker", "finish"]
 PROMPT_FIELDS = ("system", "messages", "instructions", "input")
 _REDACTORS = {False: Redactor(False), True: Redactor(True)}
 _MAX_ANSWER = 65_536  # characters of an answer's text kept in a record
+_USAGE = "_usage"  # a hit's stored usage, until ``finish`` reads its tokens
 
 
 class RecordMaker:
@@ -93,9 +94,7 @@ class RecordMaker:
             if charge.cost is not None:
                 record["cost_usd"] = charge.cost / 1_000_000
         elif request.usage is not None:  # a hit: the stored answer's tokens, nothing spent
-            tokens = tokens_of(request.usage)
-            if tokens is not None:
-                record["tokens_in"], record["tokens_out"] = tokens.prompt, tokens.completion
+            record[_USAGE] = request.usage  # read into tokens by ``finish``
             record["cost_usd"] = 0.0
             record["saved_usd"] = request.saved / 1_000_000
             if layer == "semantic":
@@ -119,17 +118,27 @@ class RecordMaker:
 
 
 def finish(record: dict[str, Any]) -> dict[str, Any]:
-    """What the request path left for later: the stages as a mapping, milliseconds rounded
-    to the microsecond. Idempotent: each sink's buffer may finish the same record."""
-    stages = record.get("stages")
-    if isinstance(stages, list):
-        record["stages"] = {name: round(ms, 3) for name, ms in stages}
-        record["ttfb_ms"] = round(record["ttfb_ms"], 3)
-        record["total_ms"] = round(record["total_ms"], 3)
-        record["ts"] = round(record["ts"], 6)
-        attempts = record.get("attempts")
-        if attempts is not None:
-            record["attempts"] = list(attempts)  # the flight's own list may still grow
+    """What the request path left for later: the stages as a mapping, milliseconds to the
+    microsecond, a hit's tokens read from its usage. Idempotent: each sink's buffer may
+    finish the same record. (``round(x, 3)`` costs a microsecond a call; the integer
+    arithmetic a fifth of that.)"""
+    stages = record["stages"]
+    if type(stages) is not list:
+        return record
+    as_mapping = {}
+    for name, ms in stages:
+        as_mapping[name] = int(ms * 1000) / 1000
+    record["stages"] = as_mapping
+    record["ttfb_ms"] = int(record["ttfb_ms"] * 1000) / 1000
+    record["total_ms"] = int(record["total_ms"] * 1000) / 1000
+    usage = record.pop(_USAGE, None)
+    if usage is not None:
+        tokens = tokens_of(usage)  # as the bill and a miss's record read them
+        if tokens is not None:
+            record["tokens_in"], record["tokens_out"] = tokens.prompt, tokens.completion
+    attempts = record.get("attempts")
+    if attempts is not None:
+        record["attempts"] = list(attempts)  # the flight's own list may still grow
     return record
 
 

@@ -20,7 +20,7 @@ from ..http.request import Request
 from ..http.responses import Reply
 from ..settings import Settings
 from .buffer import RecordBuffer
-from .record import RecordMaker
+from .record import RecordMaker, finish
 from .redis_window import RedisWindowSink
 from .sink import RecordSink
 
@@ -46,8 +46,8 @@ class RequestLog:
         record = self._maker.make(request, reply, first_byte, ended, route)
         for buffer in self.buffers:
             buffer.append(record)
-        if self.access_log is not None:
-            self.access_log.write(record, request)
+        if self.access_log is not None:  # it prints now: what ``finish`` adds is needed now
+            self.access_log.write(finish(record), request)
 
     def start(self) -> None:
         for buffer in self.buffers:
