@@ -311,7 +311,7 @@ class ApiRoute(Generic[R]):
         """A stored answer (from Redis or the semantic layer): nothing spent, its savings
         counted, replayed as its stream when the client streams."""
         caller, parsed, out = asked.caller, asked.parsed, asked.out
-        asked.request.saved = self.billing.hit(
+        asked.request.hit_cost = self.billing.hit(
             caller.project, caller.key_id, parsed.model, envelope, now, layer
         )
         out[h.CACHE_LAYER] = layer

@@ -64,8 +64,8 @@ class AccessLog:
             "status": record["status"],
             # The reply's layer, as before: an error says "bypass".
             "layer": "bypass" if record.get("error") else record["layer"],
-            "ttfb_ms": record["ttfb_ms"],
-            "total_ms": record["total_ms"],
+            "ttfb_ms": round(record["ttfb_ms"], 3),
+            "total_ms": round(record["total_ms"], 3),
         }
         for name, as_named in _FIELDS:
             value = record.get(name)

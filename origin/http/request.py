@@ -68,5 +68,6 @@ class Request:
     fingerprint: str = ""
     attempts: list[dict[str, Any]] | None = None
     joined: bool = False
-    saved: int = 0  # a hit: what its stored answer would have cost, micro-dollars
+    # A hit: what its stored answer would have cost (micro-dollars) and its tokens.
+    hit_cost: tuple[int, Tokens | None] | None = None
     log_rules: LogRules | None = None

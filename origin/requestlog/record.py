@@ -2,8 +2,8 @@
 byte), from what the route noted on the request (``origin.http.request.Request``) and the
 reply's headers: nothing is looked up again.
 
-The request path pays for one small dict (``RecordMaker.make``); what can wait (stages as
-a mapping, rounding) is done by ``finish`` in the flush task, before a sink sees it. The
+The request path pays for one small dict (``RecordMaker.make``); what can wait (the stages
+as a mapping) is done by ``finish`` in the flush task, before a sink sees it. The
 fields (absent when unknown) are listed in docs/request-log.md. Never the API key: the
 route notes the key's id only, and a refused key's record says ``invalid_api_key``.
 Bodies only when the project's policy turns them on (``prism policy set --log-bodies``),
@@ -23,7 +23,6 @@ from prism import headers as h
 
 from ..http.request import Request
 from ..http.responses import Reply
-from ..providers.token_counts import tokens_of
 from .redaction import Redactor
 
 __all__ = ["PROMPT_FIELDS", "RecordMaker", "finish"]
@@ -32,7 +31,6 @@ __all__ = ["PROMPT_FIELDS", "RecordMaker", "finish"]
 PROMPT_FIELDS = ("system", "messages", "instructions", "input")
 _REDACTORS = {False: Redactor(False), True: Redactor(True)}
 _MAX_ANSWER = 65_536  # characters of an answer's text kept in a record
-_USAGE = "_usage"  # a hit's stored usage, until ``finish`` reads its tokens
 
 
 class RecordMaker:
@@ -93,10 +91,12 @@ class RecordMaker:
                 record["tokens_in"], record["tokens_out"] = tokens.prompt, tokens.completion
             if charge.cost is not None:
                 record["cost_usd"] = charge.cost / 1_000_000
-        elif request.usage is not None:  # a hit: the stored answer's tokens, nothing spent
-            record[_USAGE] = request.usage  # read into tokens by ``finish``
+        elif request.hit_cost is not None:  # a hit: the stored answer's tokens, nothing spent
+            saved, tokens = request.hit_cost
+            if tokens is not None:
+                record["tokens_in"], record["tokens_out"] = tokens.prompt, tokens.completion
             record["cost_usd"] = 0.0
-            record["saved_usd"] = request.saved / 1_000_000
+            record["saved_usd"] = saved / 1_000_000
             if layer == "semantic":
                 score = headers.get(h.SEMANTIC_SCORE)
                 if score is not None:
@@ -118,27 +118,16 @@ class RecordMaker:
 
 
 def finish(record: dict[str, Any]) -> dict[str, Any]:
-    """What the request path left for later: the stages as a mapping, milliseconds to the
-    microsecond, a hit's tokens read from its usage. Idempotent: each sink's buffer may
-    finish the same record. (``round(x, 3)`` costs a microsecond a call; the integer
-    arithmetic a fifth of that.)"""
+    """What the request path left for later: the stages as a mapping, and a copy of the
+    attempts (the flight's own list). Idempotent: each sink's buffer may finish the same
+    record. Times keep their full precision: rounding them cost more than the rest of the
+    record (``round(x, 3)`` is a microsecond a call)."""
     stages = record["stages"]
-    if type(stages) is not list:
-        return record
-    as_mapping = {}
-    for name, ms in stages:
-        as_mapping[name] = int(ms * 1000) / 1000
-    record["stages"] = as_mapping
-    record["ttfb_ms"] = int(record["ttfb_ms"] * 1000) / 1000
-    record["total_ms"] = int(record["total_ms"] * 1000) / 1000
-    usage = record.pop(_USAGE, None)
-    if usage is not None:
-        tokens = tokens_of(usage)  # as the bill and a miss's record read them
-        if tokens is not None:
-            record["tokens_in"], record["tokens_out"] = tokens.prompt, tokens.completion
-    attempts = record.get("attempts")
-    if attempts is not None:
-        record["attempts"] = list(attempts)  # the flight's own list may still grow
+    if type(stages) is list:
+        record["stages"] = dict(stages)
+        attempts = record.get("attempts")
+        if attempts is not None:
+            record["attempts"] = list(attempts)
     return record
 
 

@@ -14,6 +14,7 @@ from origin import Settings
 from origin.http.access_log import ACCESS_LOGGER, AccessLog
 from origin.http.request import Request, StageTimer
 from origin.http.responses import Reply
+from origin.providers.token_counts import tokens_of
 from origin.requestlog.record import RecordMaker, finish
 from prism import headers as h
 from tests.fixtures.origin import AccessLines, OriginFactory, RunningOrigin, origin_env
@@ -142,6 +143,7 @@ def test_a_hit_logs_its_tokens_as_a_miss_and_the_bill_count_them(
         "cache_creation_input_tokens": 30,
         "output_tokens": 7,
     }
+    request.hit_cost = (0, tokens_of(request.usage))  # as ``Billing.hit`` returns it
     reply = Reply(200, {h.CACHE_LAYER: "redis"})
     started = request.timer.started
     record = RecordMaker(None).make(request, reply, started, started, "messages")
