@@ -50,9 +50,7 @@ def _record(n: int) -> dict[str, Any]:
         "tokens_in": 412,
         "tokens_out": 96,
         "cost_usd": 0.0001194,
-        "attempts": [
-            {"provider": "openai", "model": "gpt-4o-mini", "status": 200, "ms": 412.3}
-        ],
+        "attempts": [{"provider": "openai", "model": "gpt-4o-mini", "status": 200, "ms": 412.3}],
     }
 
 
