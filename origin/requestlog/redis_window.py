@@ -57,19 +57,26 @@ def id_key(request_id: str) -> str:
 # at ARGV[1] entries, about), its id key set to "{project} {entry id}" for ARGV[3] seconds,
 # then the stream trimmed to entries from ARGV[2] (ms) on, kept ARGV[3] seconds past this
 # write, and the project listed. ARGV[4] is the project, ARGV[5] the id keys' prefix, then
-# (request id, record JSON) pairs. The id keys are made here, from the prefix, as the
-# entry ids they hold are known only here.
+# one argument per record: its request id, a newline (no header value holds one), its
+# JSON (one argument, not two: each costs this process its encoding). The id keys are
+# made here, from the prefix, as the entry ids they hold are known only here.
 _CHUNK = 100  # records per script call: Redis runs a call whole, so other clients wait
 _APPEND = """
 local stream, window, age, project, prefix = KEYS[1], ARGV[1], ARGV[3], ARGV[4], ARGV[5]
-for i = 6, #ARGV, 2 do
-  local entry = redis.call('XADD', stream, 'MAXLEN', '~', window, '*', 'r', ARGV[i + 1])
-  redis.call('SET', prefix .. ARGV[i], project .. ' ' .. entry, 'EX', age)
+for i = 6, #ARGV do
+  local record = ARGV[i]
+  local newline = string.find(record, '\\n', 1, true)
+  local entry = redis.call(
+    'XADD', stream, 'MAXLEN', '~', window, '*', 'r', string.sub(record, newline + 1))
+  if newline > 1 then
+    redis.call('SET', prefix .. string.sub(record, 1, newline - 1), project .. ' ' .. entry,
+      'EX', age)
+  end
 end
 redis.call('XTRIM', stream, 'MINID', '~', ARGV[2])
 redis.call('EXPIRE', stream, age)
 redis.call('SADD', KEYS[2], project)
-return (#ARGV - 5) / 2
+return #ARGV - 5
 """
 
 
@@ -98,10 +105,10 @@ class RedisWindowSink:
         for record in records:
             project = record.get("project") or NO_PROJECT
             args = open_chunks.get(project)
-            if args is None or len(args) >= _CHUNK * 2:
+            if args is None or len(args) >= _CHUNK:
                 args = open_chunks[project] = []
                 chunks.append((project, args))
-            args += (record.get("id") or "", dumps(record))
+            args.append(b"%s\n%s" % (str(record.get("id") or "").encode(), dumps(record)))
         oldest = int((self._clock() - self._age) * 1000)
         redis, append, window, age = self._redis, self._append, self._window, self._age
         replies = await asyncio.gather(
