@@ -61,7 +61,12 @@ class Recorder(Protocol):
     the request log, and the access log as one of its consumers)."""
 
     def record(
-        self, request: Request, reply: Reply, first_byte: float, ended: float, route: str
+        self,
+        request: Request,
+        reply: Reply,
+        first_byte: float,
+        ended: float,
+        route: Route | None,
     ) -> None: ...
 
 
@@ -72,7 +77,9 @@ class Route:
     methods: frozenset[str] = frozenset({"GET"})
     name: str = ""  # the metrics label; "" = not counted
     error_body: Callable[[PrismError], bytes] | None = None  # None: OpenAI's error format
-    recorded: bool = True  # False: no request-log record (a load balancer's health probe)
+    # False: its requests stay out of the request log's sinks (a load balancer's health
+    # probes would crowd out the requests); the access log still prints them.
+    recorded: bool = True
 
 
 class Routes:
@@ -167,7 +174,7 @@ class Routes:
             layer = reply.headers.get(h.CACHE_LAYER, "bypass")
             elapsed = time.perf_counter() - request.timer.started
             self._metrics.record_request(route.name, reply.status, layer, elapsed)
-        recorder = self.recorder if route is None or route.recorded else None
+        recorder = self.recorder
         if telemetry is None and recorder is None:
             await send_reply(reply, receive, send)
             return
@@ -180,9 +187,7 @@ class Routes:
                 if telemetry is not None:
                     telemetry.finish(request, reply, span, first_byte, ended)
                 if recorder is not None:
-                    recorder.record(
-                        request, reply, first_byte, ended, route.name if route is not None else ""
-                    )
+                    recorder.record(request, reply, first_byte, ended, route)
             except Exception:  # the answer is out: what failed to record it is only logged
                 log.exception("recording request %s failed", request.id)
 

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from ..connection.redis_client import RedisClient
 from ..http.access_log import AccessLog
+from ..http.asgi import Route
 from ..http.request import Request
 from ..http.responses import Reply
 from ..settings import Settings
@@ -41,9 +42,21 @@ class RequestLog:
         self.access_log = access_log
 
     def record(
-        self, request: Request, reply: Reply, first_byte: float, ended: float, route: str
+        self,
+        request: Request,
+        reply: Reply,
+        first_byte: float,
+        ended: float,
+        route: Route | None,
     ) -> None:
-        record = self._maker.make(request, reply, first_byte, ended, route)
+        if route is None:  # no route has the path: a 404
+            record = self._maker.make(request, reply, first_byte, ended, "")
+        else:
+            record = self._maker.make(request, reply, first_byte, ended, route.name)
+            if not route.recorded:  # a health probe: the access log's only
+                if self.access_log is not None:
+                    self.access_log.write(finish(record), request)
+                return
         for buffer in self.buffers:
             buffer.append(record)
         if self.access_log is not None:  # it prints now: what ``finish`` adds is needed now
