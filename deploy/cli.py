@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from .commands import bench, build, deploy, keys, origin, policy
+from .commands import bench, build, deploy, keys, logs, origin, policy
 from .commands.audit import audit_command
 from .commands.dev import dev_command
 from .commands.fingerprint import fingerprint_command
@@ -34,6 +34,7 @@ app.command("status")(status_command)
 app.command("audit")(audit_command)
 app.command("usage")(usage_command)
 app.command("top")(top_command)
+app.add_typer(logs.app, name="logs")
 
 
 def main() -> None:

@@ -36,7 +36,16 @@ from typing import cast
 import redis
 
 from origin.governance.audit import audit_record
-from prism import Budget, CacheRules, Policy, RateLimits, limits_key, policy_key, valid_project_id
+from prism import (
+    Budget,
+    CacheRules,
+    LogRules,
+    Policy,
+    RateLimits,
+    limits_key,
+    policy_key,
+    valid_project_id,
+)
 
 from . import audit_log
 from .revocation_publisher import KVRevocationPublisher
@@ -109,6 +118,7 @@ class PolicyStore:
         rate_limits: RateLimits | None = None,
         updated_by: str | None = None,
         cache: CacheRules | None = None,
+        log: LogRules | None = None,
     ) -> PolicyChange:
         """Replace the project's policy; ``ValueError`` (and nothing changed) if invalid."""
         check_project(project)
@@ -119,6 +129,7 @@ class PolicyStore:
             rate_limits=rate_limits,
             updated_by=updated_by,
             cache=cache,
+            log=log,
         )
         return self._change(project, lambda before: _next(draft, before))
 

@@ -38,7 +38,6 @@ from .connection.redis_client import RedisClient, RedisClientError
 from .dashboard import Dashboard, History, dashboard_off_routes
 from .gateway import Gateway
 from .governance.project_policies import ProjectPolicies
-from .http.access_log import AccessLog
 from .http.asgi import Route, Routes
 from .http.loop_watch import LoopWatch
 from .http.request import Request
@@ -64,7 +63,6 @@ class OriginApp(Routes):
         dashboard: Dashboard | None = None,
         *,
         admin_port: int | None = None,
-        access_log: AccessLog | None = None,
         loop_watch: LoopWatch | None = None,
     ) -> None:
         super().__init__(
@@ -75,7 +73,7 @@ class OriginApp(Routes):
             admin=admin,
             admin_port=admin_port,
             telemetry=gateway.telemetry,
-            access_log=access_log,
+            recorder=gateway.request_log,
             loop_watch=loop_watch,
         )
         self.gateway = gateway
@@ -236,10 +234,15 @@ def create_app(
         Route(RESPONSES_PATH + "/", stored_response, frozenset({"GET", "POST", "DELETE"})),
         Route(
             REQUEST_LOG_PATH,
-            EdgeRecords(settings.forward_secret, gateway.billing, gateway.metrics),
+            EdgeRecords(
+                settings.forward_secret,
+                gateway.billing,
+                gateway.metrics,
+                gateway.request_log.add if gateway.request_log is not None else None,
+            ),
             frozenset({"POST"}),
         ),
-        Route("/healthz", alive),
+        Route("/healthz", alive, recorded=False),
     ]
     dashboard = None
     if settings.admin_key is not None:
@@ -247,14 +250,12 @@ def create_app(
         dashboard = Dashboard(history, settings.admin_key)
     board = dashboard.routes() if dashboard is not None else dashboard_off_routes()
     admin = Routes([Route("/healthz", health), Route("/metrics", metrics), *board])
-    access_log = AccessLog(settings) if settings.access_log else None
     return OriginApp(
         gateway,
         api,
         admin,
         dashboard,
         admin_port=admin_port,
-        access_log=access_log,
         loop_watch=LoopWatch(settings.loop_lag_limit, gateway.metrics, on_loop_tick),
     )
 

@@ -27,6 +27,8 @@ from .metrics import Metrics
 from .providers.base import ChatProvider, UpstreamCompletion
 from .providers.registry import build_provider
 from .providers.upstream_http import ConnectorFactory
+from .requestlog.durable import durable_sinks
+from .requestlog.request_log import RequestLog, build_request_log
 from .routing.coalescing import FlightTable
 from .routing.flight_lease import FlightLeases
 from .routing.model_catalog import ModelCatalog
@@ -137,6 +139,14 @@ class Gateway:
             settings.providers, self.providers, self.metrics, created=self.started
         )
         self._models_task: asyncio.Task[None] | None = None
+        # One record per request (origin/requestlog): the Redis window on a connection of
+        # its own, and the access log as one more consumer. None: both off.
+        self.request_log: RequestLog | None = build_request_log(
+            settings,
+            self.metrics.registry,
+            lambda: _redis_client(settings, settings.redis_url),
+            durable_sinks(settings) if settings.request_log else (),
+        )
 
     def _trace_configs(self) -> tuple[aiohttp.TraceConfig, ...]:
         """A provider's request hooks: with tracing, the one adding ``traceparent``."""
@@ -201,6 +211,8 @@ class Gateway:
     async def start(self) -> None:
         self.cache.start()
         self.usage.start()
+        if self.request_log is not None:
+            self.request_log.start()
         if self.kv_writer is not None:
             self.kv_writer.start()
         if self.kv_writer is not None or self.catalog.sources:
@@ -230,6 +242,8 @@ class Gateway:
                 async with asyncio.timeout(5):
                     await asyncio.gather(*self._background, return_exceptions=True)
         await self.usage.close()  # after the settles: the last counts go out
+        if self.request_log is not None:  # the records of every answered request go out
+            await self.request_log.close()
         if self.kv_writer is not None:
             await self.kv_writer.stop()
         if self._kv_client is not None:

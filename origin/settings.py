@@ -107,6 +107,16 @@ class Settings:
     # a line costs about a third more instructions); the prompt only if asked.
     access_log: bool = False
     access_log_prompt: bool = False
+    # The request log (origin/requestlog): one record per request, buffered in memory and
+    # written in batches to the sinks (the Redis window: the last ``log_window`` records per
+    # project, none older than ``log_window_age`` seconds); at most ``log_buffer`` records
+    # wait per sink (the oldest are dropped, and counted, beyond it); ``region`` names this
+    # origin's region in each record.
+    request_log: bool = True
+    log_window: int = 10_000
+    log_window_age: int = 86_400
+    log_buffer: int = 50_000
+    region: str | None = None
     # The admin dashboard (origin/dashboard): its key (None: no dashboard, no sampling) and
     # how often it samples the origin's figures.
     admin_key: str | None = field(default=None, repr=False)
@@ -178,6 +188,9 @@ class Settings:
             otel_export_interval=("PRISM_OTEL_EXPORT_INTERVAL", float),
             dashboard_interval=("PRISM_DASHBOARD_INTERVAL", float),
             models_refresh_interval=("PRISM_MODELS_REFRESH_INTERVAL", float),
+            log_window=("PRISM_LOG_WINDOW", int),
+            log_window_age=("PRISM_LOG_WINDOW_AGE", int),
+            log_buffer=("PRISM_LOG_BUFFER", int),
         )
         if numbers.get("redis_timeout", 1) <= 0:
             raise SettingsError("PRISM_REDIS_TIMEOUT must be more than 0 (seconds).")
@@ -217,6 +230,12 @@ class Settings:
         log_prefix = env.get("PRISM_LOG_PREFIX", "requests/").lstrip("/")
         if log_prefix and not log_prefix.endswith("/"):
             log_prefix += "/"
+        if numbers.get("log_window", 1) < 1:
+            raise SettingsError("PRISM_LOG_WINDOW must be at least 1 (records per project).")
+        if numbers.get("log_window_age", 1) < 1:
+            raise SettingsError("PRISM_LOG_WINDOW_AGE must be at least 1 (seconds).")
+        if numbers.get("log_buffer", 1) < 1:
+            raise SettingsError("PRISM_LOG_BUFFER must be at least 1 (records).")
         return cls(
             key_ring=ring,
             forward_secret=forward.encode(),
@@ -235,6 +254,8 @@ class Settings:
             otel_service_name=env.get("OTEL_SERVICE_NAME") or "prism-origin",
             access_log=_switch(env, "PRISM_ACCESS_LOG", False),
             access_log_prompt=_switch(env, "PRISM_ACCESS_LOG_PROMPT", False),
+            request_log=_switch(env, "PRISM_REQUEST_LOG", True),
+            region=env.get("PRISM_REGION") or None,
             admin_key=admin_key,
             limits=Limits(**_numbers(env, max_body_bytes=("PRISM_MAX_BODY_BYTES", int))),
             log_dir=log_dir,

@@ -53,6 +53,7 @@ __all__ = [
     "POLICY_KEY_PREFIX",
     "Budget",
     "CacheRules",
+    "LogRules",
     "Policy",
     "PolicyMemo",
     "policy_key",
@@ -66,8 +67,8 @@ _MAX_TEXT = 100
 _MAX_DECIDED = 1024  # models remembered per policy: a client cycling names cannot grow it
 _RESERVED: tuple[str, ...] = ()
 _FIELDS = (
-    "allow", "budget", "cache", "deny", "rate_limits", "revision", "updated_at", "updated_by",
-    "v",
+    "allow", "budget", "cache", "deny", "log", "rate_limits", "revision", "updated_at",
+    "updated_by", "v",
 )  # fmt: skip
 BUDGET_PERIODS = ("day", "month")
 MAX_BUDGET_USD = 1_000_000_000  # a typo's guard: more than anyone means
@@ -165,6 +166,38 @@ class CacheRules:
         return {"semantic": self.semantic, "threshold": self.threshold}
 
 
+_LOG_FIELDS = ("bodies", "redact_emails")
+
+
+@dataclass(frozen=True, slots=True)
+class LogRules:
+    """What a project's request-log records may hold beyond the request's facts: its
+    prompt and answer (``bodies``, redacted of common secrets), with email addresses
+    redacted too (``redact_emails``)."""
+
+    bodies: bool = False
+    redact_emails: bool = False
+
+    def __post_init__(self) -> None:
+        for name in _LOG_FIELDS:
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"log.{name}: must be true or false")
+
+    @classmethod
+    def from_dict(cls, data: Any) -> LogRules:
+        if not isinstance(data, dict):
+            raise ValueError('log: must be an object, e.g. {"bodies": true}')
+        for name in data:
+            if name not in _LOG_FIELDS:
+                raise ValueError(
+                    f"log.{str(name)[:40]}: unknown field (known: {', '.join(_LOG_FIELDS)})"
+                )
+        return cls(bodies=data.get("bodies", False), redact_emails=data.get("redact_emails", False))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"bodies": self.bodies, "redact_emails": self.redact_emails}
+
+
 @dataclass(frozen=True, slots=True)
 class Budget:
     """At most ``usd`` dollars of provider cost per UTC ``period`` (``day`` or ``month``).
@@ -217,6 +250,7 @@ class Policy:
     budget: Budget | None = None
     cache: CacheRules | None = None  # None: no cache options (no semantic cache)
     rate_limits: RateLimits | None = None  # None: no rate limit
+    log: LogRules | None = None  # None: request-log records hold no bodies
     _allow: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
     _deny: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
     # model -> allowed, for the models this policy has been asked about (bounded)
@@ -237,6 +271,8 @@ class Policy:
             raise ValueError("cache: must be cache options")
         if self.rate_limits is not None and not isinstance(self.rate_limits, RateLimits):
             raise ValueError("rate_limits: must be a RateLimits")
+        if self.log is not None and not isinstance(self.log, LogRules):
+            raise ValueError("log: must be log options")
         object.__setattr__(self, "allow", allow)
         object.__setattr__(self, "deny", deny)
         object.__setattr__(self, "_allow", _matcher(allow))
@@ -277,6 +313,7 @@ class Policy:
                 if data.get("rate_limits") is None
                 else RateLimits.from_dict(data["rate_limits"])
             ),
+            log=None if data.get("log") is None else LogRules.from_dict(data["log"]),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -294,6 +331,8 @@ class Policy:
             out["cache"] = self.cache.to_dict()
         if self.rate_limits is not None:
             out["rate_limits"] = self.rate_limits.to_dict()
+        if self.log is not None:
+            out["log"] = self.log.to_dict()
         return out
 
     def encode(self) -> bytes:

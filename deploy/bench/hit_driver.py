@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
@@ -76,6 +77,9 @@ def drive_hits(
         "REDIS_URL": redis_url,
         "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",  # never called: every request hits
         "OPENAI_API_KEY": "unused",
+        # The request log on or off as the caller's environment says (on by default), so
+        # its cost is measured with the rest of a hit's.
+        "PRISM_REQUEST_LOG": os.environ.get("PRISM_REQUEST_LOG", ""),
     }
     # Under valgrind a turn of the loop is 50 x slower: no Redis timeout may fire.
     settings = dataclasses.replace(Settings.from_env(env), redis_timeout=60.0)

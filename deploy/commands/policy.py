@@ -18,7 +18,16 @@ from deploy.key_store import DEFAULT_REDIS_URL
 from deploy.policy_store import PolicyChange, PolicyStore, check_project, sync_policy
 from deploy.revocation_publisher import DEFAULT_KV_API
 from deploy.store_errors import KeyStoreError
-from prism import BUDGET_PERIODS, Budget, CacheRules, Limit, Policy, RateLimits, policy_key
+from prism import (
+    BUDGET_PERIODS,
+    Budget,
+    CacheRules,
+    Limit,
+    LogRules,
+    Policy,
+    RateLimits,
+    policy_key,
+)
 from prism.policy import (
     DEFAULT_SEMANTIC_THRESHOLD,
     MAX_SEMANTIC_THRESHOLD,
@@ -81,7 +90,13 @@ def _describe(policy: Policy | None) -> str:
         f"; semantic cache on (threshold {cache.threshold})" if cache and cache.semantic else ""
     )
     limits = "" if policy.rate_limits is None else f"; rate limits {policy.rate_limits.describe()}"
-    return f"allow {allow}; deny {deny}{spend}{semantic}{limits} (revision {policy.revision})"
+    log = policy.log
+    bodies = ""
+    if log is not None and log.bodies:
+        bodies = "; bodies logged (redacted" + (", emails too)" if log.redact_emails else ")")
+    return (
+        f"allow {allow}; deny {deny}{spend}{semantic}{limits}{bodies} (revision {policy.revision})"
+    )
 
 
 def _as_dict(policy: Policy | None) -> dict[str, object] | None:
@@ -236,6 +251,19 @@ def set_policy(
             "`prism bench semantic`]",
         ),
     ] = None,
+    # -- the request log (log.bodies / log.redact_emails) --
+    log_bodies: Annotated[
+        bool,
+        typer.Option(
+            "--log-bodies",
+            help="Keep each request's prompt and answer in its request-log record, common "
+            "secrets (API keys, AWS keys, bearer tokens, JWTs) redacted. [default: off]",
+        ),
+    ] = False,
+    redact_emails: Annotated[
+        bool,
+        typer.Option("--redact-emails", help="With --log-bodies: redact email addresses too."),
+    ] = False,
     # -- rate limits (rate_limits) --
     rpm: RpmOption = None,
     tpm: TpmOption = None,
@@ -262,6 +290,9 @@ def set_policy(
     --semantic answers paraphrases of questions the project already asked from their
     cached answers (the origin's semantic cache), at --semantic-threshold.
 
+    --log-bodies keeps each request's prompt and answer in its request-log record (`prism
+    logs --id`), redacted of common secrets (and of emails with --redact-emails).
+
     --rpm/--tpm limit the whole project's requests/tokens per minute, --key-rpm/--key-tpm
     each key's, --key-limit one key's own; a request over a limit is a 429
     `rate_limit_exceeded`.
@@ -274,10 +305,19 @@ def set_policy(
         rates = rate_limits_option(rpm, tpm, key_rpm, key_tpm, key_limit)
     except ValueError as error:
         raise fail(f"invalid policy: {error}", 2) from None
-    if not allow and not deny and budget is None and not semantic and rates is None:
+    if redact_emails and not log_bodies:
+        raise fail("--redact-emails needs --log-bodies", 2)
+    if (
+        not allow
+        and not deny
+        and budget is None
+        and not semantic
+        and rates is None
+        and not log_bodies
+    ):
         raise fail(
             "give at least one --allow, --deny or --budget, or --semantic, or a rate limit "
-            "option (`prism policy clear` removes it)",
+            "option, or --log-bodies (`prism policy clear` removes it)",
             2,
         )
     limit = _budget(budget, period)
@@ -292,6 +332,7 @@ def set_policy(
                 rate_limits=rates,
                 updated_by=updated_by or default_user(),
                 cache=cache,
+                log=LogRules(bodies=True, redact_emails=redact_emails) if log_bodies else None,
             )
         except ValueError as error:
             raise fail(f"invalid policy: {error}", 2) from None

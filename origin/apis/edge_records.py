@@ -67,7 +67,7 @@ class EdgeRecords:
         forward_secret: bytes,
         billing: Billing,
         metrics: Metrics,
-        on_records: Callable[[Records], None] = lambda records: None,
+        on_records: Callable[[Records], None] | None = None,
     ) -> None:
         self._secret = forward_secret
         self._billing = billing
@@ -104,7 +104,8 @@ class EdgeRecords:
         self._metrics.edge_records.labels("received").inc(len(records))
         if dropped:
             self._metrics.edge_records.labels("dropped").inc(dropped)
-        self._on_records(records)
+        if self._on_records is not None:
+            self._on_records(records)
         return Reply(204, {}, b"")
 
     def _count(self, record: dict[str, Any], route: str) -> None:

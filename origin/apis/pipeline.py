@@ -145,6 +145,8 @@ class ApiRoute(Generic[R]):
         )
         request.timer.mark("redis")
         policy = self._admit(asked, lookup)
+        if policy is not None and policy.log is not None:
+            request.log_rules = policy.log  # the request log reads it after the response
         if lookup.entry is not None:
             now = time.time()  # once: a clock read is not free on every machine
             envelope = self._entries.decode(lookup.entry, now)
@@ -182,7 +184,8 @@ class ApiRoute(Generic[R]):
             self._key_header,
         )
         request.timer.mark("auth")
-        request.project = caller.project  # for the access log and the trace
+        request.project = caller.project  # for the request log and the trace
+        request.key_id = caller.key_id
         limits = gw.settings.limits
         raw = await read_body(request.receive, limits.max_body_bytes, headers.get("content-length"))
         known = self._bodies.get(caller.project, raw)
@@ -197,6 +200,7 @@ class ApiRoute(Generic[R]):
         decision = self._classify(parsed, headers.get("cache-control"), self.policy)
         request.timer.mark("parse")
         request.parsed = parsed
+        request.fingerprint = fp
         return Asked(request, caller, parsed, fp, decision)
 
     def _admit(self, asked: Asked[R], lookup: Lookup) -> Policy | None:
@@ -307,7 +311,9 @@ class ApiRoute(Generic[R]):
         """A stored answer (from Redis or the semantic layer): nothing spent, its savings
         counted, replayed as its stream when the client streams."""
         caller, parsed, out = asked.caller, asked.parsed, asked.out
-        self.billing.hit(caller.project, caller.key_id, parsed.model, envelope, now, layer)
+        asked.request.hit_cost = self.billing.hit(
+            caller.project, caller.key_id, parsed.model, envelope, now, layer
+        )
         out[h.CACHE_LAYER] = layer
         out[h.SERVER_TIMING] = h.server_timing(asked.request.timer.stages)
         if parsed.stream:
@@ -352,8 +358,10 @@ class ApiRoute(Generic[R]):
         key = asked.fp if decision.read else None
         client_gone = functools.partial(disconnected, asked.request.receive)
         async with gw.flights.subscribe(key, call) as subscription:
+            asked.request.attempts = subscription.attempts  # filled as the call goes
             if subscription.call is not call:
                 charge.joined()
+                asked.request.joined = True
             stream: ClientStream | None = None
             if parsed.stream:
                 if not await subscription.started(client_gone):

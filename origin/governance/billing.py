@@ -31,7 +31,11 @@ from .usage import UsageRecorder
 if TYPE_CHECKING:
     from .rate_limiter import TokenCharge
 
-__all__ = ["Billing", "Charge"]
+__all__ = ["Billing", "Charge", "HitCost"]
+
+
+# What a hit saved (micro-dollars) and the stored answer's tokens (None: not reported).
+HitCost = tuple[int, Tokens | None]
 
 
 class Billing:
@@ -48,9 +52,9 @@ class Billing:
         self.budgets = budgets
         self.usage = usage
         self._spawn = spawn
-        # id(envelope) -> (envelope, what a hit on it saves): hot entries are the same
-        # Envelope object on every hit (``RecentEntries``), so each is costed once.
-        self._saved: dict[int, tuple[Envelope, int]] = {}
+        # id(envelope) -> (envelope, (what a hit on it saves, its tokens)): hot entries are
+        # the same Envelope object on every hit (``RecentEntries``), so each is costed once.
+        self._saved: dict[int, tuple[Envelope, HitCost]] = {}
 
     def hit(
         self,
@@ -60,24 +64,29 @@ class Billing:
         envelope: Envelope,
         now: float,
         layer: str = "redis",
-    ) -> None:
+    ) -> HitCost:
         """A hit (``layer``: redis or semantic; the edge's ``kv`` hits are counted from
         their records, ``saved``): nothing spent; saved what its entry cost (0 when
-        unknown)."""
+        unknown). Returned with the entry's tokens, for the request log (the same tuple
+        for every hit on the entry)."""
         known = self._saved.get(id(envelope))
         if known is not None and known[0] is envelope:
-            saved = known[1]
+            cost = known[1]
         else:
-            saved = self.saved(model, envelope.usage)
+            tokens = tokens_of(envelope.usage)
             if len(self._saved) >= 1024:
                 self._saved.clear()
-            self._saved[id(envelope)] = (envelope, saved)
-        self.usage.hit(project, key_id, model, saved, now, layer)
+            cost = (self._worth(model, tokens), tokens)
+            self._saved[id(envelope)] = (envelope, cost)
+        self.usage.hit(project, key_id, model, cost[0], now, layer)
+        return cost
 
     def saved(self, model: str, usage: dict[str, Any] | None) -> int:
         """What an answer with ``usage`` would have cost on ``model``, in micro-dollars (0
         when its tokens or the model's price are unknown)."""
-        tokens = tokens_of(usage)
+        return self._worth(model, tokens_of(usage))
+
+    def _worth(self, model: str, tokens: Tokens | None) -> int:
         price = self.budgets.model_prices(model)[0] if tokens is not None else None
         return cost_micros(price, tokens) if price is not None and tokens is not None else 0
 

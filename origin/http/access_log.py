@@ -1,8 +1,8 @@
 """The access log: one JSON line per request, on the ``prism.access`` logger.
 
-Written after the response has been sent (a stream: after its last bytes), from what
-the route noted on the request as it went (``origin.http.asgi.Request``) and the reply's
-headers; nothing is looked up again. The line carries the request id, project, model,
+Written after the response has been sent (a stream: after its last bytes), from the
+request's record (``origin.requestlog.record``, made once and shared with the request
+log's sinks); nothing is looked up again. The line carries the request id, project, model,
 cache layer, provider, status, tokens in and out and the cost when known, and the time
 to the first byte and in total. Never the API key (the route never notes it) and never
 the prompt, unless ``PRISM_ACCESS_LOG_PROMPT`` asks for it.
@@ -16,74 +16,62 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
-from prism import headers as h
-
-from ..providers.token_counts import tokens_of
 from ..settings import Settings
 from .request import Request
-from .responses import Reply
 
 __all__ = ["ACCESS_LOGGER", "AccessLog", "print_access_log"]
 
 ACCESS_LOGGER = "prism.access"
 _PROMPT = ("system", "messages", "instructions", "input")  # chat, messages; responses, embeddings
+# The record's fields a line carries, and their names in the line.
+_FIELDS = (
+    ("project", "project"),
+    ("model", "model"),
+    ("stream", "stream"),
+    ("provider", "provider"),
+    ("answered_model", "upstream_model"),
+    ("tokens_in", "tokens_in"),
+    ("tokens_out", "tokens_out"),
+    ("cost_usd", "cost_usd"),
+    ("error", "error"),
+)
 
 
 class AccessLog:
+    """One consumer of the request's record (``origin.requestlog.record``): its line is a
+    projection of the record, in the names this log has always used."""
+
     __slots__ = ("_log", "_prompt")
 
     def __init__(self, settings: Settings, logger: logging.Logger | None = None) -> None:
         self._log = logger or logging.getLogger(ACCESS_LOGGER)
         self._prompt = settings.access_log_prompt
 
-    def write(self, request: Request, reply: Reply, first_byte: float, ended: float) -> None:
+    def write(self, record: Mapping[str, Any], request: Request) -> None:
         log = self._log
         if not log.isEnabledFor(logging.INFO):  # nobody listens: build nothing
             return
-        started = request.timer.started
-        headers = reply.headers
         line: dict[str, Any] = {
-            "ts": round(time.time(), 3),
-            "request_id": request.id,
-            "method": request.method,
-            "path": request.path,
-            "status": reply.status,
-            "layer": headers.get(h.CACHE_LAYER, "bypass"),
-            "ttfb_ms": round((first_byte - started) * 1000, 3),
-            "total_ms": round((ended - started) * 1000, 3),
+            "ts": round(record["ts"], 3),
+            "request_id": record["id"],
+            "method": record["method"],
+            "path": record["path"],
+            "status": record["status"],
+            # The reply's layer, as before: an error says "bypass".
+            "layer": "bypass" if record.get("error") else record["layer"],
+            "ttfb_ms": round(record["ttfb_ms"], 3),
+            "total_ms": round(record["total_ms"], 3),
         }
-        if request.project:
-            line["project"] = request.project
+        for name, as_named in _FIELDS:
+            value = record.get(name)
+            if value is not None:
+                line[as_named] = value
         parsed = request.parsed
-        if parsed is not None:
-            line["model"] = parsed.model
-            line["stream"] = parsed.stream
-        charge = request.charge
-        if charge is not None:  # a miss: what its provider call used and cost
-            served = charge.served
-            if served is not None:
-                line["provider"], line["upstream_model"] = served
-            tokens = charge.tokens
-            if tokens is not None:
-                line["tokens_in"], line["tokens_out"] = tokens.prompt, tokens.completion
-            if charge.cost is not None:
-                line["cost_usd"] = charge.cost / 1_000_000
-        elif request.usage is not None:  # a hit: the stored answer's tokens, nothing spent
-            tokens = tokens_of(request.usage)  # read as the bill and a miss's line read them
-            if tokens is not None:
-                line["tokens_in"], line["tokens_out"] = tokens.prompt, tokens.completion
-            line["cost_usd"] = 0
-        if "provider" not in line:
-            provider = headers.get(h.PROVIDER)
-            if provider is not None:
-                line["provider"] = provider
-        if request.error:
-            line["error"] = request.error
         if self._prompt and parsed is not None:  # asked for: what was asked, as sent
             body = parsed.body
             line["prompt"] = {name: body[name] for name in _PROMPT if name in body}

@@ -17,7 +17,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.types import Receive, Scope, Send
 
@@ -35,13 +35,13 @@ from .request import Request, StageTimer
 from .responses import RawHeaders, Reply, error_reply
 
 if TYPE_CHECKING:
-    from .access_log import AccessLog
     from .loop_watch import LoopWatch
     from .telemetry import Telemetry
 
 __all__ = [
     "CancelOnce",
     "Handler",
+    "Recorder",
     "Route",
     "Routes",
     "disconnected",
@@ -56,6 +56,20 @@ log = logging.getLogger("prism.origin")
 Handler = Callable[[Request], Awaitable[Reply]]
 
 
+class Recorder(Protocol):
+    """What sees each request once its response has been sent (``origin.requestlog``:
+    the request log, and the access log as one of its consumers)."""
+
+    def record(
+        self,
+        request: Request,
+        reply: Reply,
+        first_byte: float,
+        ended: float,
+        route: Route | None,
+    ) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Route:
     path: str  # ending in "/": every path under it that no other route names
@@ -63,6 +77,9 @@ class Route:
     methods: frozenset[str] = frozenset({"GET"})
     name: str = ""  # the metrics label; "" = not counted
     error_body: Callable[[PrismError], bytes] | None = None  # None: OpenAI's error format
+    # False: its requests stay out of the request log's sinks (a load balancer's health
+    # probes would crowd out the requests); the access log still prints them.
+    recorded: bool = True
 
 
 class Routes:
@@ -72,7 +89,7 @@ class Routes:
     ``on_shutdown`` run in the ASGI lifespan. With ``admin``, connections to the listener
     on ``admin_port`` (``origin.http.server.listen`` binds it) get the admin table instead:
     one check per request, no extra layer on the hot path. ``telemetry`` and
-    ``access_log``, when configured, see each request once its response is sent.
+    ``recorder``, when configured, see each request once its response is sent.
     """
 
     def __init__(
@@ -85,7 +102,7 @@ class Routes:
         admin: Routes | None = None,
         admin_port: int | None = None,
         telemetry: Telemetry | None = None,
-        access_log: AccessLog | None = None,
+        recorder: Recorder | None = None,
         loop_watch: LoopWatch | None = None,
     ) -> None:
         self._routes = {route.path: route for route in routes}
@@ -98,7 +115,7 @@ class Routes:
         self.admin_port = admin_port  # None: the admin table is not served
         # None costs one check per request.
         self.telemetry = telemetry
-        self.access_log = access_log
+        self.recorder = recorder
         # Started with the lifespan; while the loop lags, new requests get a fast 503.
         self.loop_watch = loop_watch
         # Request ids need to be unique, not secret: a random prefix and a counter.
@@ -157,7 +174,8 @@ class Routes:
             layer = reply.headers.get(h.CACHE_LAYER, "bypass")
             elapsed = time.perf_counter() - request.timer.started
             self._metrics.record_request(route.name, reply.status, layer, elapsed)
-        if telemetry is None and self.access_log is None:
+        recorder = self.recorder
+        if telemetry is None and recorder is None:
             await send_reply(reply, receive, send)
             return
         first_byte = time.perf_counter()  # the response starts now (a stream: its first bytes)
@@ -168,8 +186,8 @@ class Routes:
             try:
                 if telemetry is not None:
                     telemetry.finish(request, reply, span, first_byte, ended)
-                if self.access_log is not None:
-                    self.access_log.write(request, reply, first_byte, ended)
+                if recorder is not None:
+                    recorder.record(request, reply, first_byte, ended, route)
             except Exception:  # the answer is out: what failed to record it is only logged
                 log.exception("recording request %s failed", request.id)
 

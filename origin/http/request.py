@@ -1,6 +1,6 @@
 """One request as the origin carries it: what arrived, its stage timer, and what the route
-learned on the way (its project, parsed body, usage or bill), which the access log and the
-trace read once the response has been sent."""
+learned on the way (its project, key, parsed body, usage or bill, provider attempts), which
+the request log, the access log and the trace read once the response has been sent."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from starlette.types import Receive
 
+from prism import LogRules
 from prism.parsers import ParsedRequest
 
 from ..providers.token_counts import Tokens
@@ -59,3 +60,14 @@ class Request:
     usage: dict[str, Any] | None = None  # a hit: the stored answer's usage
     charge: Bill | None = None  # a miss: its bill, settled when its call ends
     error: str = ""  # the error code answered, if any
+    # For the request log (``origin.requestlog.record``): the caller's key id (never the
+    # key), the request's fingerprint, the provider attempts of the call it started or
+    # joined (filled as the call goes), whether it joined another request's call, and the
+    # project's log options when they put bodies in the record.
+    key_id: str = ""
+    fingerprint: str = ""
+    attempts: list[dict[str, Any]] | None = None
+    joined: bool = False
+    # A hit: what its stored answer would have cost (micro-dollars) and its tokens.
+    hit_cost: tuple[int, Tokens | None] | None = None
+    log_rules: LogRules | None = None

@@ -98,6 +98,7 @@ class FileSink:
     """A ``RecordSink`` (``origin.requestlog.sink``) writing durable files to a store."""
 
     name = "files"
+    flush_interval, flush_records = FLUSH_INTERVAL, FLUSH_RECORDS  # its buffer's batches
 
     def __init__(self, store: FileStore) -> None:
         self.store = store

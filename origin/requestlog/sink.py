@@ -4,7 +4,9 @@ A sink receives whole batches from its ``RecordBuffer`` (``origin.requestlog.buf
 one background task per sink calls ``write`` with up to a batch of records, and retries
 the same batch with backoff when it raises. A sink so either stores the whole batch or
 raises; it never reports success for a part of it silently. ``close`` is awaited once,
-after the last flush at shutdown.
+after the last flush at shutdown. A sink may say how it wants its batches, as class
+attributes ``flush_interval`` (seconds) and ``flush_records`` (the most a batch holds);
+without them, a batch a second of at most 1,000.
 """
 
 from __future__ import annotations
@@ -21,8 +23,7 @@ class RecordSink(Protocol):
     name: str  # "redis", "files", "otlp": the metric label
 
     async def write(self, records: Sequence[Mapping[str, Any]]) -> None:
-        """Store the whole batch, or raise (the buffer retries it); never partial success
-        silently."""
+        """Store the whole batch or raise (the buffer retries it); never a part silently."""
         ...
 
     async def close(self) -> None:

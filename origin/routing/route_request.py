@@ -51,6 +51,7 @@ class RouteRequest:
 
     __slots__ = (
         "attempts",
+        "began",
         "body",
         "context_tried",
         "hedged",
@@ -61,10 +62,17 @@ class RouteRequest:
         "retried",
         "router",
         "stream",
+        "tried",
     )
 
     def __init__(
-        self, router: Attempts, plan: Plan, body: dict[str, Any], stream: bool, op: Operation
+        self,
+        router: Attempts,
+        plan: Plan,
+        body: dict[str, Any],
+        stream: bool,
+        op: Operation,
+        tried: list[dict[str, Any]] | None = None,
     ) -> None:
         self.router = router
         self.op = op
@@ -82,6 +90,9 @@ class RouteRequest:
         self.context_tried = False
         self.retried: list[Target] = []
         self.last_error: PrismError | None = None
+        # Each attempt's outcome, for the request log: (provider, model, status, error, ms).
+        self.tried = tried
+        self.began: dict[Target, float] = {}
 
     def _demoted_last(self, now: float) -> None:
         skipped = [entry for entry in self.pending if entry[0].admission(now) == Admission.SKIP]
@@ -117,6 +128,8 @@ class RouteRequest:
     def _start(self, target: Target) -> bool:
         """Count the attempt; if the target is demoted, this call is its probe."""
         self.attempts += 1
+        if self.tried is not None:
+            self.began[target] = self.router.clock()
         probe = False
         for health in (target.provider_health, target.health):
             if not health.healthy:
@@ -146,6 +159,7 @@ class RouteRequest:
     def failed(self, target: Target, error: PrismError) -> None:
         """Decide what the failure means for the next attempt (or answer with it)."""
         self.last_error = error
+        self._note(target, error.status, error.code)
         outcome = outcome_of(error)
         spec = target.spec
         if outcome == CLIENT_ERROR:
@@ -180,7 +194,21 @@ class RouteRequest:
                 self.retried.append(target)
                 self.pending.appendleft((target, seconds))
 
+    def _note(self, target: Target, status: int, code: str | None) -> None:
+        tried = self.tried
+        if tried is None:
+            return
+        began = self.began.get(target)
+        ms = 0.0 if began is None else round((self.router.clock() - began) * 1000, 3)
+        attempt: dict[str, Any] = {"provider": target.name, "model": target.model}
+        attempt["status"] = status
+        if code is not None:
+            attempt["error"] = code
+        attempt["ms"] = ms
+        tried.append(attempt)
+
     def _answer(self, target: Target, value: Any) -> Routed[Any]:
+        self._note(target, 200, None)
         return Routed(
             value,
             target.name,

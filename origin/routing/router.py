@@ -89,17 +89,26 @@ class Router:
     # -- the public interface (the flight's) ---------------------------------------------
 
     async def complete(
-        self, body: dict[str, Any], model: str, op: Operation
+        self,
+        body: dict[str, Any],
+        model: str,
+        op: Operation,
+        tried: list[dict[str, Any]] | None = None,
     ) -> Routed[UpstreamCompletion]:
-        """A complete answer from the model's first working target (``op``: the API's call)."""
-        request = RouteRequest(self, self._plan(model), body, False, op)
+        """A complete answer from the model's first working target (``op``: the API's call;
+        ``tried``: where each attempt's outcome is noted)."""
+        request = RouteRequest(self, self._plan(model), body, False, op, tried)
         return cast("Routed[UpstreamCompletion]", await request.run())  # no runtime generic
 
     async def stream(
-        self, body: dict[str, Any], model: str, op: Operation
+        self,
+        body: dict[str, Any],
+        model: str,
+        op: Operation,
+        tried: list[dict[str, Any]] | None = None,
     ) -> Routed[UpstreamStream]:
         """A stream whose first bytes have arrived; failover happens only before them."""
-        request = RouteRequest(self, self._plan(model), body, True, op)
+        request = RouteRequest(self, self._plan(model), body, True, op, tried)
         return cast("Routed[UpstreamStream]", await request.run())
 
     def stream_failed(self, routed: Routed[UpstreamStream], error: PrismError) -> None:

@@ -47,11 +47,19 @@ class FlightRouter(Protocol):
     """What a flight calls on the router: ``origin.routing.router.Router`` (or a stand-in)."""
 
     async def complete(
-        self, body: dict[str, Any], model: str, op: Operation
+        self,
+        body: dict[str, Any],
+        model: str,
+        op: Operation,
+        tried: list[dict[str, Any]] | None = None,
     ) -> Routed[UpstreamCompletion]: ...
 
     async def stream(
-        self, body: dict[str, Any], model: str, op: Operation
+        self,
+        body: dict[str, Any],
+        model: str,
+        op: Operation,
+        tried: list[dict[str, Any]] | None = None,
     ) -> Routed[UpstreamStream]: ...
 
     def stream_failed(self, routed: Routed[UpstreamStream], error: PrismError) -> None: ...
@@ -110,6 +118,7 @@ class Flight:
         "_router",
         "_subscribers",
         "_task",
+        "attempts",
         "call",
         "error",
         "fallback",
@@ -148,6 +157,7 @@ class Flight:
         self.provider = ""  # what x-prism-provider says
         self.fallback = False
         self.served_by = ("", "")  # (provider, upstream model) that answered
+        self.attempts: list[dict[str, Any]] = []  # each provider attempt's outcome, as made
         self._subscribers = 0
         self.waiters: list[asyncio.Future[None]] = []  # one per client waiting for a change
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -203,7 +213,7 @@ class Flight:
             if call.stream:
                 await self._stream(call)
             else:
-                routed = await self._router.complete(call.body, call.model, call.op)
+                routed = await self._router.complete(call.body, call.model, call.op, self.attempts)
                 self._routed(routed)
                 self._end(result=routed.value)
         except asyncio.CancelledError:
@@ -336,7 +346,7 @@ class Flight:
     async def _stream(self, call: Call) -> None:
         """The stream, relayed event by event as it arrives and rebuilt by the operation's
         builder; the answer is cached only when whole."""
-        routed = await self._router.stream(call.body, call.model, call.op)
+        routed = await self._router.stream(call.body, call.model, call.op, self.attempts)
         self._routed(routed)
         upstream = routed.value
         builder = call.op.builder(

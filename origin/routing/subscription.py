@@ -50,6 +50,11 @@ class Subscription:
         return self._flight.provider
 
     @property
+    def attempts(self) -> list[dict[str, Any]]:
+        """The flight's provider attempts, noted as they are made (its own or joined)."""
+        return self._flight.attempts
+
+    @property
     def call(self) -> Call:
         """The call of the flight joined: not the subscriber's own when it joined one."""
         return self._flight.call

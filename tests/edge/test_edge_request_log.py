@@ -4,12 +4,15 @@ figures count the KV hit; what the origin answered is not told twice."""
 
 from __future__ import annotations
 
+import json
 import secrets
 from datetime import UTC, datetime
 
 import httpx
 import redis
+from typer.testing import CliRunner
 
+from deploy.cli import app
 from origin.dashboard.figures import totals_of
 from tests.fixtures.edge import EdgeStack
 from tests.polling import wait_for
@@ -65,6 +68,17 @@ def test_a_kv_hit_and_a_refused_key_reach_the_origin_as_records(
         wait_for(lambda: int(admin.hget(f"prism:usage:acme:{day}", field) or 0) >= 1, timeout=10)
     totals = totals_of(edge.origin.gateway.metrics.registry.collect(), 0.0)
     assert totals.requests["kv"] >= 1 and totals.hit_ratio is not None
+    # Both records reach the request log, as the edge's: prism logs finds them by project.
+    shown = CliRunner().invoke(
+        app,
+        ["logs", "--json", "--project", "acme", "--layer", "kv"],
+        env={"REDIS_URL": edge.redis_url},
+    )
+    kv_hits = [json.loads(line) for line in shown.stdout.splitlines() if line.strip()]
+    assert any(
+        r["source"] == "edge" and r["key"] == key_id and r["status"] == 200 and "kv" in r["stages"]
+        for r in kv_hits
+    ), shown.stdout
     # Only the PoP's own answers are told: the miss the origin answered is its record.
     assert (
         edge_metric(edge, "prism_edge_requests_total", route="chat", status="200", layer="miss")

@@ -125,14 +125,19 @@ def _commands(admin: redis.Redis) -> dict[str, int]:
     return {name: int(value["calls"]) for name, value in stats.items()}
 
 
-# Sent on timers, not per request: the admin's INFO, the revoked-set reload, and the usage
-# flush (one EVAL a second running HINCRBY and EXPIRE).
+# Sent on timers, not per request: the admin's INFO, the revoked-set reload, the usage
+# flush (one EVAL a second running HINCRBY and EXPIRE), and the request log's batches (a
+# second's records: XADD, XTRIM, EXPIRE and SADD, then SET of their id keys).
 _BACKGROUND = (
     "cmdstat_info",
     "cmdstat_smembers",
     "cmdstat_eval",
     "cmdstat_hincrby",
     "cmdstat_expire",
+    "cmdstat_xadd",
+    "cmdstat_xtrim",
+    "cmdstat_sadd",
+    "cmdstat_set",
 )
 
 

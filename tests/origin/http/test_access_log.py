@@ -14,6 +14,8 @@ from origin import Settings
 from origin.http.access_log import ACCESS_LOGGER, AccessLog
 from origin.http.request import Request, StageTimer
 from origin.http.responses import Reply
+from origin.providers.token_counts import tokens_of
+from origin.requestlog.record import RecordMaker, finish
 from prism import headers as h
 from tests.fixtures.origin import AccessLines, OriginFactory, RunningOrigin, origin_env
 
@@ -108,7 +110,8 @@ def test_the_prompt_only_when_asked_and_no_line_by_default(
     assert access_lines.line("log-prompt")["prompt"] == {"messages": body["messages"]}
 
     off = origin_factory()  # the default
-    assert off.server.app.access_log is None
+    request_log = off.gateway.request_log
+    assert request_log is not None and request_log.access_log is None
     assert _post(off, api_key, body, "log-off").status_code == 200
     assert all(r["request_id"] != "log-off" for r in access_lines.records())
 
@@ -140,8 +143,11 @@ def test_a_hit_logs_its_tokens_as_a_miss_and_the_bill_count_them(
         "cache_creation_input_tokens": 30,
         "output_tokens": 7,
     }
+    request.hit_cost = (0, tokens_of(request.usage))  # as ``Billing.hit`` returns it
     reply = Reply(200, {h.CACHE_LAYER: "redis"})
-    log.write(request, reply, request.timer.started, request.timer.started)
+    started = request.timer.started
+    record = RecordMaker(None).make(request, reply, started, started, "messages")
+    log.write(finish(record), request)
     line = access_lines.line("log-anthropic-hit")
     assert (line["tokens_in"], line["tokens_out"]) == (142, 7)
     assert line["cost_usd"] == 0

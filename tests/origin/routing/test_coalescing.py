@@ -72,7 +72,11 @@ class FakeRouter:
         self.feed: asyncio.Queue[bytes | BaseException | object] = asyncio.Queue()
 
     async def complete(
-        self, body: dict[str, Any], model: str, op: Operation
+        self,
+        body: dict[str, Any],
+        model: str,
+        op: Operation,
+        tried: list[dict[str, Any]] | None = None,
     ) -> Routed[UpstreamCompletion]:
         self.calls += 1
         try:
@@ -87,7 +91,11 @@ class FakeRouter:
         )
 
     async def stream(
-        self, body: dict[str, Any], model: str, op: Operation
+        self,
+        body: dict[str, Any],
+        model: str,
+        op: Operation,
+        tried: list[dict[str, Any]] | None = None,
     ) -> Routed[UpstreamStream]:
         self.calls += 1
 

@@ -1,0 +1,105 @@
+"""RecordBuffer on its own: batches, retries a failed batch whole, drops the oldest past
+its bound (counted), flushes at close. Its sink here is a list that can be told to fail."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter
+
+from origin.requestlog.buffer import RecordBuffer
+from tests.polling import async_wait_for
+
+
+class ListSink:
+    name = "list"
+
+    def __init__(self) -> None:
+        self.batches: list[list[Mapping[str, Any]]] = []
+        self.failing = False
+        self.closed = False
+
+    async def write(self, records: Sequence[Mapping[str, Any]]) -> None:
+        if self.failing:
+            raise ConnectionError("down")
+        self.batches.append(list(records))
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def _buffer(sink: ListSink, bound: int, **options: Any) -> tuple[RecordBuffer, CollectorRegistry]:
+    registry = CollectorRegistry()
+    written = Counter("written", "", ("sink",), registry=registry)
+    dropped = Counter("dropped", "", ("sink",), registry=registry)
+    return RecordBuffer(sink, bound, written, dropped, **options), registry
+
+
+def _record(n: int) -> dict[str, Any]:
+    return {"id": str(n), "ts": 1.0, "ttfb_ms": 1.0, "total_ms": 2.0, "stages": [("auth", 0.5)]}
+
+
+def _count(registry: CollectorRegistry, name: str) -> float:
+    return registry.get_sample_value(f"{name}_total", {"sink": "list"}) or 0.0
+
+
+def test_a_full_batch_is_written_at_once_finished_and_counted() -> None:
+    async def run() -> None:
+        sink = ListSink()
+        buffer, registry = _buffer(sink, 100, batch=10, interval=60)
+        buffer.start()
+        for n in range(10):
+            buffer.append(_record(n))
+        await async_wait_for(lambda: sink.batches, within=5)
+        (batch,) = sink.batches
+        assert [r["id"] for r in batch] == [str(n) for n in range(10)]
+        assert batch[0]["stages"] == {"auth": 0.5}  # finished before the sink saw it
+        assert _count(registry, "written") == 10
+        await buffer.close()
+        assert sink.closed
+
+    asyncio.run(run())
+
+
+def test_a_failed_batch_is_retried_whole_and_the_oldest_beyond_the_bound_dropped() -> None:
+    async def run() -> None:
+        sink = ListSink()
+        sink.failing = True
+        buffer, registry = _buffer(sink, 5, batch=3, interval=0.01, first_backoff=0.01)
+        buffer.start()
+        for n in range(3):
+            buffer.append(_record(n))
+        await async_wait_for(lambda: buffer.queued == 3 and not buffer._queue, within=5)
+        for n in range(3, 10):  # 7 more while the first 3 are held: the queue keeps 5
+            buffer.append(_record(n))
+        assert _count(registry, "dropped") == 2 and buffer.queued == 8
+        sink.failing = False
+        await async_wait_for(lambda: buffer.queued == 0, within=5)
+        ids = [r["id"] for batch in sink.batches for r in batch]
+        assert ids == ["0", "1", "2", "5", "6", "7", "8", "9"]
+        assert _count(registry, "written") == 8
+        await buffer.close()
+
+    asyncio.run(run())
+
+
+def test_close_flushes_what_is_left_and_counts_what_cannot_be_written() -> None:
+    async def run() -> None:
+        sink = ListSink()
+        buffer, registry = _buffer(sink, 100, interval=60, close_timeout=0.5)
+        buffer.start()
+        buffer.append(_record(1))
+        await buffer.close()
+        assert [r["id"] for batch in sink.batches for r in batch] == ["1"]
+
+        down = ListSink()
+        down.failing = True
+        buffer, registry = _buffer(down, 100, interval=60, close_timeout=0.5)
+        buffer.start()
+        buffer.append(_record(2))
+        await buffer.close()
+        assert _count(registry, "dropped") == 1 and down.closed
+
+    asyncio.run(run())
