@@ -39,6 +39,7 @@ def metrics_text(redis_hits: int, misses: int, sent: int) -> str:
         metrics.record_request("chat", 200, "miss", 0.3)
     metrics.record_request("chat", 502, "bypass", 0.1)
     metrics.record_request("embeddings", 200, "semantic", 0.01)
+    metrics.record_edge_request("chat", 200, "kv", 0.003)  # told by the edge's records
     metrics.kv_sent.inc(sent)
     metrics.kv_queue.set(3)
     metrics.kv_dropped.labels("queue_full").inc(2)
@@ -53,9 +54,9 @@ def metrics_text(redis_hits: int, misses: int, sent: int) -> str:
 
 def test_metrics_text_reads_as_totals_by_layer() -> None:
     totals = parse_metrics(metrics_text(redis_hits=6, misses=2, sent=4), at=100.0)
-    assert totals.requests == {"miss": 2, "redis": 6, "semantic": 1, "bypass": 1}
+    assert totals.requests == {"miss": 2, "kv": 1, "redis": 6, "semantic": 1, "bypass": 1}
     assert totals.server_errors == 1
-    assert totals.hit_ratio == pytest.approx(7 / 9)  # (redis + semantic) / (those + miss)
+    assert totals.hit_ratio == pytest.approx(8 / 10)  # (kv + redis + semantic) / (those + miss)
     assert totals.provider_calls == {"openai": 3}
     assert totals.provider_failures == {"openai": 1}
     assert totals.provider_state == {"groq": "demoted"}
@@ -97,7 +98,8 @@ def test_spend_is_today_with_the_admin_key_and_this_process_without() -> None:
     health = parse_health(HEALTH)
     without = frame_of("http://x", None, totals, health, None, ("no key",))
     assert without.spend_scope == "process" and without.spend["acme"].cost_usd == 1.5
-    assert without.rates is None and without.as_dict()["requests"]["kv"] is None
+    assert without.rates is None
+    assert without.as_dict()["requests"]["kv"] == {"total": 1.0, "per_second": None}
     latest = {
         "projects": {
             "acme": {"requests": {"redis": 9, "semantic": 4, "miss": 2, "bypass": 1,
