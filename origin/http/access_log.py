@@ -3,9 +3,10 @@
 Written after the response has been sent (a stream: after its last bytes), from what
 the route noted on the request as it went (``origin.http.asgi.Request``) and the reply's
 headers; nothing is looked up again. The line carries the request id, project, model,
-cache layer, provider, status, tokens in and out and the cost when known, and the time
-to the first byte and in total. Never the API key (the route never notes it) and never
-the prompt, unless ``PRISM_ACCESS_LOG_PROMPT`` asks for it.
+cache layer, provider, status, tokens in and out and the cost when known (a resumed
+stream's also each provider's part: ``parts``), and the time to the first byte and in
+total. Never the API key (the route never notes it) and never the prompt, unless
+``PRISM_ACCESS_LOG_PROMPT`` asks for it.
 
 On with ``PRISM_ACCESS_LOG=on``; the operator routes the logger like any other (``prism
 origin serve`` prints it to stdout, one line each). Off (the default: a line costs about a
@@ -23,7 +24,7 @@ import orjson
 
 from prism import headers as h
 
-from ..providers.token_counts import tokens_of
+from ..providers.token_counts import Tokens, tokens_of
 from ..settings import Settings
 from .request import Request
 from .responses import Reply
@@ -73,6 +74,9 @@ class AccessLog:
                 line["tokens_in"], line["tokens_out"] = tokens.prompt, tokens.completion
             if charge.cost is not None:
                 line["cost_usd"] = charge.cost / 1_000_000
+            parts = charge.parts
+            if parts is not None:  # a resumed stream: what each provider's part cost
+                line["parts"] = [_part(*part) for part in parts]
         elif request.usage is not None:  # a hit: the stored answer's tokens, nothing spent
             tokens = tokens_of(request.usage)  # read as the bill and a miss's line read them
             if tokens is not None:
@@ -94,6 +98,15 @@ class AccessLog:
                 log.name, logging.INFO, __file__, 0, orjson.dumps(line).decode(), (), None
             )
         )
+
+
+def _part(provider: str, upstream: str, tokens: Tokens | None, cost: int | None) -> dict[str, Any]:
+    part: dict[str, Any] = {"provider": provider, "upstream_model": upstream}
+    if tokens is not None:
+        part["tokens_in"], part["tokens_out"] = tokens.prompt, tokens.completion
+    if cost is not None:
+        part["cost_usd"] = cost / 1_000_000
+    return part
 
 
 def print_access_log() -> None:
