@@ -10,7 +10,8 @@ router's own attempt path (``Router.resume``); only its rest is relayed, through
 splice. Chat's (``ChatContinuation``, ``Splice``): its chunks take the first part's ``id``,
 ``created`` and ``model``, its role chunk is dropped, and the final chunk says which
 providers answered (``"prism": {"providers": [...], "resumed": true}``). Anthropic
-Messages' is ``origin.apis.messages_resume``.
+Messages' is ``origin.apis.messages_resume``. Each provider is billed for its part: the
+``Resumed`` answer carries what the broken part used (``origin.governance.resumed_bill``).
 
 Only on the path of a broken stream: a healthy stream does no work of this module's.
 """
