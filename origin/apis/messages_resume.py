@@ -23,7 +23,7 @@ import orjson
 from ..providers.anthropic import AnthropicProvider
 from ..providers.base import ChatProvider, UpstreamStream
 from ..providers.messages_translate import to_chat_request
-from ..providers.token_counts import token_count
+from ..providers.token_counts import Tokens, token_count, tokens_of
 from ..routing.continuation import Partial, asks_afresh, frame_event
 from ..routing.resume import continuation_body, prefill, trim_overlap
 
@@ -76,13 +76,14 @@ def partial_message(frames: list[bytes]) -> Partial | None:
         token_count(usage.get("input_tokens")),
         token_count(usage.get("output_tokens")),
     )
-    return Partial("".join(text), first)
+    # Its prompt as message_start reported it; its output there is only a start's count.
+    return Partial("".join(text), first, tokens_of({**usage, "output_tokens": 0}))
 
 
 class MessagesSplice:
     """The continuation's events as the rest of the first part's message."""
 
-    __slots__ = ("_extension", "_first", "_input", "_offset", "_open", "_overlap")
+    __slots__ = ("_extension", "_first", "_input", "_offset", "_open", "_overlap", "usage")
 
     def __init__(self, first: FirstPart, overlap: str, providers: list[str]) -> None:
         self._first = first
@@ -90,7 +91,8 @@ class MessagesSplice:
         self._extension = {"providers": providers, "resumed": True}
         self._open = first.open  # still to close, unless the continuation carries it on
         self._offset: int | None = None  # the continuation's block i is the client's i + this
-        self._input = 0  # the continuation's input tokens, from its message_start
+        self._input: dict[str, Any] = {}  # the continuation's message_start usage
+        self.usage: Tokens | None = None  # the continuation's own, from its message_delta
 
     def feed(self, data: bytes) -> list[bytes]:
         try:
@@ -102,7 +104,7 @@ class MessagesSplice:
             message = event.get("message")
             usage = message.get("usage") if isinstance(message, dict) else None
             if isinstance(usage, dict):
-                self._input = token_count(usage.get("input_tokens"))
+                self._input = usage
             return []
         if kind == "content_block_start":
             out: list[bytes] = []
@@ -131,12 +133,13 @@ class MessagesSplice:
             out = self._number() if self._offset is None else []
             usage = event.get("usage")
             usage = usage if isinstance(usage, dict) else {}
+            # The continuation's own: its message_delta's counts, its start's where unsaid.
+            own = {**self._input, **{k: v for k, v in usage.items() if v}}
+            self.usage = tokens_of(own)
             first = self._first
             event["usage"] = {
                 **usage,
-                "input_tokens": first.input_tokens
-                or token_count(usage.get("input_tokens"))
-                or self._input,
+                "input_tokens": first.input_tokens or token_count(own.get("input_tokens")),
                 "output_tokens": first.output_tokens + token_count(usage.get("output_tokens")),
             }
             event["prism"] = self._extension

@@ -27,6 +27,7 @@ from prism import PrismError
 
 from ..providers.base import ChatProvider, UpstreamStream
 from ..providers.responses_translate import to_chat_request
+from ..providers.token_counts import Tokens, tokens_of
 from ..routing.continuation import Partial, asks_afresh, frame_event
 from ..routing.resume import continuation_body, trim_overlap
 
@@ -83,7 +84,16 @@ def partial_response(frames: list[bytes]) -> Partial | None:
 class ResponsesSplice:
     """The continuation's events as the rest of the first part's response."""
 
-    __slots__ = ("_extension", "_first", "_merged", "_offset", "_overlap", "_sequence", "_text")
+    __slots__ = (
+        "_extension",
+        "_first",
+        "_merged",
+        "_offset",
+        "_overlap",
+        "_sequence",
+        "_text",
+        "usage",
+    )
 
     def __init__(self, first: FirstResponse, overlap: str, providers: list[str]) -> None:
         self._first = first
@@ -93,6 +103,7 @@ class ResponsesSplice:
         self._merged = False  # the continuation's first item carries on the open one
         self._offset: int | None = None  # its item i is the client's i + this
         self._text = first.text  # the open item's whole text
+        self.usage: Tokens | None = None  # the continuation's, from its final event
 
     def feed(self, data: bytes) -> list[bytes]:
         try:
@@ -188,6 +199,7 @@ class ResponsesSplice:
         """The final event: the whole response, the first part's, and who answered it."""
         response = event.get("response")
         if isinstance(response, dict):
+            self.usage = tokens_of(response.get("usage"))
             output = [o for o in response.get("output") or () if isinstance(o, dict)]
             first = self._first.item
             if self._merged and output and output[0].get("type") == "message":

@@ -9,6 +9,10 @@
 - A request that joins a call already in flight (coalescing) pays nothing: it counts as
   a ``coalesced`` request of its key, and gives back the reservation it may have made
   while the call was starting.
+- A stream resumed by another provider after it broke (``origin/routing/resume.py``)
+  costs each provider's part at that provider's price (``origin/governance/resumed_bill.py``);
+  the usage record and the budget get their sum, or keep the reservation when either
+  part's price or tokens are unknown.
 
 With no budget, a miss makes no Redis command for any of this (usage is counted in
 memory, ``origin/governance/usage.py``); with one, exactly one script before the call and one after.
@@ -26,6 +30,7 @@ from ..providers.config import ProviderConfig
 from ..providers.pricing import Price, cost_micros
 from ..providers.token_counts import Tokens, tokens_of
 from .budgets import Budgets, BudgetUnavailableError, Reservation
+from .resumed_bill import BillPart, Resumption, broken_part_tokens
 from .usage import UsageRecorder
 
 if TYPE_CHECKING:
@@ -127,6 +132,7 @@ class Charge:
         "key_id",
         "layer",
         "model",
+        "parts",
         "project",
         "rate_tokens",
         "reservation",
@@ -156,11 +162,20 @@ class Charge:
         self.tokens: Tokens | None = None
         self.cost: int | None = None
         self.served: tuple[str, str] | None = None
+        # A resumed answer's parts, the broken one first (``served`` is the last's).
+        self.parts: tuple[BillPart, ...] | None = None
         # The tokens a token rate limit admitted for the call, settled when it ends.
         self.rate_tokens = rate_tokens
 
-    def __call__(self, result: UpstreamCompletion | None, provider: str, upstream: str) -> None:
-        """The call ended: ``result`` None when it failed or was abandoned."""
+    def __call__(
+        self,
+        result: UpstreamCompletion | None,
+        provider: str,
+        upstream: str,
+        resumption: Resumption | None = None,
+    ) -> None:
+        """The call ended: ``result`` None when it failed or was abandoned; ``resumption``
+        when ``provider`` continued a stream another broke."""
         if self._done:
             return
         self._done = True
@@ -171,14 +186,35 @@ class Charge:
             self._settle(0)
             return
         tokens = tokens_of(result.completion.get("usage"))
-        price = billing.price(provider, upstream) if tokens is not None else None
-        cost = cost_micros(price, tokens) if price is not None and tokens is not None else None
+        if resumption is None:
+            price = billing.price(provider, upstream) if tokens is not None else None
+            cost = cost_micros(price, tokens) if price is not None and tokens is not None else None
+        else:
+            cost = self._resumed_cost(provider, upstream, resumption)
         self.tokens, self.cost, self.served = tokens, cost, (provider, upstream)
         billing.usage.record(self.project, self.key_id, self.model, self.layer, tokens, cost)
         if self.reservation is not None:
             # No usage or no price for what answered: keep what was reserved (an upper
             # bound), never less than was spent.
             self._settle(self.reservation.amount if cost is None else cost)
+
+    def _cost(self, provider: str, upstream: str, tokens: Tokens | None) -> int | None:
+        price = self._billing.price(provider, upstream) if tokens is not None else None
+        return cost_micros(price, tokens) if price is not None and tokens is not None else None
+
+    def _resumed_cost(self, provider: str, upstream: str, resumption: Resumption) -> int | None:
+        """Each part at its own provider's price; None when either is unknown."""
+        broken = broken_part_tokens(resumption)
+        first = BillPart(
+            resumption.provider,
+            resumption.upstream,
+            broken,
+            self._cost(resumption.provider, resumption.upstream, broken),
+        )
+        then = resumption.continuation
+        last = BillPart(provider, upstream, then, self._cost(provider, upstream, then))
+        self.parts = (first, last)
+        return None if first.cost is None or last.cost is None else first.cost + last.cost
 
     def joined(self) -> None:
         """This request joined a call already running: it pays nothing."""

@@ -39,6 +39,7 @@ _FIELDS = (
     ("tokens_out", "tokens_out"),
     ("cost_usd", "cost_usd"),
     ("error", "error"),
+    ("parts", "parts"),  # a resumed stream: each provider's part and its cost
 )
 
 

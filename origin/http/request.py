@@ -15,7 +15,7 @@ from prism.parsers import ParsedRequest
 
 from ..providers.token_counts import Tokens
 
-__all__ = ["Bill", "Request", "StageTimer"]
+__all__ = ["Bill", "BilledPart", "Request", "StageTimer"]
 
 
 class StageTimer:
@@ -43,6 +43,12 @@ class Bill(Protocol):
     def cost(self) -> int | None: ...  # micro-dollars; None: no price for what answered
     @property
     def served(self) -> tuple[str, str] | None: ...  # (provider, upstream model)
+    @property
+    def parts(self) -> tuple[BilledPart, ...] | None: ...  # a resumed stream's, in order
+
+
+# (provider, upstream model, tokens, micro-dollars) of one provider's part of an answer.
+BilledPart = tuple[str, str, Tokens | None, int | None]
 
 
 @dataclass(slots=True)

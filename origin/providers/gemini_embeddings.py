@@ -14,6 +14,8 @@ from typing import Any
 
 from prism import InvalidRequestError
 
+from .token_counts import estimated_tokens
+
 __all__ = ["embedding_texts", "to_batch_request", "to_embeddings"]
 
 
@@ -41,10 +43,6 @@ def to_batch_request(body: dict[str, Any], model: str, texts: list[str]) -> dict
     return {"requests": requests}
 
 
-def _estimate(text: str) -> int:
-    return max(1, -(-len(text.encode()) // 4))
-
-
 def to_embeddings(
     answer: dict[str, Any], body: dict[str, Any], model: str, texts: list[str]
 ) -> dict[str, Any] | None:
@@ -63,7 +61,7 @@ def to_embeddings(
         if base64_wanted:
             vector = base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode()
         data.append({"object": "embedding", "index": index, "embedding": vector})
-    tokens = sum(_estimate(text) for text in texts)
+    tokens = sum(max(1, estimated_tokens(text)) for text in texts)
     return {
         "object": "list",
         "data": data,

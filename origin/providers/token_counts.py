@@ -1,13 +1,14 @@
 """The token counts an answer reports, read from any usage form a provider sends
 (OpenAI's ``prompt_tokens``/``completion_tokens``, Anthropic's ``input_tokens``/
 ``output_tokens`` with its prompt-cache counts, or the Responses API's ``input_tokens``
-with its ``input_tokens_details``): what prices, limits, usage and logs count."""
+with its ``input_tokens_details``): what prices, limits, usage and logs count; and the
+estimate of a text's tokens where no provider counted them."""
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-__all__ = ["Tokens", "token_count", "tokens_of"]
+__all__ = ["Tokens", "estimated_tokens", "token_count", "tokens_of"]
 
 
 class Tokens(NamedTuple):
@@ -49,3 +50,9 @@ def tokens_of(usage: Any) -> Tokens | None:
         prompt = token_count(usage.get("input_tokens")) + read + write
         return Tokens(prompt, read, write, token_count(usage.get("output_tokens")))
     return None
+
+
+def estimated_tokens(text: str) -> int:
+    """The tokens of ``text`` where no provider counted them: one per 4 bytes of UTF-8
+    (about what byte-level BPE tokenizers average on English), rounded up."""
+    return -(-len(text.encode("utf-8", "surrogatepass")) // 4)

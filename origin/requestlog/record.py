@@ -23,6 +23,7 @@ from prism import headers as h
 
 from ..http.request import Request
 from ..http.responses import Reply
+from ..providers.token_counts import Tokens
 from .redaction import Redactor
 
 __all__ = ["PROMPT_FIELDS", "RecordMaker", "finish"]
@@ -91,6 +92,10 @@ class RecordMaker:
                 record["tokens_in"], record["tokens_out"] = tokens.prompt, tokens.completion
             if charge.cost is not None:
                 record["cost_usd"] = charge.cost / 1_000_000
+            parts = charge.parts
+            if parts is not None:  # a resumed stream: who answered, and what each part cost
+                record["providers"] = [part[0] for part in parts]
+                record["parts"] = [_part(*part) for part in parts]
         elif request.hit_cost is not None:  # a hit: the stored answer's tokens, nothing spent
             saved, tokens = request.hit_cost
             if tokens is not None:
@@ -129,6 +134,15 @@ def finish(record: dict[str, Any]) -> dict[str, Any]:
         if attempts is not None:
             record["attempts"] = list(attempts)
     return record
+
+
+def _part(provider: str, upstream: str, tokens: Tokens | None, cost: int | None) -> dict[str, Any]:
+    part: dict[str, Any] = {"provider": provider, "answered_model": upstream}
+    if tokens is not None:
+        part["tokens_in"], part["tokens_out"] = tokens.prompt, tokens.completion
+    if cost is not None:
+        part["cost_usd"] = cost / 1_000_000
+    return part
 
 
 def _bodies(body: Mapping[str, Any], reply: Reply, rules: LogRules) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, Protocol
 import orjson
 
 from ..providers.base import ChatProvider, UpstreamStream
+from ..providers.token_counts import Tokens
 
 __all__ = ["Continuation", "Partial", "Splicer", "asks_afresh", "frame_event"]
 
@@ -25,10 +26,15 @@ class Partial(NamedTuple):
 
     text: str  # what the continuing target is asked to carry on from
     meta: Any  # what the API's splice needs of the first part (its id, its blocks, ...)
+    usage: Tokens | None = None  # what the first part reported of its usage, if anything
 
 
 class Splicer(Protocol):
     """The continuation's events rewritten as the rest of the first part's answer."""
+
+    # The usage the continuation reported of its own, once its events carried it: the
+    # spliced answer's may be both parts' (``origin.governance.resumed_bill``).
+    usage: Tokens | None
 
     def feed(self, data: bytes) -> list[bytes]:
         """The events (the data of each) to relay for one of the continuation's."""

@@ -10,7 +10,8 @@ router's own attempt path (``Router.resume``); only its rest is relayed, through
 splice. Chat's (``ChatContinuation``, ``Splice``): its chunks take the first part's ``id``,
 ``created`` and ``model``, its role chunk is dropped, and the final chunk says which
 providers answered (``"prism": {"providers": [...], "resumed": true}``). Anthropic
-Messages' is ``origin.apis.messages_resume``.
+Messages' is ``origin.apis.messages_resume``. Each provider is billed for its part: the
+``Resumed`` answer carries what the broken part used (``origin.governance.resumed_bill``).
 
 Only on the path of a broken stream: a healthy stream does no work of this module's.
 """
@@ -26,7 +27,9 @@ import orjson
 
 from prism import PrismError, SSEDecoder, UpstreamError
 
+from ..governance.resumed_bill import Resumption
 from ..providers.base import ChatProvider, ProviderSpec, UpstreamCompletion, UpstreamStream
+from ..providers.token_counts import Tokens, estimated_tokens, tokens_of
 from .continuation import Continuation, Partial, Splicer, asks_afresh
 from .operation import Operation, StreamBuilder
 from .targets import Plan, Routed
@@ -63,8 +66,10 @@ def partial_answer(frames: list[bytes], usage: set[int]) -> Partial | None:
     a refusal, a second choice, a finish already given, a frame that is not a chunk)."""
     text: list[str] = []
     meta: dict[str, Any] | None = None
+    reported = None
     for index, frame in enumerate(frames):
-        if index in usage:
+        if index in usage:  # a usage chunk (some providers send one with every chunk)
+            reported = _reported(frame) or reported
             continue
         try:
             chunk = orjson.loads(frame.removeprefix(b"data: "))
@@ -85,7 +90,16 @@ def partial_answer(frames: list[bytes], usage: set[int]) -> Partial | None:
             content = delta.get("content")
             if isinstance(content, str):
                 text.append(content)
-    return None if meta is None else Partial("".join(text), meta)
+    return None if meta is None else Partial("".join(text), meta, reported)
+
+
+def _reported(frame: bytes) -> Tokens | None:
+    """The usage a relayed usage chunk reported."""
+    try:
+        chunk = orjson.loads(frame.removeprefix(b"data: "))
+    except orjson.JSONDecodeError:
+        return None
+    return tokens_of(chunk.get("usage")) if isinstance(chunk, dict) else None
 
 
 def prefill(spec: ProviderSpec, text: str) -> str:
@@ -185,7 +199,7 @@ class Splice:
     carry the ``prism`` extension. The last choice chunk is held until the next event says
     it was the last."""
 
-    __slots__ = ("_extension", "_held", "_meta", "_overlap", "_started")
+    __slots__ = ("_extension", "_held", "_meta", "_overlap", "_started", "usage")
 
     def __init__(self, meta: dict[str, Any], overlap: str, providers: list[str]) -> None:
         self._meta = meta
@@ -193,6 +207,7 @@ class Splice:
         self._extension = {"providers": providers, "resumed": True}
         self._held: dict[str, Any] | None = None
         self._started = False  # the first choice chunk has come
+        self.usage: Tokens | None = None
 
     def feed(self, data: bytes) -> list[bytes]:
         """The events to relay for one of the continuation's (the data of each)."""
@@ -205,9 +220,12 @@ class Splice:
         if not isinstance(chunk, dict) or chunk.get("error"):
             return [*self.end(), data]
         chunk.update(self._meta)
+        usage = chunk.get("usage")
+        if usage:
+            self.usage = tokens_of(usage)
         choices = chunk.get("choices")
         if not choices:
-            if chunk.get("usage"):
+            if usage:
                 return [*self.end(), orjson.dumps({**chunk, "prism": self._extension})]
             return [orjson.dumps(chunk)]
         if not self._kept(choices):
@@ -274,8 +292,9 @@ class Resumer(Protocol):
 
 class Resumed(NamedTuple):
     result: UpstreamCompletion  # the whole answer, both parts
-    routed: Routed[UpstreamStream]  # the continuation's: it answered last, and is billed
+    routed: Routed[UpstreamStream]  # the continuation's: it answered last
     store: bool  # the route lets a spliced answer be cached
+    resumption: Resumption  # each part billed to its own provider
 
 
 class Relay(NamedTuple):
@@ -377,7 +396,12 @@ async def resume(
         len(partial.text),
         routed.provider,
     )
-    return Resumed(result, routed, plan.resume_store)
+    # Each part billed to its own provider: the first's tokens as it reported them, else
+    # estimated from the text the client had (``origin.governance.resumed_bill``).
+    parts = Resumption(
+        broken.provider, broken.model, partial.usage, estimated_tokens(partial.text), splice.usage
+    )
+    return Resumed(result, routed, plan.resume_store, parts)
 
 
 async def _relay(

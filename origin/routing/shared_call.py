@@ -27,6 +27,7 @@ import orjson
 from prism import PrismError, SSEDecoder, UpstreamError
 
 from ..connection.redis_client import RedisClientError
+from ..governance.resumed_bill import Resumption
 from ..providers.base import UpstreamCompletion, UpstreamStream
 from .flight_lease import FlightLeases, Lease
 from .operation import Operation, StreamBuilder
@@ -41,6 +42,9 @@ log = logging.getLogger("prism.origin")
 
 # How following another process's flight ended.
 _FOLLOWED, _TAKE_OVER, _OWN = "follow", "take_over", "own"
+
+
+Served = tuple[str, str] | tuple[str, str, Resumption]
 
 
 class FlightRouter(Protocol):
@@ -72,8 +76,16 @@ class FlightRouter(Protocol):
 class CallEnd(Protocol):
     """Told once when the call ends (``origin.governance.billing.Charge``)."""
 
-    def __call__(self, result: UpstreamCompletion | None, provider: str, upstream: str) -> None:
-        """The call this request started ended: its answer (None: failed or abandoned)."""
+    def __call__(
+        self,
+        result: UpstreamCompletion | None,
+        provider: str,
+        upstream: str,
+        resumption: Resumption | None = None,
+    ) -> None:
+        """The call this request started ended: its answer (None: failed or abandoned);
+        ``resumption``: ``provider`` continued a stream another one broke, and each is
+        billed for its part (``origin.governance.resumed_bill``)."""
 
     def joined(self) -> None:
         """Another call answered this request: it pays nothing."""
@@ -96,9 +108,10 @@ class Call(NamedTuple):  # a tuple: made on every miss, and cheaper than a froze
     stream: bool
     request_id: str  # of the request that started the flight: its log lines name it
     storage: Storage | None = None  # None: the answer is not cached
-    # Told once when the call ends: (answer or None, provider, upstream model). The
-    # request that started the flight pays for it (``origin/governance/billing.py``),
-    # unless another process's call answered it (``joined``).
+    # Told once when the call ends: (answer or None, provider, upstream model, and for a
+    # resumed stream what the broken part used). The request that started the flight
+    # pays for it (``origin/governance/billing.py``), unless another process's call
+    # answered it (``joined``).
     on_end: CallEnd | None = None
     # Told the answer and the provider that gave it, when this call's own provider answered
     # (an API that keeps a note of it: a stored response's owner).
@@ -156,7 +169,9 @@ class Flight:
         self.error: PrismError | None = None
         self.provider = ""  # what x-prism-provider says
         self.fallback = False
-        self.served_by = ("", "")  # (provider, upstream model) that answered
+        # (provider, upstream model) that answered; then the resumption, when the stream
+        # was resumed: the call's end is told ``*served_by``.
+        self.served_by: Served = ("", "")
         self.attempts: list[dict[str, Any]] = []  # each provider attempt's outcome, as made
         self._subscribers = 0
         self.waiters: list[asyncio.Future[None]] = []  # one per client waiting for a change
@@ -401,9 +416,10 @@ class Flight:
                 builder,
             )
             if resumed is not None:
-                # Billed to the provider that finished it (the broken part's usage is
-                # unknown); x-prism-provider, long sent, still names the first.
-                self.served_by = (resumed.routed.provider, resumed.routed.model)
+                # Served by the provider that finished it, each part billed to its own
+                # provider; x-prism-provider, long sent, still names the first.
+                routed = resumed.routed
+                self.served_by = (routed.provider, routed.model, resumed.resumption)
                 # Stored (``resume_store``) as the first part's answer would have been: a
                 # repair of its stream, not a failover.
                 if not resumed.store:

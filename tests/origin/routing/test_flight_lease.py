@@ -14,6 +14,7 @@ import redis
 from deploy.local.provider import closed_port
 from origin import Settings
 from origin.connection.redis_pipe import RedisPipe
+from origin.governance.resumed_bill import Resumption
 from origin.providers.base import UpstreamCompletion
 from origin.routing.coalescing import FlightTable
 from origin.routing.flight_lease import FlightLeases
@@ -74,7 +75,13 @@ class Settled:
         self.paid: list[UpstreamCompletion | None] = []
         self.joined_calls = 0
 
-    def __call__(self, result: UpstreamCompletion | None, provider: str, upstream: str) -> None:
+    def __call__(
+        self,
+        result: UpstreamCompletion | None,
+        provider: str,
+        upstream: str,
+        resumption: Resumption | None = None,
+    ) -> None:
         self.paid.append(result)
 
     def joined(self) -> None:
