@@ -351,6 +351,19 @@ def _scrape(admin_url: str) -> dict[str, float]:
     return flat
 
 
+def _settled(admin_url: str, questions: int, timeout: float = 60.0) -> None:
+    """Until the origin has embedded ``questions`` and has none waiting (the model, loaded
+    on the first, may take seconds to start)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = _scrape(admin_url)
+        embedded = found.get("prism_semantic_embedded_questions_total{}", 0.0)
+        if embedded >= questions and not found.get("prism_semantic_embedding_queue{}", 0.0):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"{admin_url}: the warm-up's questions were not embedded in {timeout} s")
+
+
 def _read_metrics(
     result: PhaseResult, before: Mapping[str, float], after: Mapping[str, float]
 ) -> None:
@@ -412,6 +425,8 @@ async def _run(
             await _open_loop(
                 client, origins.urls[name], ON, 20, warm / 20, f"{run}-warm-{name}", None
             )
+        for name in ("near", "far"):  # its questions embedded, so no phase counts them
+            await asyncio.to_thread(_settled, origins.urls[f"{name}-admin"], warm)
         for rate in config.rates:
             for semantic in (False, True):
                 state = "on" if semantic else "off"

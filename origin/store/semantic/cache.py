@@ -322,6 +322,7 @@ def build_semantic_cache(
         threads,
         settings.semantic_engine,
         Path(settings.semantic_cache_dir) if settings.semantic_cache_dir else None,
+        in_process=not settings.semantic_process,
     )
     index = RedisStreamIndex(redis)
     index.use_space(predicted_space(settings.semantic_engine))

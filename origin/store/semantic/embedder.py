@@ -9,14 +9,16 @@ only later. ``wait_estimate()`` says how long a new lookup would wait for its tu
 the queue ahead of it and the measured cost per question, so the cache can skip the semantic layer
 at once (``shed``) instead of waiting out its timeout.
 
-The model is loaded on first use, in that same thread: an origin whose projects never
-opt in never loads it (no memory, no start-up time).
+The model is loaded on first use, from that same thread: an origin whose projects never
+opt in never loads it (no memory, no start-up time). The origin runs it in a process of
+its own (``in_process=False``, ``embed_process``: the thread then only passes texts and
+vectors through a pipe, so the event loop never waits for the GIL behind the model);
+``in_process=True`` runs it in the thread itself.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import Counter, deque
@@ -24,7 +26,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .engine import EncodingModel, Engine, load_model, space
+from .embed_process import EncoderProcess
+from .encoding import encode_texts
+from .engine import EncodingModel, Engine, load_model, space_of
 
 if TYPE_CHECKING:  # numpy is imported with the model, in the worker thread
     from .model import Vector
@@ -34,10 +38,6 @@ __all__ = ["MAX_BATCH", "Embedder", "EmbedderUnavailable"]
 log = logging.getLogger("prism.origin")
 
 MAX_BATCH = 32
-# Texts are run in groups of like lengths: every text in a group is padded to its longest,
-# and padding costs as much as a token. A group takes texts up to this many tokens longer
-# than its shortest.
-_LENGTH_SLACK = 4
 _COST_WEIGHT = 0.2  # of the newest batch in the moving cost per question
 _LATER_BATCH = 1  # texts only to index, per model call
 
@@ -56,12 +56,16 @@ class Embedder:
         threads: int = 1,
         engine: Engine = "auto",
         cache_dir: Path | None = None,
+        in_process: bool = True,
     ) -> None:
         self._model_dir = model_dir
+        self._in_process = in_process  # False: the model runs in a process of its own
         self._threads = threads
         self._engine: Engine = engine
         self._cache_dir = cache_dir or Path.home() / ".cache" / "prism"
-        self._model: EncodingModel | None = None
+        self._model: EncodingModel | None = None  # in this process
+        self._process: EncoderProcess | None = None  # or in its own
+        self._kind: str | None = None  # the model's class, once loaded
         self._failed: str | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prism-embed")
         self._urgent: deque[Job] = deque()
@@ -77,7 +81,7 @@ class Embedder:
 
     @property
     def loaded(self) -> bool:
-        return self._model is not None
+        return self._kind is not None
 
     @property
     def failed(self) -> str | None:
@@ -87,12 +91,12 @@ class Embedder:
     @property
     def space(self) -> str | None:
         """The index the loaded model's vectors belong to (None: not loaded yet)."""
-        return None if self._model is None else space(self._model)
+        return None if self._kind is None else space_of(self._kind)
 
     @property
     def engine(self) -> str | None:
         """The loaded model's class ("OnnxSentenceModel" or "SentenceModel")."""
-        return None if self._model is None else type(self._model).__name__
+        return self._kind
 
     @property
     def queued(self) -> int:
@@ -165,8 +169,9 @@ class Embedder:
         finally:
             self._drainer = None
 
-    def _load(self) -> EncodingModel:
-        # In the worker thread: the engine, the tokenizer and the weights load here, once.
+    def _load(self) -> None:
+        # In the worker thread, once: the engine, the tokenizer and the weights load here,
+        # or in the model's own process, started here.
         try:
             from .tokens import bundled_model_dir
 
@@ -177,46 +182,49 @@ class Embedder:
                     "or set PRISM_SEMANTIC_MODEL to a model directory"
                 )
             started = time.perf_counter()
-            model = load_model(self._engine, Path(directory), self._cache_dir, self._threads)
+            if self._in_process:
+                model = load_model(self._engine, Path(directory), self._cache_dir, self._threads)
+                self._model, name, kind = model, model.name, type(model).__name__
+            else:
+                remote = EncoderProcess(
+                    self._engine, Path(directory), self._cache_dir, self._threads
+                )
+                remote.load()
+                self._process, name, kind = remote, remote.name, remote.kind
             log.info(
-                "semantic cache: model %s on %s loaded in %.2f s",
-                model.name,
-                type(model).__name__,
+                "semantic cache: model %s on %s loaded in %.2f s%s",
+                name,
+                kind,
                 time.perf_counter() - started,
+                "" if self._in_process else " (its own process)",
             )
-            return model
+            self._kind = kind
         except Exception as error:  # ImportError, missing or broken files
             self._failed = f"semantic cache model unavailable: {error}"
             log.warning("%s", self._failed)
             raise
 
     def _encode(self, texts: list[str]) -> list[Vector | None]:
-        model = self._model
-        if model is None:
-            model = self._model = self._load()
+        if self._kind is None:
+            self._load()
         started, cpu = time.perf_counter(), time.thread_time()
-        from .tokens import Incomparable
+        remote = self._process
+        if remote is not None:
+            found, cpu_seconds = remote.encode(texts)
+            import numpy as np
 
-        out: list[Vector | None] = [None] * len(texts)
-        fitting: list[tuple[int, list[int]]] = []
-        for row, text in enumerate(texts):
-            with contextlib.suppress(Incomparable):  # too long, or unseen characters: None
-                fitting.append((row, model.tokens(text)))
-        fitting.sort(key=lambda item: len(item[1]))
-        while fitting:
-            shortest = len(fitting[0][1])
-            end = 1
-            while end < len(fitting) and len(fitting[end][1]) <= shortest + _LENGTH_SLACK:
-                end += 1
-            group, fitting = fitting[:end], fitting[end:]
-            vectors = model.encode_ids([ids for _, ids in group])
-            for (row, _), vector in zip(group, vectors, strict=True):
-                out[row] = vector
+            out: list[Vector | None] = [
+                None if raw is None else np.frombuffer(raw, dtype=np.float32) for raw in found
+            ]
+        else:
+            assert self._model is not None  # loaded above
+            out = encode_texts(self._model, texts)
+            cpu_seconds = time.thread_time() - cpu
         elapsed = time.perf_counter() - started
         self.batches += 1
         self.questions += len(texts)
         self.seconds += elapsed
-        self.cpu_seconds += time.thread_time() - cpu
+        self.cpu_seconds += cpu_seconds
         self.sizes[len(texts)] += 1
         per_question = elapsed / len(texts)
         self.cost = (
@@ -228,3 +236,5 @@ class Embedder:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._process is not None:
+            self._process.close()

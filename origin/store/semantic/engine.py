@@ -32,6 +32,7 @@ __all__ = [
     "load_model",
     "predicted_space",
     "space",
+    "space_of",
 ]
 
 log = logging.getLogger("prism.origin")
@@ -54,7 +55,12 @@ class EncodingModel(Protocol):
 def space(model: EncodingModel) -> str:
     """The index a model's vectors go to: "" for numpy's float32 (the first index),
     "int8" for onnxruntime's."""
-    return "" if type(model).__name__ == "SentenceModel" else "int8"
+    return space_of(type(model).__name__)
+
+
+def space_of(kind: str) -> str:
+    """``space`` by the model's class name (a model loaded in another process)."""
+    return "" if kind == "SentenceModel" else "int8"
 
 
 def predicted_space(engine: Engine) -> str:

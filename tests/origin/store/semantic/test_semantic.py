@@ -363,4 +363,11 @@ def test_usage_counts_a_semantic_hit_apart_from_a_redis_hit(
 
     row = wait_for(shown, 10, interval=0.1)
     assert row["model"] == "demo"
-    assert row["requests"] == {"redis": 1, "semantic": 1, "miss": 1, "bypass": 0, "coalesced": 0}
+    assert row["requests"] == {
+        "redis": 1,
+        "semantic": 1,
+        "miss": 1,
+        "bypass": 0,
+        "coalesced": 0,
+        "kv": 0,
+    }
