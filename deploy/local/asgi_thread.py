@@ -32,7 +32,8 @@ class ThreadedServer:
         self.port = port
         self._lifespan = lifespan
         self._graceful_shutdown = graceful_shutdown
-        self._options = options
+        # Every app served here is ASGI 3; said, as uvicorn cannot tell for a compiled one.
+        self._options = {"interface": "asgi3", **options}
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 

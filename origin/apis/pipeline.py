@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from mypy_extensions import mypyc_attr
+
 from prism import (
     AuthenticationError,
     CacheDecision,
@@ -38,11 +40,13 @@ from prism import (
     RateLimitError,
     RecentBodies,
     RecentEntries,
-    classify,
     error_json,
-    fingerprint,
 )
 from prism import headers as h
+
+# From their modules: a compiled module would bind ``prism.classify`` (the module) instead.
+from prism.classify import classify
+from prism.fingerprint import fingerprint
 from prism.parsers import ParsedRequest
 
 from ..auth import Caller, authenticate, check_forwarded_body
@@ -74,6 +78,9 @@ def _no_usage_chunk(request: object) -> bool:
     return False
 
 
+# A Python class even where this module is compiled: mypyc cannot build a generic dataclass
+# as a native class (and its fields are read once per route, not per request).
+@mypyc_attr(native_class=False)
 @dataclass(frozen=True, slots=True)
 class Api(Generic[R]):
     """One API's part of the governed path: everything else is shared."""

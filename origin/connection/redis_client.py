@@ -172,7 +172,9 @@ class RedisPyClient:
         try:
             return await self._execute(*args)
         except (redis.exceptions.RedisError, OSError) as error:
-            raise _translate(error) from error
+            translated = _translate(error)
+            translated.__cause__ = error  # as well: compiled, `from` alone loses it
+            raise translated from error
 
     def run(self, command: PreparedCommand, *args: Arg) -> Awaitable[Any]:
         return self.execute(*command.leading, *args)

@@ -255,7 +255,9 @@ class RedisPipe:
                 f"Redis did not accept a connection within {self.timeout} s"
             ) from None
         except OSError as error:  # refused, unreachable, TLS verification
-            raise RedisConnectionError(f"cannot connect to Redis: {error}") from error
+            refused = RedisConnectionError(f"cannot connect to Redis: {error}")
+            refused.__cause__ = error  # as well: compiled, `from` alone loses it
+            raise refused from error
 
     async def _open_connection(self) -> _Protocol:
         loop = asyncio.get_running_loop()

@@ -256,6 +256,8 @@ def server_options(settings: Settings) -> dict[str, Any]:
         "http": protocol,
         "server_header": False,
         "proxy_headers": False,  # the origin reads no client address: skip that middleware
+        # Said, not guessed: a compiled app's __call__ is no coroutine function to uvicorn.
+        "interface": "asgi3",
     }
 
 

@@ -279,7 +279,12 @@ class _AdminThread:
 
     def __init__(self, app: Routes, sock: socket.socket) -> None:
         config = uvicorn.Config(
-            app, log_level="warning", log_config=None, access_log=False, lifespan="on"
+            app,
+            log_level="warning",
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+            interface="asgi3",  # a compiled app's __call__ is no coroutine function to uvicorn
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
