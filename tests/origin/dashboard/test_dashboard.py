@@ -223,8 +223,8 @@ def test_a_real_browser_signs_in_and_sees_the_charts_fill(
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
     charts = seen["charts"]
     requests = charts["chart-requests"]
-    assert requests["series"] == ["miss", "redis", "semantic", "bypass"]
-    assert requests["points"] >= 2 and requests["numbers"][1] > 0  # redis rate above 0
+    assert requests["series"] == ["miss", "kv", "redis", "semantic", "bypass"]
+    assert requests["points"] >= 2 and requests["numbers"][2] > 0  # redis rate above 0
     assert charts["chart-health"]["series"] == ["openai"]
     assert charts["chart-spend"]["series"] == ["acme"] and charts["chart-spend"]["numbers"][0] > 0
     for chart in charts.values():
