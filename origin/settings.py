@@ -98,9 +98,10 @@ class Settings:
     semantic_cache_dir: str | None = None
     semantic_timeout: float = 0.25
     semantic_max_wait: float = 0.03
-    # PRISM_SEMANTIC_PROCESS=off: the model runs in a thread of the origin's own process
-    # instead of a process of its own (origin.store.semantic.embed_process).
-    semantic_process: bool = True
+    # PRISM_SEMANTIC_PROCESS=on: the model runs in a process of its own instead of a thread
+    # of the origin's (origin.store.semantic.embed_process): better where other work shares
+    # the origin's cores, worse for the median on cores of its own (docs/architecture.md).
+    semantic_process: bool = False
     # OpenTelemetry (docs/architecture.md "Observability"): the OTLP/HTTP collector's base
     # URL (traces to {url}/v1/traces, metrics to {url}/v1/metrics); None: off, and free.
     otel_endpoint: str | None = None
@@ -256,7 +257,7 @@ class Settings:
             ),
             otel_service_name=env.get("OTEL_SERVICE_NAME") or "prism-origin",
             access_log=_switch(env, "PRISM_ACCESS_LOG", False),
-            semantic_process=_switch(env, "PRISM_SEMANTIC_PROCESS", True),
+            semantic_process=_switch(env, "PRISM_SEMANTIC_PROCESS", False),
             access_log_prompt=_switch(env, "PRISM_ACCESS_LOG_PROMPT", False),
             request_log=_switch(env, "PRISM_REQUEST_LOG", True),
             region=env.get("PRISM_REGION") or None,

@@ -10,10 +10,10 @@ the queue ahead of it and the measured cost per question, so the cache can skip 
 at once (``shed``) instead of waiting out its timeout.
 
 The model is loaded on first use, from that same thread: an origin whose projects never
-opt in never loads it (no memory, no start-up time). The origin runs it in a process of
-its own (``in_process=False``, ``embed_process``: the thread then only passes texts and
-vectors through a pipe, so the event loop never waits for the GIL behind the model);
-``in_process=True`` runs it in the thread itself.
+opt in never loads it (no memory, no start-up time). ``in_process=False``
+(``PRISM_SEMANTIC_PROCESS=on``) runs it in a process of its own (``embed_process``: the
+thread then only passes texts and vectors through a pipe, so the event loop never waits
+for the GIL behind the model); by default it runs in the thread itself.
 """
 
 from __future__ import annotations
