@@ -115,15 +115,14 @@ class EdgeRecords:
         stages = record.get("stages")
         seconds = sum(stages.values()) / 1000 if isinstance(stages, dict) else 0.0
         self._metrics.record_edge_request(route, status, layer, seconds)
-        usage = record.get("usage")
         project, key_id, model = record.get("project"), record.get("key"), record.get("model")
         if layer != "kv" or status != 200 or not (project and key_id and model):
             return
-        usage = usage if isinstance(usage, dict) else None
-        tokens = tokens_of(usage)
+        usage = record.get("usage")
+        tokens = tokens_of(usage if isinstance(usage, dict) else None)
         if tokens is not None:
             record["tokens_in"], record["tokens_out"] = tokens.prompt, tokens.completion
-        saved = self._billing.saved(str(model), usage)
+        saved = self._billing.worth(str(model), tokens)  # the entry's tokens, read once
         record["saved_usd"] = saved / 1_000_000
         when = record.get("ts")
         at = float(when) if isinstance(when, int | float) else time.time()

@@ -81,17 +81,14 @@ class Billing:
             tokens = tokens_of(envelope.usage)
             if len(self._saved) >= 1024:
                 self._saved.clear()
-            cost = (self._worth(model, tokens), tokens)
+            cost = (self.worth(model, tokens), tokens)
             self._saved[id(envelope)] = (envelope, cost)
         self.usage.hit(project, key_id, model, cost[0], now, layer)
         return cost
 
-    def saved(self, model: str, usage: dict[str, Any] | None) -> int:
-        """What an answer with ``usage`` would have cost on ``model``, in micro-dollars (0
-        when its tokens or the model's price are unknown)."""
-        return self._worth(model, tokens_of(usage))
-
-    def _worth(self, model: str, tokens: Tokens | None) -> int:
+    def worth(self, model: str, tokens: Tokens | None) -> int:
+        """What an answer of ``tokens`` would have cost on ``model``, in micro-dollars (0
+        when its tokens or the model's price are unknown): what a hit on it saves."""
         price = self.budgets.model_prices(model)[0] if tokens is not None else None
         return cost_micros(price, tokens) if price is not None and tokens is not None else 0
 
