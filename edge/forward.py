@@ -38,8 +38,9 @@ from .deadlines import DeadlineTimer, Stage
 from .origin_marks import PopMarks
 from .origins import ORIGIN_DOWN, Origin, Origins
 from .platform import EdgeRequest, EdgeResponse, OriginReply, Platform
+from .request_log import RequestNote
 from .settings import EdgeSettings
-from .timings import Timings, elapsed_ms
+from .timings import elapsed_ms
 
 __all__ = ["OriginForwarder"]
 
@@ -115,13 +116,14 @@ class OriginForwarder:
         identity: KeyIdentity,
         fp: str,
         body: bytes | None,
-        timings: Timings,
+        note: RequestNote,
     ) -> EdgeResponse:
         """``method path`` at the origin (the route's own spelling, no query: the API
         routes take none), signed for exactly that method, path and fingerprint."""
+        timings = note.timings
         headers = {name: request.headers[name] for name in _FORWARDED if name in request.headers}
-        if h.REQUEST_ID in request.headers:
-            headers[h.REQUEST_ID] = request.headers[h.REQUEST_ID]
+        # The id the client is told (given or made here): the origin's record is found by it.
+        headers[h.REQUEST_ID] = note.id
         started = platform.now()
         if self._trace:
             # The edge's span in the request's trace: the client's traceparent continued (or

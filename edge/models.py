@@ -115,7 +115,7 @@ class ModelsRoute:
             if listed is not None:
                 return listed
         return await self._forwarder.forward(
-            "GET", MODELS_PATH, request, platform, identity, "", None, note.timings
+            "GET", MODELS_PATH, request, platform, identity, "", None, note
         )
 
     async def _published(

@@ -143,7 +143,7 @@ class CachedApiRoute(Generic[R]):
                 headers["content-type"] = JSON
                 return EdgeResponse(200, headers, envelope.body)
         response = await self._forwarder.forward(
-            "POST", self._path, request, platform, identity, fp, body, timings
+            "POST", self._path, request, platform, identity, fp, body, note
         )
         if not parsed.stream and decision.write:
             await self._keep_redis_hit(response, platform, fp, parsed.model)

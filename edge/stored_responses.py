@@ -38,5 +38,5 @@ class StoredResponsesRoute:
         if request.method not in stored_response_methods(path):
             raise MethodNotAllowedError(f"Method {request.method[:20]} is not allowed here.")
         return await self._forwarder.forward(
-            request.method, path, request, platform, identity, "", None, note.timings
+            request.method, path, request, platform, identity, "", None, note
         )
