@@ -241,6 +241,7 @@ def create_app(
                 gateway.request_log.add if gateway.request_log is not None else None,
             ),
             frozenset({"POST"}),
+            recorded=False,  # the records it brings are logged; their delivery is not a request
         ),
         Route("/healthz", alive, recorded=False),
     ]

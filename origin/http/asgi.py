@@ -78,7 +78,8 @@ class Route:
     name: str = ""  # the metrics label; "" = not counted
     error_body: Callable[[PrismError], bytes] | None = None  # None: OpenAI's error format
     # False: its requests stay out of the request log's sinks (a load balancer's health
-    # probes would crowd out the requests); the access log still prints them.
+    # probes would crowd out the requests, the edge's record batches double them); the
+    # access log still prints them.
     recorded: bool = True
 
 

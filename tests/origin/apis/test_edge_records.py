@@ -17,6 +17,7 @@ from prism import headers as h
 from prism.routes import REQUEST_LOG_PATH
 from tests.fixtures.origin import FORWARD_SECRET, RunningOrigin
 from tests.polling import wait_for
+from tests.redis_replies import stream_fields
 
 KV_HIT: dict[str, Any] = {
     "ts": time.time(),
@@ -121,3 +122,19 @@ def test_a_batch_that_is_not_records_is_a_clear_400(origin: RunningOrigin) -> No
         )
         assert answer.status_code == 400, answer.text
         assert answer.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_the_records_reach_the_log_and_their_delivery_does_not(
+    origin: RunningOrigin, admin: redis.Redis
+) -> None:
+    def window() -> list[dict[str, Any]]:
+        entries = stream_fields(bytes, admin.xrange("prism:log:-"))
+        return [orjson.loads(fields[b"r"]) for fields in entries]
+
+    assert send(origin, [REFUSED]).status_code == 204
+    assert send(origin, [{**REFUSED, "id": "edge-3"}]).status_code == 204
+    # The window is written in order: once the second batch's record is there, so is
+    # anything made before it, the first delivery's own record had it been made one.
+    wait_for(lambda: any(r["id"] == "edge-3" for r in window()), 10)
+    found = window()
+    assert [(r["id"], r["source"]) for r in found] == [("edge-2", "edge"), ("edge-3", "edge")]
