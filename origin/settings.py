@@ -133,6 +133,9 @@ class Settings:
     log_dir: str | None = None
     log_bucket: str | None = None
     log_prefix: str = "requests/"
+    # Seconds between the files' batches (None: the sink's own, a minute: fewer files make
+    # faster queries); `prism dev` asks for a few, so its files show a request soon.
+    log_files_interval: float | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -195,6 +198,7 @@ class Settings:
             log_window=("PRISM_LOG_WINDOW", int),
             log_window_age=("PRISM_LOG_WINDOW_AGE", int),
             log_buffer=("PRISM_LOG_BUFFER", int),
+            log_files_interval=("PRISM_LOG_FILES_INTERVAL", float),
         )
         if numbers.get("redis_timeout", 1) <= 0:
             raise SettingsError("PRISM_REDIS_TIMEOUT must be more than 0 (seconds).")
@@ -240,6 +244,8 @@ class Settings:
             raise SettingsError("PRISM_LOG_WINDOW_AGE must be at least 1 (seconds).")
         if numbers.get("log_buffer", 1) < 1:
             raise SettingsError("PRISM_LOG_BUFFER must be at least 1 (records).")
+        if not 0.1 <= numbers.get("log_files_interval", 60) <= 3600:
+            raise SettingsError("PRISM_LOG_FILES_INTERVAL must be 0.1 to 3600 (seconds).")
         return cls(
             key_ring=ring,
             forward_secret=forward.encode(),

@@ -41,6 +41,7 @@ _DEV_PROJECT, _DEV_KEY_ID = "dev", "devkey0000000001"
 _SECRETS_FILE = "dev-secrets.json"
 # The origin's durable request log (PRISM_LOG_DIR), under the state directory.
 REQUEST_LOG_DIR = "logs/requests"
+_DEV_FILES_INTERVAL = "5"  # seconds between its batches (an origin's default: a minute)
 # The local regions' names (only names here: every part runs on loopback).
 REGIONS = ("us-west-1", "ap-south-1")
 _PROVIDER_ENV = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "PRISM_PROVIDERS_FILE")
@@ -228,8 +229,10 @@ class LocalStack:
             "REDIS_URL": redis_url,
         }
         if not (cfg.env.get("PRISM_LOG_DIR") or cfg.env.get("PRISM_LOG_BUCKET")):
-            # The request log's durable history, for `prism logs query`.
+            # The request log's durable history, for `prism logs query`: a batch every few
+            # seconds, so a request tried by hand is soon there (a local log is small).
             origin_env["PRISM_LOG_DIR"] = str(state / REQUEST_LOG_DIR)
+            origin_env.setdefault("PRISM_LOG_FILES_INTERVAL", _DEV_FILES_INTERVAL)
         if any(cfg.env.get(name) for name in _PROVIDER_ENV):
             provider = "configured (" + ", ".join(n for n in _PROVIDER_ENV if cfg.env.get(n)) + ")"
         else:

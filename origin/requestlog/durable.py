@@ -18,6 +18,8 @@ def durable_sinks(settings: Settings) -> list[RecordSink]:
     sinks: list[RecordSink] = []
     files = file_sink(settings)
     if files is not None:
+        if settings.log_files_interval is not None:
+            files.flush_interval = settings.log_files_interval  # read by its buffer
         sinks.append(files)
     if settings.otel_endpoint:
         from .otlp import OTLPLogSink

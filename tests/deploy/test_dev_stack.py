@@ -60,6 +60,7 @@ def test_prism_dev_serves_miss_then_kv_and_stops_cleanly_on_sigint(tmp_path: Pat
         origins = [pid for pid in children if _argv(pid)[3:5] == ["origin", "serve"]]
         logs = str((tmp_path / "state" / "logs" / "requests").resolve())
         assert origins and all(_environ(pid)["PRISM_LOG_DIR"] == logs for pid in origins)
+        assert all(_environ(pid)["PRISM_LOG_FILES_INTERVAL"] == "5" for pid in origins)
 
         smoke = subprocess.run(
             [*PRISM, "smoke", info["edge_url"], "--key", info["api_key"], "--json", "--pause", "1.5"],

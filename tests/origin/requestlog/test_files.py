@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 from botocore.config import Config
@@ -24,7 +25,7 @@ from origin import Settings
 from origin.requestlog.files import FileSink, LocalFiles, S3Files, file_sink
 from origin.settings import SettingsError
 from tests.fixtures.aws import MockAws
-from tests.fixtures.origin import origin_env
+from tests.fixtures.origin import OriginFactory, origin_env
 from tests.origin.requestlog.samples import DAY, THURSDAY, drive, record
 from tests.polling import wait_for
 
@@ -211,3 +212,25 @@ def test_a_directory_and_a_bucket_at_once_is_a_settings_error() -> None:
         Settings.from_env(env)
     prefix = Settings.from_env({**env, "PRISM_LOG_DIR": "", "PRISM_LOG_PREFIX": "/a/b"})
     assert prefix.log_prefix == "a/b/"
+
+
+def test_the_files_interval_is_a_setting_and_a_request_reaches_the_files_that_soon(
+    origin_factory: OriginFactory, api_key: str, tmp_path: Path
+) -> None:
+    env = origin_env("redis://127.0.0.1:1/0", "http://127.0.0.1:1", PRISM_LOG_DIR="/tmp/x")
+    for bad in ("0", "3601"):
+        with pytest.raises(SettingsError, match=r"PRISM_LOG_FILES_INTERVAL must be 0\.1 to 3600"):
+            Settings.from_env({**env, "PRISM_LOG_FILES_INTERVAL": bad})
+    # Unset, the sink's own minute; set, a miss is on disk well within it.
+    assert Settings.from_env(env).log_files_interval is None
+    origin = origin_factory(PRISM_LOG_DIR=str(tmp_path), PRISM_LOG_FILES_INTERVAL="0.2")
+    answer = httpx.post(
+        origin.url + "/v1/chat/completions",
+        json={"model": "demo", "messages": [{"role": "user", "content": "files soon"}]},
+        headers={"authorization": f"Bearer {api_key}"},
+        timeout=30,
+    )
+    assert answer.status_code == 200
+    [written] = wait_for(lambda: list(tmp_path.glob("day=*/project=acme/*.jsonl.gz")), 10)
+    [line] = gzip.decompress(written.read_bytes()).splitlines()
+    assert orjson.loads(line)["id"] == answer.headers["x-request-id"]
