@@ -14,7 +14,8 @@ costs the same attribute reads whichever API it calls.
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+import json
+from typing import Any, Generic, TypeVar
 
 from prism import (
     InvalidRequestError,
@@ -212,5 +213,23 @@ class CachedApiRoute(Generic[R]):
         response.body, response.passthrough = text, None
         ttl = int(expires) - int(platform.now()) if expires and expires.isdigit() else 0
         if ttl >= _MIN_KV_TTL:
-            data = encode_envelope(text.encode(), model=model, ttl=ttl, created=int(platform.now()))
+            # With the answer's usage, as the origin's entries have it: a KV hit on it then
+            # counts its tokens and what it saved (origin/apis/edge_records.py).
+            data = encode_envelope(
+                text.encode(),
+                model=model,
+                ttl=ttl,
+                usage=_usage_of(text),
+                created=int(platform.now()),
+            )
             platform.wait_until(platform.kv_put(entry_key(fp), data.decode(), ttl))
+
+
+def _usage_of(answer: str) -> dict[str, Any] | None:
+    """The token usage an answer's JSON reports (every API's answer carries ``usage``)."""
+    try:
+        parsed = json.loads(answer)
+    except ValueError:
+        return None
+    usage = parsed.get("usage") if isinstance(parsed, dict) else None
+    return usage if isinstance(usage, dict) else None
