@@ -14,6 +14,7 @@ import secrets
 
 from prism import (
     AuthenticationError,
+    KeyIdentity,
     MethodNotAllowedError,
     NotFoundError,
     PrismError,
@@ -126,6 +127,17 @@ class EdgeHandler:
         if request.method not in route.methods:
             raise MethodNotAllowedError(f"Method {request.method[:20]} is not allowed here.")
         started = platform.now()
+        try:
+            identity = await self._identify(route, request, platform, note)
+        finally:  # a refused key's too: the one stage its record has
+            note.timings.append(("auth", elapsed_ms(started, platform.now())))
+        note.project, note.key_id = identity.project, identity.key_id
+        return await route.serve(request, platform, identity, note)
+
+    async def _identify(
+        self, route: EdgeRoute, request: EdgeRequest, platform: Platform, note: RequestNote
+    ) -> KeyIdentity:
+        """The caller's verified, unrevoked key, or a refusal (401)."""
         key = bearer_token(request.headers.get("authorization"))
         if not key and route.key_header is not None:  # e.g. Anthropic's clients: x-api-key
             key = request.headers.get(route.key_header, "").strip(" \t")
@@ -137,9 +149,7 @@ class EdgeHandler:
             revoked = identity.key_id in self.revoked
         if revoked:
             raise AuthenticationError("This API key has been revoked.", code="key_revoked")
-        note.project, note.key_id = identity.project, identity.key_id
-        note.timings.append(("auth", elapsed_ms(started, platform.now())))
-        return await route.serve(request, platform, identity, note)
+        return identity
 
 
 def _error_response(error: PrismError, route: EdgeRoute | None) -> EdgeResponse:
