@@ -194,7 +194,7 @@ def _cells(record: dict[str, Any]) -> list[str]:
     tokens = ""
     if "tokens_in" in record:
         tokens = f"{record['tokens_in']}+{record.get('tokens_out', 0)}"
-    cost = record.get("cost_usd")
+    cost, total = record.get("cost_usd"), record.get("total_ms")
     return [
         _when(record.get("ts", 0.0)),
         str(record.get("id", "")),
@@ -205,7 +205,7 @@ def _cells(record: dict[str, Any]) -> list[str]:
         str(record.get("status", "")),
         str(record.get("error", "")),
         str(record.get("provider", "")),
-        f"{record.get('total_ms', 0):.1f}",
+        "" if total is None else f"{total:.1f}",  # the edge's records have stages only
         tokens,
         "" if cost is None else f"{cost:.6f}",
     ]

@@ -215,6 +215,11 @@ def test_each_request_is_one_record_in_prism_logs(walk: Walk) -> None:
     assert "project" not in by_kind["refused_key"][0] and "key" not in by_kind["refused_key"][0]
     failure = by_kind["provider_failure"][0]
     assert failure["attempts"] and all(a["status"] == 503 for a in failure["attempts"])
+    # The table a user reads: every request, the edge's KV hit with no made-up duration.
+    table = cli(walk, "logs", "--limit", "1000").splitlines()
+    rows = {kind: [line for line in table if i in line] for kind, i in walk.ids.items()}
+    assert all(len(found) == 1 for found in rows.values()), rows
+    assert " 0.0 " not in rows["kv"][0] and " kv " in rows["kv"][0]
     # --id finds one request whole, as the user would look one up from its x-request-id.
     one = json.loads(cli(walk, "logs", "--json", "--id", walk.ids["miss"]))
     assert one["id"] == walk.ids["miss"] and one["layer"] == "miss"
