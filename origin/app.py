@@ -44,6 +44,7 @@ from .http.request import Request
 from .http.responses import Reply, json_reply
 from .providers.openai import OpenAICompatibleProvider
 from .providers.upstream_http import ConnectorFactory
+from .requestlog.window_reader import WindowReader
 from .settings import Settings
 
 __all__ = ["OriginApp", "create_app"]
@@ -247,7 +248,7 @@ def create_app(
     dashboard = None
     if settings.admin_key is not None:
         history = History(gateway, settings.dashboard_interval)
-        dashboard = Dashboard(history, settings.admin_key)
+        dashboard = Dashboard(history, settings.admin_key, WindowReader(gateway.redis))
     board = dashboard.routes() if dashboard is not None else dashboard_off_routes()
     admin = Routes([Route("/healthz", health), Route("/metrics", metrics), *board])
     return OriginApp(

@@ -139,6 +139,7 @@ class Routes:
             receive,
             headers.get(h.REQUEST_ID) or f"{self._id_prefix}{next(self._ids):08x}",
             StageTimer(),
+            query=scope.get("query_string", b""),
         )
         telemetry = self.telemetry
         span = telemetry.start(request) if telemetry is not None else None
