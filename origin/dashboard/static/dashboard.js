@@ -272,7 +272,10 @@
       $("requests-previous").disabled = state.index === 0;
       $("requests-next").disabled = !page.next;
       $("requests-page").textContent = "page " + (state.index + 1);
-      setStatus(page.records.length ? page.records.length + " requests" : "no request matches", false);
+      // A page of a rare match may stop short (the reader's budget): Next reads on.
+      const more = page.next ? "; Next reads further back" : "";
+      setStatus((page.records.length ? page.records.length + " requests" :
+        "no request matches" + (page.next ? " in the newest part read" : "")) + more, false);
       state.loads += 1;
     } catch (error) {
       state.errors.push(String(error));

@@ -105,6 +105,37 @@ def test_pages_cover_every_stream_in_one_order_without_gaps_or_repeats(redis_url
     asyncio.run(read())
 
 
+async def write_apart(redis_url: str, parts: list[list[dict[str, Any]]]) -> None:
+    """``write``, each batch in a later millisecond of Redis's clock than the one before
+    (a page reads whole milliseconds: this makes each batch one)."""
+    client = RedisPipe(redis_url, 5.0)
+    sink = RedisWindowSink(client, window=10_000, age=3600)
+    for part in parts:
+        await sink.write(part)
+        seconds, micros = await client.execute("TIME")
+        written = int(seconds) * 1000 + int(micros) // 1000
+        while True:  # until Redis's clock has passed the millisecond just written
+            seconds, micros = await client.execute("TIME")
+            if int(seconds) * 1000 + int(micros) // 1000 > written:
+                break
+    await sink.close()
+
+
+def test_a_page_reads_its_budget_at_most_and_its_cursor_goes_on(redis_url: str) -> None:
+    asyncio.run(write_apart(redis_url, batches(time.time())))
+    order = the_order(redis_url)
+    wanted = [rid for rid in order if int(rid[1:]) % 5 == 0]  # the 502s: 12 of 60
+
+    async def read() -> None:
+        # 3 entries a stream, then to the end of that millisecond: a batch a page.
+        reader = WindowReader(RedisPipe(redis_url, 5.0), budget=9)
+        pages = await every_page(reader, RecordFilter(status="error"), 50)
+        assert [r["id"] for p in pages for r in p] == wanted
+        assert len(pages) == 5 and all(len(p) < 4 for p in pages)
+
+    asyncio.run(read())
+
+
 def test_a_record_written_twice_is_shown_once_and_found_by_id(redis_url: str) -> None:
     batch = batches(time.time())[0]
     asyncio.run(write(redis_url, [batch, batch]))  # a batch the buffer retried
@@ -121,7 +152,7 @@ def test_a_record_written_twice_is_shown_once_and_found_by_id(redis_url: str) ->
     asyncio.run(read())
 
 
-@pytest.mark.parametrize("text", ["", "12", "12 x r1", "x 1.5 r1", "12 1.5 "])
+@pytest.mark.parametrize("text", ["", "12", "12 x r1", "x 1.5 r1", "12 nan r1"])
 def test_a_cursor_it_did_not_give_is_refused(text: str) -> None:
     with pytest.raises(FilterError) as refused:
         Cursor.parse(text)
