@@ -87,7 +87,7 @@ class OriginApp(Routes):
 
     async def _close(self) -> None:
         if self.dashboard is not None:
-            await self.dashboard.history.close()
+            await self.dashboard.close()
         await self.gateway.close()
 
 
@@ -248,7 +248,7 @@ def create_app(
     dashboard = None
     if settings.admin_key is not None:
         history = History(gateway, settings.dashboard_interval)
-        dashboard = Dashboard(history, settings.admin_key, WindowReader(gateway.redis))
+        dashboard = Dashboard(history, settings.admin_key, WindowReader(gateway.new_redis()))
     board = dashboard.routes() if dashboard is not None else dashboard_off_routes()
     admin = Routes([Route("/healthz", health), Route("/metrics", metrics), *board])
     return OriginApp(

@@ -54,11 +54,17 @@ class Dashboard:
         self.history = history
         self.access = AdminAccess(admin_key)
         self.requests = RequestsData(reader)
+        self._reader = reader
         self._page = (STATIC / "dashboard.html").read_bytes()
         self._login = (STATIC / "login.html").read_text()
         self._static = {
             path.name: path.read_bytes() for path in STATIC.iterdir() if path.suffix in _TYPES
         }
+
+    async def close(self) -> None:
+        """The sampling stops, and the Requests page's Redis connection closes."""
+        await self.history.close()
+        await self._reader.close()
 
     def routes(self) -> list[Route]:
         static = [

@@ -1,6 +1,7 @@
 """Reading the request-log window (``origin.requestlog.redis_window``) from the origin,
-on its own Redis client, for the dashboard's Requests page: a request by its id, and the
-newest records matching a ``RecordFilter``, a page at a time.
+on a Redis client of its own (its replies are bulky: no request's command waits behind
+them), for the dashboard's Requests page: a request by its id, and the newest records
+matching a ``RecordFilter``, a page at a time.
 
 Pages are newest first by when a record reached the window (its entry id's time, a
 second or so after its ``ts``; an edge's records a few seconds), then by ``ts``: the one
@@ -77,6 +78,9 @@ class WindowReader:
     def __init__(self, redis: RedisClient, budget: int = BUDGET) -> None:
         self._redis = redis
         self._budget = budget
+
+    async def close(self) -> None:
+        await self._redis.close()
 
     async def find(self, request_id: str) -> dict[str, Any] | None:
         """The record of request ``request_id`` while the window keeps it (None: not there)."""
