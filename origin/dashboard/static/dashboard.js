@@ -198,6 +198,8 @@
       $("tab-" + name).classList.toggle("active", name === view);
     }
     if (view === "requests" && state.loads === 0) search();
+    // Charts drawn while hidden had no width to fit: fit them now they show.
+    if (view === "charts") window.dispatchEvent(new Event("resize"));
   }
 
   function route() {
