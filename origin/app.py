@@ -250,7 +250,9 @@ def create_app(
         history = History(gateway, settings.dashboard_interval)
         dashboard = Dashboard(history, settings.admin_key, WindowReader(gateway.new_redis()))
     board = dashboard.routes() if dashboard is not None else dashboard_off_routes()
-    admin = Routes([Route("/healthz", health), Route("/metrics", metrics), *board])
+    admin = Routes(
+        [Route("/healthz", health), Route("/metrics", metrics), *board], reads_query=True
+    )
     return OriginApp(
         gateway,
         api,
