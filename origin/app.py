@@ -44,6 +44,7 @@ from .http.request import Request
 from .http.responses import Reply, json_reply
 from .providers.openai import OpenAICompatibleProvider
 from .providers.upstream_http import ConnectorFactory
+from .requestlog.window_reader import WindowReader
 from .settings import Settings
 
 __all__ = ["OriginApp", "create_app"]
@@ -86,7 +87,7 @@ class OriginApp(Routes):
 
     async def _close(self) -> None:
         if self.dashboard is not None:
-            await self.dashboard.history.close()
+            await self.dashboard.close()
         await self.gateway.close()
 
 
@@ -248,9 +249,11 @@ def create_app(
     dashboard = None
     if settings.admin_key is not None:
         history = History(gateway, settings.dashboard_interval)
-        dashboard = Dashboard(history, settings.admin_key)
+        dashboard = Dashboard(history, settings.admin_key, WindowReader(gateway.new_redis()))
     board = dashboard.routes() if dashboard is not None else dashboard_off_routes()
-    admin = Routes([Route("/healthz", health), Route("/metrics", metrics), *board])
+    admin = Routes(
+        [Route("/healthz", health), Route("/metrics", metrics), *board], reads_query=True
+    )
     return OriginApp(
         gateway,
         api,

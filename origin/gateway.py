@@ -148,6 +148,12 @@ class Gateway:
             durable_sinks(settings) if settings.request_log else (),
         )
 
+    def new_redis(self) -> RedisClient:
+        """A connection of its own to the primary, for a reader whose replies are bulky (the
+        dashboard's Requests page): no request's command waits behind them. The caller
+        closes it."""
+        return _redis_client(self.settings, self.settings.redis_url)
+
     def _trace_configs(self) -> tuple[aiohttp.TraceConfig, ...]:
         """A provider's request hooks: with tracing, the one adding ``traceparent``."""
         return () if self.telemetry is None else (self.telemetry.trace_config(),)

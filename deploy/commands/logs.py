@@ -18,15 +18,9 @@ from rich.console import Console
 from rich.table import Table
 
 from deploy.key_store import DEFAULT_REDIS_URL
-from deploy.log_window import (
-    RecordFilter,
-    find_record,
-    follow_records,
-    parse_time,
-    projects,
-    read_records,
-)
+from deploy.log_window import find_record, follow_records, projects, read_records
 from deploy.store_errors import redact_url
+from origin.requestlog.record_filter import FilterError, RecordFilter, parse_time
 
 from . import logs_query
 from ._options import JsonOption
@@ -94,12 +88,14 @@ def logs(
             model=model,
             layer=layer,
             status=status,
-            since=None if since is None else parse_time(since, now, "--since"),
-            until=None if until is None else parse_time(until, now, "--until"),
+            since=None if since is None else parse_time(since, now, "since"),
+            until=None if until is None else parse_time(until, now, "until"),
         )
         if limit < 1:
             raise ValueError("--limit must be at least 1")
         client = redis.Redis.from_url(redis_url, socket_connect_timeout=5, socket_timeout=10)
+    except FilterError as error:
+        raise fail(f"--{error.param}: {error}", 2) from None
     except ValueError as error:
         raise fail(str(error), 2) from None
     try:

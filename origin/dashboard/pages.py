@@ -7,6 +7,8 @@
 - ``GET /dashboard/data``: the history as JSON columns (``History.series``), 401
   without the key (header or session);
 - ``GET /dashboard/latest``: the last snapshot alone (``prism top``), the same way;
+- ``GET /dashboard/requests`` and ``/dashboard/requests/{id}``: the request log's window
+  for the Requests page (``origin.dashboard.requests``), the same way;
 - ``GET /dashboard/static/...``: the page's script and styles and uPlot (pinned in
   package.json, shipped in the package so the origin serves it offline). Public code,
   served without the key.
@@ -26,8 +28,10 @@ from prism import AuthenticationError, NotFoundError
 from ..http.asgi import Handler, Route, read_body
 from ..http.request import Request
 from ..http.responses import Reply, json_reply
+from ..requestlog.window_reader import WindowReader
 from .access import AdminAccess
 from .history import History
+from .requests import PREFIX, RequestsData
 
 __all__ = ["Dashboard", "dashboard_off_routes"]
 
@@ -46,14 +50,21 @@ _MAX_FORM = 4096
 
 
 class Dashboard:
-    def __init__(self, history: History, admin_key: str) -> None:
+    def __init__(self, history: History, admin_key: str, reader: WindowReader) -> None:
         self.history = history
         self.access = AdminAccess(admin_key)
+        self.requests = RequestsData(reader)
+        self._reader = reader
         self._page = (STATIC / "dashboard.html").read_bytes()
         self._login = (STATIC / "login.html").read_text()
         self._static = {
             path.name: path.read_bytes() for path in STATIC.iterdir() if path.suffix in _TYPES
         }
+
+    async def close(self) -> None:
+        """The sampling stops, and the Requests page's Redis connection closes."""
+        await self.history.close()
+        await self._reader.close()
 
     def routes(self) -> list[Route]:
         static = [
@@ -64,6 +75,8 @@ class Dashboard:
             Route("/dashboard/login", self.login, frozenset({"POST"})),
             Route("/dashboard/data", self.data),
             Route("/dashboard/latest", self.latest),
+            Route(PREFIX.rstrip("/"), self.request_list),
+            Route(PREFIX, self.request_one),  # /dashboard/requests/{id}
             *static,
         ]
 
@@ -111,6 +124,14 @@ class Dashboard:
         self._check(request)
         return json_reply(self.history.latest(), {"cache-control": "no-store"})
 
+    async def request_list(self, request: Request) -> Reply:
+        self._check(request)
+        return await self.requests.list(request)
+
+    async def request_one(self, request: Request) -> Reply:
+        self._check(request)
+        return await self.requests.one(request)
+
     def _asset(self, name: str) -> Handler:
         reply_headers = {"content-type": _TYPES[Path(name).suffix], "cache-control": "max-age=300"}
         body = self._static[name]
@@ -131,4 +152,5 @@ def dashboard_off_routes() -> list[Route]:
             code="dashboard_off",
         )
 
-    return [Route(path, off) for path in ("/dashboard", "/dashboard/data", "/dashboard/latest")]
+    paths = ("/dashboard", "/dashboard/data", "/dashboard/latest", PREFIX.rstrip("/"), PREFIX)
+    return [Route(path, off) for path in paths]

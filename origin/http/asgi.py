@@ -105,6 +105,7 @@ class Routes:
         telemetry: Telemetry | None = None,
         recorder: Recorder | None = None,
         loop_watch: LoopWatch | None = None,
+        reads_query: bool = False,
     ) -> None:
         self._routes = {route.path: route for route in routes}
         # Looked at only when no route names the path exactly.
@@ -119,6 +120,8 @@ class Routes:
         self.recorder = recorder
         # Started with the lifespan; while the loop lags, new requests get a fast 503.
         self.loop_watch = loop_watch
+        # Its handlers read the query string (``Request.query``); off, no request pays for it.
+        self.reads_query = reads_query
         # Request ids need to be unique, not secret: a random prefix and a counter.
         self._id_prefix = secrets.token_hex(4)
         self._ids = itertools.count(1)
@@ -141,6 +144,8 @@ class Routes:
             headers.get(h.REQUEST_ID) or f"{self._id_prefix}{next(self._ids):08x}",
             StageTimer(),
         )
+        if self.reads_query:  # the admin table's; the API's routes take no query
+            request.query = scope.get("query_string", b"")
         telemetry = self.telemetry
         span = telemetry.start(request) if telemetry is not None else None
         route = self._routes.get(request.path)

@@ -77,3 +77,4 @@ class Request:
     # A hit: what its stored answer would have cost (micro-dollars) and its tokens.
     hit_cost: tuple[int, Tokens | None] | None = None
     log_rules: LogRules | None = None
+    query: bytes = b""  # the raw query string, on a ``Routes(reads_query=True)`` (the admin's)

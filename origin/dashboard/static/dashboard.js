@@ -181,3 +181,223 @@
   });
   refresh();
 })();
+
+// The Requests page: the request log's window, read from /dashboard/requests a page at a
+// time (newest first; Next follows the page's cursor, Previous goes back to the one before),
+// and one request whole from /dashboard/requests/{id}. Record data (user text, in bodies)
+// reaches the page only through textContent.
+(function () {
+  const FILTERS = ["project", "key", "model", "layer", "status", "since", "until", "limit"];
+  const state = { loads: 0, rows: [], detail: null, errors: [], cursors: [null], index: 0, query: "" };
+  window.prismRequests = state;
+  const $ = (id) => document.getElementById(id);
+
+  function show(view) {
+    for (const name of ["charts", "requests"]) {
+      $("view-" + name).hidden = name !== view;
+      $("tab-" + name).classList.toggle("active", name === view);
+    }
+    if (view === "requests" && state.loads === 0) search();
+    // Charts drawn while hidden had no width to fit: fit them now they show.
+    if (view === "charts") window.dispatchEvent(new Event("resize"));
+  }
+
+  function route() {
+    show(window.location.hash === "#requests" ? "requests" : "charts");
+  }
+
+  function text(value) {
+    return value == null || value === "" ? "–" : String(value);
+  }
+
+  function utc(ts) {
+    return new Date(ts * 1000).toISOString().replace("T", " ").slice(0, 23);
+  }
+
+  function money(v) {
+    return v == null ? "–" : "$" + (v === 0 ? "0" : v >= 0.01 ? v.toFixed(4) : v.toPrecision(2));
+  }
+
+  function ms(v) {
+    return v == null ? "–" : v.toFixed(1);
+  }
+
+  function tokens(r) {
+    return r.tokens_in == null ? "–" : r.tokens_in + " → " + (r.tokens_out == null ? "?" : r.tokens_out);
+  }
+
+  function setStatus(message, isError) {
+    const el = $("requests-status");
+    el.textContent = message;
+    el.className = isError ? "note error" : "note";
+  }
+
+  async function getJson(url) {
+    const response = await fetch(url, { credentials: "same-origin", cache: "no-store" });
+    if (response.status === 401) {
+      window.location.reload(); // the session ended: back to the sign-in form
+      return null;
+    }
+    const body = await response.json();
+    if (!response.ok) {
+      const error = new Error((body.error && body.error.message) || "HTTP " + response.status);
+      error.status = response.status;
+      throw error;
+    }
+    return body;
+  }
+
+  function search() {
+    const form = $("request-filters");
+    const params = new URLSearchParams();
+    for (const name of FILTERS) {
+      const value = form.elements[name].value.trim();
+      if (value) params.set(name, value);
+    }
+    state.query = params.toString();
+    state.cursors = [null];
+    state.index = 0;
+    load();
+  }
+
+  async function load() {
+    const params = new URLSearchParams(state.query);
+    const before = state.cursors[state.index];
+    if (before) params.set("before", before);
+    setStatus("loading…", false);
+    try {
+      const page = await getJson("/dashboard/requests?" + params.toString());
+      if (page === null) return;
+      state.cursors.length = state.index + 1;
+      if (page.next) state.cursors.push(page.next);
+      fillRows(page.records);
+      $("requests-previous").disabled = state.index === 0;
+      $("requests-next").disabled = !page.next;
+      $("requests-page").textContent = "page " + (state.index + 1);
+      // A page of a rare match may stop short (the reader's budget): Next reads on.
+      const more = page.next ? "; Next reads further back" : "";
+      setStatus((page.records.length ? page.records.length + " requests" :
+        "no request matches" + (page.next ? " in the newest part read" : "")) + more, false);
+      state.loads += 1;
+    } catch (error) {
+      state.errors.push(String(error));
+      setStatus(error.message, true);
+    }
+  }
+
+  function fillRows(records) {
+    const body = document.querySelector("#requests tbody");
+    body.textContent = "";
+    state.rows = records.map((r) => r.id);
+    for (const r of records) {
+      const tr = document.createElement("tr");
+      tr.dataset.id = r.id;
+      const cells = [utc(r.ts), r.id, r.project, r.key, r.answered_model || r.model, r.layer,
+        r.status, r.error, r.provider, ms(r.total_ms), tokens(r), money(r.cost_usd)];
+      for (const cell of cells) {
+        const td = document.createElement("td");
+        td.textContent = text(cell);
+        tr.appendChild(td);
+      }
+      tr.addEventListener("click", () => open(r.id));
+      body.appendChild(tr);
+    }
+  }
+
+  async function open(id) {
+    try {
+      const found = await getJson("/dashboard/requests/" + encodeURIComponent(id));
+      if (found === null) return;
+      detail(found.record);
+    } catch (error) {
+      state.errors.push(String(error));
+      setStatus(error.status === 404 ? "request " + id + ": not in the window (any more)" : error.message, true);
+    }
+  }
+
+  function detail(r) {
+    state.detail = r.id;
+    $("request-detail").hidden = false;
+    $("detail-id").textContent = r.id;
+    for (const tr of document.querySelectorAll("#requests tbody tr")) {
+      tr.classList.toggle("selected", tr.dataset.id === r.id);
+    }
+    const facts = [
+      ["time (UTC)", utc(r.ts)], ["source", r.source], ["region", r.region], ["pop", r.pop],
+      ["project", r.project], ["key id", r.key], ["api", r.api], ["path", (r.method || "") + " " + (r.path || "")],
+      ["model asked", r.model], ["answered by", r.answered_model], ["provider", (r.providers || []).join(", ") || r.provider],
+      ["stream", r.stream], ["layer", r.layer], ["score", r.score], ["status", r.status], ["error", r.error],
+      ["tokens", tokens(r)], ["cost", money(r.cost_usd)], ["saved", money(r.saved_usd)],
+      ["first byte ms", ms(r.ttfb_ms)], ["total ms", ms(r.total_ms)], ["fingerprint", r.fingerprint],
+    ];
+    const dl = $("detail-facts");
+    dl.textContent = "";
+    for (const [name, value] of facts) {
+      const dt = document.createElement("dt");
+      dt.textContent = name;
+      const dd = document.createElement("dd");
+      dd.textContent = text(value);
+      dl.append(dt, dd);
+    }
+    const stages = Object.entries(r.stages || {});
+    // Each bar its share of the whole request (a stage is part of total_ms; an edge's
+    // record may have no total: then of the longest stage).
+    const longest = Math.max(0.001, r.total_ms || 0, ...stages.map(([, v]) => v));
+    const box = $("detail-stages");
+    box.textContent = "";
+    for (const [name, value] of stages) {
+      const label = document.createElement("span");
+      label.textContent = name;
+      const track = document.createElement("div");
+      track.className = "stage-track";
+      const bar = document.createElement("div");
+      bar.className = "stage-bar";
+      bar.dataset.stage = name;
+      bar.style.width = (100 * value / longest).toFixed(1) + "%";
+      track.appendChild(bar);
+      const figure = document.createElement("span");
+      figure.textContent = ms(value);
+      box.append(label, track, figure);
+    }
+    if (!stages.length) box.textContent = "no stages recorded";
+    const attempts = document.querySelector("#detail-attempts tbody");
+    attempts.textContent = "";
+    (r.attempts || []).forEach((a, i) => {
+      const tr = document.createElement("tr");
+      for (const cell of [i + 1, a.provider, a.model, a.status, a.error, ms(a.ms)]) {
+        const td = document.createElement("td");
+        td.textContent = text(cell);
+        tr.appendChild(td);
+      }
+      attempts.appendChild(tr);
+    });
+    const body = r.body;
+    $("detail-body").hidden = !body;
+    $("detail-request").textContent = body ? JSON.stringify(body.request, null, 2) : "";
+    $("detail-response").textContent = body && body.response != null ? body.response : "(not kept: a streamed or empty answer)";
+  }
+
+  $("request-filters").addEventListener("submit", (event) => {
+    event.preventDefault();
+    search();
+  });
+  $("request-find").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const id = event.target.elements.id.value.trim();
+    if (id) open(id);
+  });
+  $("requests-next").addEventListener("click", () => {
+    if (state.index + 1 < state.cursors.length) {
+      state.index += 1;
+      load();
+    }
+  });
+  $("requests-previous").addEventListener("click", () => {
+    if (state.index > 0) {
+      state.index -= 1;
+      load();
+    }
+  });
+  window.addEventListener("hashchange", route);
+  route();
+})();

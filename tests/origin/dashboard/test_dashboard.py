@@ -71,7 +71,8 @@ def test_the_dashboard_is_off_without_an_admin_key(origin: RunningOrigin) -> Non
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "dashboard_off"
     assert origin.server.app.dashboard is None  # nothing samples: no dashboard was built
-    assert httpx.get(origin.admin_url + "/dashboard/data", timeout=10).status_code == 404
+    for path in ("/dashboard/data", "/dashboard/requests", "/dashboard/requests/r1"):
+        assert httpx.get(origin.admin_url + path, timeout=10).status_code == 404
 
 
 def test_an_admin_key_must_be_long_enough() -> None:
@@ -92,16 +93,18 @@ def test_page_and_data_refuse_a_missing_or_wrong_key(origin_factory: OriginFacto
         page = httpx.get(admin + "/dashboard", headers=headers, timeout=10)
         assert page.status_code == 401
         assert 'name="key"' in page.text  # the sign-in form, never the page
-        refused = httpx.get(admin + "/dashboard/data", headers=headers, timeout=10)
-        assert refused.status_code == 401
-        assert refused.json()["error"]["code"] == "admin_key_required"
+        for path in ("/dashboard/data", "/dashboard/requests", "/dashboard/requests/r1"):
+            refused = httpx.get(admin + path, headers=headers, timeout=10)
+            assert refused.status_code == 401
+            assert refused.json()["error"]["code"] == "admin_key_required"
     page = httpx.get(admin + "/dashboard", headers=BEARER, timeout=10)
     assert page.status_code == 200
     assert "chart-requests" in page.text
     assert "default-src 'self'" in page.headers["content-security-policy"]
     assert data(origin)["interval"] == 0.5
     # Never on the public listener.
-    assert httpx.get(origin.url + "/dashboard", headers=BEARER, timeout=10).status_code == 404
+    for path in ("/dashboard", "/dashboard/requests", "/dashboard/requests/r1"):
+        assert httpx.get(origin.url + path, headers=BEARER, timeout=10).status_code == 404
 
 
 def test_the_sign_in_form_opens_an_http_only_session(origin_factory: OriginFactory) -> None:
