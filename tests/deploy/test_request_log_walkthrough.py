@@ -16,6 +16,8 @@ from __future__ import annotations
 import gzip
 import json
 import secrets
+import shutil
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +35,7 @@ from deploy.local.stack import REQUEST_LOG_DIR, LocalStack, StackConfig, StackIn
 from prism import entry_key, parse_key_secrets
 from prism import headers as h
 from tests.fixtures.stacks import stack_env
+from tests.origin.dashboard.test_dashboard import CHROMIUM, ROOT
 from tests.polling import wait_for
 
 pytest.importorskip("numpy", reason="the semantic extra is not installed")
@@ -44,6 +47,7 @@ ADMIN_KEY = secrets.token_urlsafe(24)
 KV_TOKEN = secrets.token_urlsafe(24)
 SEMANTIC, BUDGET = "walk-semantic", "walk-budget"
 runner = CliRunner()
+BROWSER_SCRIPT = Path(__file__).with_name("walkthrough_browser.mjs")
 
 
 @dataclass(frozen=True)
@@ -318,3 +322,31 @@ def test_each_request_is_on_the_requests_page(walk: Walk) -> None:
         by_layer = admin.get("/dashboard/requests", params={"layer": "kv", "project": "dev"})
         assert [r["id"] for r in by_layer.json()["records"]] == [walk.ids["kv"]]
         assert walk.refused_key.rsplit(".", 1)[-1] not in listed.text
+
+
+def test_each_request_is_a_row_on_the_requests_page_in_a_real_browser(
+    walk: Walk, tmp_path: Path
+) -> None:
+    if not CHROMIUM.exists():
+        pytest.skip("no /usr/bin/chromium: `make test` installs it with apt when root or sudo")
+    node = shutil.which("node")
+    if node is None or not (ROOT / "node_modules" / "playwright-core").exists():
+        pytest.skip("node or playwright-core missing: run `make setup`")
+    shot = tmp_path / "walkthrough.png"
+    ids = list(walk.ids.values())
+    run = subprocess.run(
+        [node, str(BROWSER_SCRIPT), walk.info.origin_admin_url, ADMIN_KEY, str(shot), *ids],
+        capture_output=True, text=True, timeout=90, cwd=ROOT,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    seen: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen["problems"] == []  # no console errors once signed in
+    for kind, request_id in walk.ids.items():
+        _, layer, status, error, stages = EXPECTED[kind]
+        row = seen["rows"][request_id]
+        assert (row["layer"], row["status"]) == (layer, str(status)), (kind, row)
+        assert row["error"] == (error or "–"), (kind, row)  # the page shows none as a dash
+        assert stages <= set(seen["stages"][request_id]), (kind, seen["stages"][request_id])
+        assert seen["listed"].count(request_id) == 1, kind  # once on the page
+    assert walk.refused_key.rsplit(".", 1)[-1] not in json.dumps(seen)
+    assert shot.stat().st_size > 10_000
