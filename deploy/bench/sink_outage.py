@@ -11,9 +11,10 @@ record the origin makes can be looked for in every sink (its admin listener's re
 
 Three phases: ``before``; then S3 and the collector are SIGKILLed and kept down ``outage``
 seconds, and started again on the same ports (the bucket made again: moto forgot it); then
-``after``. The collector is killed just after it has exported (the origin sends a batch a
-second, and the collector holds what it accepted 50 ms), and the bucket is read just before
-its kill, so what is counted lost is the origin's, not the stand-ins' memory. Then, within
+``after``. The bucket is read just before its kill, and the collector killed once it has
+exported and then been quiet for ``_QUIET`` (it holds what it accepted 50 ms; the origin's
+buffer sends follow-ups at once, then its next batch a second later), so what is counted
+lost is the origin's, not the stand-ins' memory. Then, within
 ``settle`` seconds, until every sink has written or dropped every record (the origin's
 counters), and each sink is read back: the Redis streams, the S3 objects (with what was
 read before the kill), the collector's exports. Per sink: records produced, found, dropped
@@ -73,7 +74,7 @@ _SCRUBBED_ENV = (
     "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
 )  # fmt: skip
 _SAMPLE_EVERY = 0.5  # s between the origin's counters read during the run
-_QUIET = 0.15  # s without a new file before the bucket is taken as read whole
+_QUIET = 0.3  # s without a new file (an export) before S3 (the collector) holds nothing unread
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,11 +323,19 @@ class _Run:
 
 
 def _quiet_collector(receiver: LogsReceiver, timeout: float = 3.0) -> None:
-    """Until the receiver has just had an export: the collector then holds nothing the origin
-    sent (its next batch is about a second away). Returns anyway at ``timeout``."""
-    exports, _ = receiver.counts()
-    deadline = time.monotonic() + timeout
-    while receiver.counts()[0] == exports and time.monotonic() < deadline:
+    """Until the receiver has had an export and then none for ``_QUIET`` (more than the
+    collector's 50 ms batch): the collector holds nothing the origin sent, whose buffer
+    sends its follow-ups at once (what arrived during an export) and its next batch a second
+    after the last. Returns anyway at ``timeout``."""
+    first, _ = receiver.counts()
+    last, since = first, time.monotonic()
+    deadline = since + timeout
+    while time.monotonic() < deadline:
+        exports, now = receiver.counts()[0], time.monotonic()
+        if exports != last:
+            last, since = exports, now
+        elif last != first and now - since >= _QUIET:
+            return
         time.sleep(0.005)  # polling the receiver, with a deadline
 
 
