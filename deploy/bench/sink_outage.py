@@ -463,9 +463,10 @@ async def _run(
         phase.seconds = round(bounds[name][1] - bounds[name][0], 2)
     on_step(f"waiting (at most {config.settle:g} s) for every sink to have every record")
     counts, settled = await asyncio.to_thread(_settle, run, config.settle)
+    await asyncio.to_thread(s3_records.read)  # adds what came after the kill
     found = {
         "redis": await asyncio.to_thread(_redis_ids, stack.redis_url),
-        "files": await asyncio.to_thread(lambda: (s3_records.read(), s3_records.ids)[1]),
+        "files": s3_records.ids,
         "otlp": stack.receiver.ids(),
     }
     sinks = [
