@@ -345,7 +345,7 @@ def test_each_request_is_a_row_on_the_requests_page_in_a_real_browser(
         _, layer, status, error, stages = EXPECTED[kind]
         row = seen["rows"][request_id]
         assert (row["layer"], row["status"]) == (layer, str(status)), (kind, row)
-        assert row["error"] == (error or "–"), (kind, row)  # the page shows none as a dash
+        assert row["error"] == (error or "\u2013"), (kind, row)  # none: an en dash on the page
         assert stages <= set(seen["stages"][request_id]), (kind, seen["stages"][request_id])
         assert seen["listed"].count(request_id) == 1, kind  # once on the page
     assert walk.refused_key.rsplit(".", 1)[-1] not in json.dumps(seen)
