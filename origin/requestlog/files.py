@@ -101,7 +101,8 @@ class FileSink:
     """A ``RecordSink`` (``origin.requestlog.sink``) writing durable files to a store."""
 
     name = "files"
-    flush_interval, flush_records = FLUSH_INTERVAL, FLUSH_RECORDS  # its buffer's batches
+    flush_interval = FLUSH_INTERVAL  # its buffer's batches
+    flush_records = FLUSH_RECORDS
 
     def __init__(self, store: FileStore) -> None:
         self.store = store
