@@ -80,6 +80,8 @@ def drive_hits(
         # The request log on or off as the caller's environment says (on by default), so
         # its cost is measured with the rest of a hit's.
         "PRISM_REQUEST_LOG": os.environ.get("PRISM_REQUEST_LOG", ""),
+        # The durable files too when the caller names a directory for them.
+        "PRISM_LOG_DIR": os.environ.get("PRISM_LOG_DIR", ""),
     }
     # Under valgrind a turn of the loop is 50 x slower: no Redis timeout may fire.
     settings = dataclasses.replace(Settings.from_env(env), redis_timeout=60.0)

@@ -1,12 +1,15 @@
 """Records on their way to one sink: taken on the request path, written in batches.
 
 ``append`` is what a request pays: an O(1) append to a bounded deque and no I/O. One
-background task per sink takes up to ``batch`` records at a time, every ``interval`` or
-as soon as a batch is ready, finishes them (``origin.requestlog.record.finish``) and hands
-them to the sink. A batch the sink fails is held and retried with backoff (doubling to
-``max_backoff``) while new records queue behind it; beyond ``bound`` queued records the
-oldest are dropped and counted (``prism_request_log_dropped_total{sink}``), so an outage
-costs memory up to the bound and never a request's time. Written records are counted
+background task per sink takes up to ``batch`` records at a time, every ``interval`` or as
+soon as a batch is ready, finishes them (``origin.requestlog.record.finish``) and hands
+them to the sink; after a write it goes on only while a whole batch waits (what arrived
+during the write waits for the next interval, so a sink that wants few large batches, the
+files, does not get a small one after each). A batch the sink fails is held and retried
+with backoff (doubling to ``max_backoff``) while new records queue behind it; beyond
+``bound`` queued records the oldest are dropped and counted
+(``prism_request_log_dropped_total{sink}``), so an outage costs memory up to the bound and
+never a request's time. Written records are counted
 (``prism_request_log_written_total{sink}``). ``close`` flushes what is left, for at most
 ``close_timeout``, then closes the sink.
 """
@@ -102,6 +105,8 @@ class RecordBuffer:
             delay = self._first_backoff
             while self._queue or self._held:
                 if await self._write_once():
+                    if len(self._queue) < self._batch:
+                        break  # what came meanwhile waits for its interval: fewer, fuller batches
                     delay = self._first_backoff
                 else:
                     await asyncio.sleep(delay)

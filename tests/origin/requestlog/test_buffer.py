@@ -63,6 +63,39 @@ def test_a_full_batch_is_written_at_once_finished_and_counted() -> None:
     asyncio.run(run())
 
 
+class SlowSink(ListSink):
+    """A sink whose write takes a moment, and records arriving meanwhile."""
+
+    def __init__(self, buffer_ref: list[RecordBuffer]) -> None:
+        super().__init__()
+        self.buffer_ref = buffer_ref
+
+    async def write(self, records: Sequence[Mapping[str, Any]]) -> None:
+        await super().write(records)
+        if len(self.batches) == 1:  # two records come while the first batch is written
+            for n in (100, 101):
+                self.buffer_ref[0].append(_record(n))
+
+
+def test_what_arrives_during_a_write_waits_for_the_next_interval_not_a_batch_of_its_own() -> None:
+    async def run() -> None:
+        held: list[RecordBuffer] = []
+        sink = SlowSink(held)
+        buffer, _ = _buffer(sink, 100, batch=10, interval=60)
+        held.append(buffer)
+        buffer.start()
+        for n in range(10):
+            buffer.append(_record(n))
+        await async_wait_for(lambda: sink.batches, within=5)
+        await asyncio.sleep(0)  # the task's next turns: it must not write the two now
+        await asyncio.sleep(0)
+        assert len(sink.batches) == 1 and buffer.queued == 2
+        await buffer.close()  # they are written at close (or at the next interval)
+        assert [r["id"] for r in sink.batches[-1]] == ["100", "101"]
+
+    asyncio.run(run())
+
+
 def test_a_failed_batch_is_retried_whole_and_the_oldest_beyond_the_bound_dropped() -> None:
     async def run() -> None:
         sink = ListSink()
