@@ -164,6 +164,10 @@ class BenchStack:
                 kv_flush_interval=KV_FLUSH,
                 extra_workers=tuple(workers),
                 provider_args=_PROVIDER_ARGS,
+                # PRISM_REQUEST_LOG=off turns the edge's records off too, for an A/B of them.
+                edge_env={
+                    name: os.environ[name] for name in ("PRISM_REQUEST_LOG",) if name in os.environ
+                },
             )
         )
         info = self._stack.start()
