@@ -1,7 +1,7 @@
 """How the origin is served: uvicorn on httptools, two listeners, and a read deadline.
 
 uvicorn stays by measurement (``deploy/bench/server_ab.py``, docs/benchmarks.md): granian
-runs 5-6 % fewer instructions per hit in user space but hands every request between its
+runs 0-10 % fewer instructions per hit in user space but hands every request between its
 Rust threads and the loop's, and spends more CPU per request in all.
 
 - ``listen`` binds the public listener and the admin one (loopback by default) and
