@@ -175,9 +175,10 @@ def build_wheel(source: Path, out: Path, *, uv: str | None = None) -> Path:
 
 def build_compiled_wheel(
     source: Path, target: ReleaseTarget, out: Path, *, lock: str, python: str, uv: str | None = None
-) -> Path:
+) -> tuple[Path, str]:
     """The compiled wheel of ``source`` for ``target``, built with ``python`` (CPython at the
-    target's version) in a fresh environment holding ``lock`` and the pinned build tools.
+    target's version) in a fresh environment holding ``lock`` and the pinned build tools, and
+    the manylinux policy auditwheel finds it consistent with.
 
     Raises :class:`~deploy.compiled_build.CompileError` when it cannot be built or would not
     run on the target's glibc.
@@ -201,8 +202,7 @@ def build_compiled_wheel(
         if expected not in wheel.name or not wheel.name.endswith(f"linux_{target.arch}.whl"):
             wheel.unlink()
             raise CompileError(f"the compiled build made {wheel.name}, not one for {target}")
-        check_glibc(wheel, interpreter, target.glibc)
-        return wheel
+        return wheel, check_glibc(wheel, interpreter, target.glibc)
 
 
 def _uv_build(
@@ -258,9 +258,10 @@ def build_release(
     if choice.compiled and choice.python is not None:
         progress(f"Compiling the origin's hot modules for {target.arch}: {choice.reason}")
         try:
-            wheel = build_compiled_wheel(
+            wheel, policy = build_compiled_wheel(
                 source, target, out, lock=text, python=choice.python, uv=uv
             )
+            note = f"{note.removesuffix(')')}; auditwheel: {policy} consistent)"
         except CompileError as error:
             note = f"pure py3-none-any (the compiled build failed: {error})"
             progress(f"warning: {note}")

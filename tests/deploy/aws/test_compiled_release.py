@@ -170,6 +170,8 @@ def test_the_compiled_release_installs_with_require_hashes_and_serves_from_its_e
     assert release.wheel_name == "prism_edge_gateway-0.1.0-cp312-cp312-linux_x86_64.whl"
     mypy = MYPY.split("==")[1]
     assert release.note.startswith(f"compiled cp312-cp312-linux_x86_64 (mypyc from mypy {mypy},")
+    # No newer glibc than the instance's 2.39 (it links nothing but libc).
+    assert release.note.endswith(" consistent)") and "; auditwheel: manylinux_2_" in release.note
     names = zipfile.ZipFile(io.BytesIO(release.wheel)).namelist()
     for source in compiled_modules(REPO):
         assert f"{source.removesuffix('.py')}.cpython-312-x86_64-linux-gnu.so" in names, source
