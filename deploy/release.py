@@ -25,8 +25,18 @@ import shutil
 import subprocess
 import tempfile
 import tomllib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from deploy.compiled_build import (
+    CompileError,
+    WheelChoice,
+    build_env,
+    check_glibc,
+    choose,
+    reproducible_flags,
+)
 
 __all__ = [
     "DISTRIBUTION",
@@ -35,6 +45,7 @@ __all__ = [
     "Release",
     "ReleaseError",
     "ReleaseTarget",
+    "build_compiled_wheel",
     "build_release",
     "build_wheel",
     "compile_lock",
@@ -42,6 +53,7 @@ __all__ = [
     "find_uv",
     "lock_key",
     "requirements_text",
+    "wheel_choice",
 ]
 
 DISTRIBUTION = "prism-edge-gateway"
@@ -50,7 +62,9 @@ RELEASE_DIR = "/opt/prism/releases"  # on the instance: <RELEASE_DIR>/<release i
 # reproducible.
 _SOURCE_DATE_EPOCH = "315532800"
 _UV_TIMEOUT = 600.0
-_WHEEL_NAME = re.compile(r"^[A-Za-z0-9_.]+-[A-Za-z0-9_.+!]+-py3-none-any\.whl$")
+_WHEEL_NAME = re.compile(
+    r"^[A-Za-z0-9_.]+-[A-Za-z0-9_.+!]+-(py3-none-any|cp3\d+-cp3\d+-linux_(x86_64|aarch64))\.whl$"
+)
 _SKIP_DIRS = {".git", ".venv", "node_modules", "build", "dist", ".prism", "__pycache__"}
 
 
@@ -70,6 +84,12 @@ class ReleaseTarget:
     def arch(self) -> str:
         return self.platform.split("-", 1)[0]
 
+    @property
+    def glibc(self) -> tuple[int, int]:
+        """The image's glibc, from the platform's manylinux tag (2.17 if it names none)."""
+        found = re.search(r"manylinux_(\d+)_(\d+)", self.platform)
+        return (int(found.group(1)), int(found.group(2))) if found else (2, 17)
+
 
 # Ubuntu 24.04 LTS ships Python 3.12 and glibc 2.39.
 TARGETS: dict[str, ReleaseTarget] = {
@@ -88,6 +108,8 @@ class Release:
     target: ReleaseTarget
     wheel: bytes
     lock: str
+    compiled: bool = False
+    note: str = ""  # which wheel this is and why (the plan's and the deploy's words)
 
     @property
     def id(self) -> str:
@@ -143,19 +165,57 @@ def lock_key(source: Path, target: ReleaseTarget) -> str:
 
 
 def build_wheel(source: Path, out: Path, *, uv: str | None = None) -> Path:
-    """A reproducible wheel of ``source``'s working tree, written into ``out``."""
+    """A reproducible pure wheel of ``source``'s working tree, written into ``out``."""
     uv = uv or find_uv()
     with tempfile.TemporaryDirectory(prefix="prism-wheel-") as tmp:
         tree = Path(tmp) / "src"
         _copy_tree(source, tree)
-        dist = Path(tmp) / "dist"
-        env = {**os.environ, "SOURCE_DATE_EPOCH": _SOURCE_DATE_EPOCH}
-        _run([uv, "build", "--wheel", "--quiet", "--out-dir", str(dist), str(tree)], env, "build")
-        wheels = list(dist.glob("*.whl"))
-        if len(wheels) != 1:
-            raise ReleaseError(f"uv build made {len(wheels)} wheels, expected one")
-        out.mkdir(parents=True, exist_ok=True)
-        return Path(shutil.copy2(wheels[0], out / wheels[0].name))
+        return _uv_build(uv, tree, Path(tmp) / "dist", out, [], {})
+
+
+def build_compiled_wheel(
+    source: Path, target: ReleaseTarget, out: Path, *, lock: str, python: str, uv: str | None = None
+) -> tuple[Path, str]:
+    """The compiled wheel of ``source`` for ``target``, built with ``python`` (CPython at the
+    target's version) in a fresh environment holding ``lock`` and the pinned build tools, and
+    the manylinux policy auditwheel finds it consistent with.
+
+    Raises :class:`~deploy.compiled_build.CompileError` when it cannot be built or would not
+    run on the target's glibc.
+    """
+    uv = uv or find_uv()
+    with tempfile.TemporaryDirectory(prefix="prism-compiled-") as tmp:
+        tree = Path(tmp) / "src"
+        _copy_tree(source, tree)
+        folder = Path(tmp) / "build-env"
+        interpreter = build_env(
+            source, folder, uv=uv, python=python, version=target.python, lock=lock
+        )
+        flags = reproducible_flags(tree, folder)
+        env = {"PRISM_COMPILE": "1", "CFLAGS": f"{os.environ.get('CFLAGS', '')} {flags}".strip()}
+        args = ["--no-build-isolation", "--python", str(interpreter)]
+        try:
+            wheel = _uv_build(uv, tree, Path(tmp) / "dist", out, args, env)
+        except ReleaseError as error:
+            raise CompileError(str(error)) from None
+        expected = f"-cp{target.python.replace('.', '')}-"
+        if expected not in wheel.name or not wheel.name.endswith(f"linux_{target.arch}.whl"):
+            wheel.unlink()
+            raise CompileError(f"the compiled build made {wheel.name}, not one for {target}")
+        return wheel, check_glibc(wheel, interpreter, target.glibc)
+
+
+def _uv_build(
+    uv: str, tree: Path, dist: Path, out: Path, args: list[str], env: Mapping[str, str]
+) -> Path:
+    environ = {**os.environ, **env, "SOURCE_DATE_EPOCH": _SOURCE_DATE_EPOCH}
+    command = [uv, "build", "--wheel", "--quiet", *args, "--out-dir", str(dist), str(tree)]
+    _run(command, environ, "build")
+    wheels = list(dist.glob("*.whl"))
+    if len(wheels) != 1:
+        raise ReleaseError(f"uv build made {len(wheels)} wheels, expected one")
+    out.mkdir(parents=True, exist_ok=True)
+    return Path(shutil.copy2(wheels[0], out / wheels[0].name))
 
 
 def compile_lock(source: Path, target: ReleaseTarget, *, uv: str | None = None) -> str:
@@ -171,6 +231,13 @@ def compile_lock(source: Path, target: ReleaseTarget, *, uv: str | None = None) 
     return text
 
 
+def wheel_choice(source: Path, target: ReleaseTarget, *, compiled: bool = True) -> WheelChoice:
+    """Which wheel :func:`build_release` will try for ``target`` (no network, no build)."""
+    if not compiled:
+        return WheelChoice(False, "the pure build was asked for")
+    return choose(source, target.arch, target.python)
+
+
 def build_release(
     source: Path,
     target: ReleaseTarget,
@@ -178,10 +245,28 @@ def build_release(
     *,
     lock: str | None = None,
     uv: str | None = None,
+    compiled: bool = True,
+    progress: Callable[[str], None] = lambda _: None,
 ) -> Release:
-    """Build the wheel (always) and the lock (unless an earlier one is passed in)."""
-    wheel = build_wheel(source, out, uv=uv)
+    """Build the lock (unless an earlier one is passed in) and the wheel (always): the
+    compiled one where :func:`wheel_choice` allows it, else, or if that build fails, the
+    pure one. Never fails for want of the compiled build; ``progress`` hears why."""
     text = lock if lock is not None else compile_lock(source, target, uv=uv)
+    choice = wheel_choice(source, target, compiled=compiled)
+    note = choice.describe(target.arch, target.python)
+    wheel: Path | None = None
+    if choice.compiled and choice.python is not None:
+        progress(f"Compiling the origin's hot modules for {target.arch}: {choice.reason}")
+        try:
+            wheel, policy = build_compiled_wheel(
+                source, target, out, lock=text, python=choice.python, uv=uv
+            )
+            note = f"{note.removesuffix(')')}; auditwheel: {policy} consistent)"
+        except CompileError as error:
+            note = f"pure py3-none-any (the compiled build failed: {error})"
+            progress(f"warning: {note}")
+    if wheel is None:
+        wheel = build_wheel(source, out, uv=uv)
     data = wheel.read_bytes()
     return Release(
         wheel_name=wheel.name,
@@ -190,6 +275,8 @@ def build_release(
         target=target,
         wheel=data,
         lock=text,
+        compiled=not wheel.name.endswith("-py3-none-any.whl"),
+        note=note,
     )
 
 

@@ -165,6 +165,7 @@ class Deployer(AccessSteps, InstanceSteps, BalancerSteps, FleetSteps):
         else:
             self.progress(f"Building the wheel (dependencies unchanged: reusing lock {lock_key})")
         release = build(cached)
+        self.progress(f"Release {release.id}: {release.wheel_name}, {release.note}")
         if cached is None and lock_key:
             store.store_lock(lock_key, release.lock)
         if not store.store(release):

@@ -41,6 +41,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deploy.aws.stack import (
@@ -53,6 +54,7 @@ from deploy.aws.stack import (
     ReleaseBuilder,
 )
 from deploy.aws.userdata import IMAGE
+from deploy.release import wheel_choice
 from prism.routes import HEALTH_PATH
 
 if TYPE_CHECKING:
@@ -82,15 +84,23 @@ class DeployPlan:
     python: str
     steps: tuple[PlanStep, ...]
     instances: int = 1
+    wheel: str = ""  # which wheel the release ships and why ("" for a rollback)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def plan(config: OriginDeployConfig, *, source: str = ".", rollback: bool = False) -> DeployPlan:
-    """Describe what ``apply`` would do, without calling AWS, building or reading the network."""
+def plan(
+    config: OriginDeployConfig, *, source: str = ".", rollback: bool = False, compiled: bool = True
+) -> DeployPlan:
+    """Describe what ``apply`` would do, without calling AWS, building or reading the network.
+
+    Which wheel ships is decided from this machine's tools (``compiled``: unless the pure
+    one is asked for), as the build will decide it.
+    """
     path = config.parameter_path
     target = config.target
+    wheel = ""
     bucket = f"prism-releases-<account>-{config.region}"
     kept = "keep stored parameters this deploy does not set"
     if config.remove_secrets:
@@ -100,8 +110,13 @@ def plan(config: OriginDeployConfig, *, source: str = ".", rollback: bool = Fals
             PlanStep("release", "previous", "the release that served before the current one"),
         ]
     else:
+        choice = wheel_choice(Path(source), target, compiled=compiled)
+        wheel = choice.describe(target.arch, target.python)
+        build = f"build a reproducible wheel of the checkout: {wheel}"
+        if choice.compiled:
+            build += "; the pure py3-none-any wheel if the compiled build fails"
         release_steps = [
-            PlanStep("wheel", source, "build a reproducible wheel of the checkout (uv build)"),
+            PlanStep("wheel", source, build),
             PlanStep(
                 "lock",
                 f"{bucket}/{config.release_prefix}locks/",
@@ -142,6 +157,7 @@ def plan(config: OriginDeployConfig, *, source: str = ".", rollback: bool = Fals
         python=target.python,
         steps=tuple(steps),
         instances=config.instances,
+        wheel=wheel,
     )
 
 

@@ -165,6 +165,13 @@ def origin(
         bool,
         typer.Option("--keep-failed", help="Keep a new instance that fails its health check."),
     ] = False,
+    pure: Annotated[
+        bool,
+        typer.Option(
+            "--pure",
+            help="Ship the pure-Python wheel even where the compiled one can be built.",
+        ),
+    ] = False,
     dry_run: Annotated[
         bool,
         typer.Option("--dry-run", help="Print the plan; no AWS call, no build, no network."),
@@ -205,7 +212,8 @@ def origin(
     except (UsageError, DeployConfigError, ReleaseError) as error:
         _fail(str(error), code=2, secrets=secrets)
     if dry_run:
-        _print_plan(plan(config, source=str(checkout or "-"), rollback=rollback), json_output)
+        shown = plan(config, source=str(checkout or "-"), rollback=rollback, compiled=not pure)
+        _print_plan(shown, json_output)
         return
     builder: ReleaseBuilder | None = None
     key = ""
@@ -218,15 +226,24 @@ def origin(
     from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
     with tempfile.TemporaryDirectory(prefix="prism-release-") as workdir:
-        if checkout is not None:
-            source_dir, target = checkout, config.target
-            key = lock_key(source_dir, target)
-
-            def builder(lock: str | None) -> Release:
-                return build_release(source_dir, target, Path(workdir), lock=lock, uv=uv)
-
         try:
             with _progress(f"Deploying origin {config.name} to {config.region}") as progress:
+                if checkout is not None:
+                    source_dir, target = checkout, config.target
+                    key = lock_key(source_dir, target)
+
+                    def builder(lock: str | None) -> Release:
+                        out = Path(workdir)
+                        return build_release(
+                            source_dir,
+                            target,
+                            out,
+                            lock=lock,
+                            uv=uv,
+                            compiled=not pure,
+                            progress=progress,
+                        )
+
                 result = apply(
                     config,
                     boto3.Session(),
@@ -383,6 +400,8 @@ def _print_plan(deploy_plan: DeployPlan, json_output: bool) -> None:
     typer.echo(f"  site:  {deploy_plan.site}")
     typer.echo(f"  tls:   {deploy_plan.tls}")
     typer.echo(f"  image: {deploy_plan.image}, Python {deploy_plan.python}")
+    if deploy_plan.wheel:
+        typer.echo(f"  wheel: {deploy_plan.wheel}")
     if deploy_plan.instances > 1:
         typer.echo(f"  instances: {deploy_plan.instances}")
     for step in deploy_plan.steps:

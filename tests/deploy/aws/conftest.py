@@ -1,4 +1,5 @@
-"""The releases the AWS deploy tests ship: built for real, once per session."""
+"""The releases the AWS deploy tests ship: built for real, once per session (pure wheels: the
+deploy's steps are the same for the compiled one, test_compiled_release.py builds that)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def instance_lock() -> str:
 def releases(tmp_path_factory: pytest.TempPathFactory, instance_lock: str) -> list[Release]:
     """Two real releases: this checkout, and a copy of it with one module changed."""
     out = tmp_path_factory.mktemp("wheels")
-    first = build_release(REPO, TARGET, out / "v1", lock=instance_lock)
+    first = build_release(REPO, TARGET, out / "v1", lock=instance_lock, compiled=False)
     changed = tmp_path_factory.mktemp("checkout") / "src"
     listed = (
         subprocess.run(
@@ -45,5 +46,5 @@ def releases(tmp_path_factory: pytest.TempPathFactory, instance_lock: str) -> li
             shutil.copy2(REPO / name, changed / name)
     with (changed / "deploy" / "__init__.py").open("a") as f:
         f.write("# the next release\n")
-    second = build_release(changed, TARGET, out / "v2", lock=instance_lock)
+    second = build_release(changed, TARGET, out / "v2", lock=instance_lock, compiled=False)
     return [first, second]

@@ -631,7 +631,7 @@ def test_cli_builds_this_checkout_into_the_same_release_and_hides_secrets(
     store.store_lock(lock_key(REPO, TARGET), instance_lock)
     monkeypatch.setattr(deploy, "apply", functools.partial(apply, health_check=instances))
     args = ["deploy", "origin", "--json", "--ami", AMI, "--region", "eu-west-1"]
-    args += ["--source", str(REPO)]
+    args += ["--source", str(REPO), "--pure"]  # the conftest's releases are pure
 
     result = CliRunner().invoke(cli, args, env=cli_env())
 
@@ -667,7 +667,7 @@ def test_cli_says_why_an_unhealthy_release_did_not_take_over(
     monkeypatch.setattr(deploy, "apply", functools.partial(apply, health_check=instances))
 
     result = CliRunner().invoke(
-        cli, ["deploy", "origin", "--ami", AMI, "--source", str(REPO)], env=cli_env()
+        cli, ["deploy", "origin", "--ami", AMI, "--source", str(REPO), "--pure"], env=cli_env()
     )
 
     assert result.exit_code == 1

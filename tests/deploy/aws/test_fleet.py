@@ -616,7 +616,7 @@ def test_cli_deploys_three_instances_and_says_where_to_point_the_domain(
     store.ensure_bucket(aws.region, [])
     store.store_lock(lock_key(REPO, TARGET), instance_lock)
     monkeypatch.setattr(deploy, "apply", functools.partial(apply, health_check=balancer_check))
-    args = ["deploy", "origin", "--ami", AMI, "--instances", "3", "--domain", DOMAIN]
+    args = ["deploy", "origin", "--ami", AMI, "--instances", "3", "--domain", DOMAIN, "--pure"]
 
     result = CliRunner().invoke(cli, [*args, "--source", str(REPO)], env=cli_env())
 

@@ -81,7 +81,7 @@ def this_machine() -> ReleaseTarget:
 def local_release(tmp_path_factory: pytest.TempPathFactory) -> Release:
     target = this_machine()
     out = tmp_path_factory.mktemp("wheel")
-    return build_release(REPO, target, out, lock=compile_lock(REPO, target))
+    return build_release(REPO, target, out, lock=compile_lock(REPO, target), compiled=False)
 
 
 def install_script(tmp_path: Path, release: Release) -> tuple[Path, Path, Path]:
