@@ -4,12 +4,13 @@ A KV hit, a refused key, a denied model, a bad body, an origin that could not be
 the origin never sees these, so the edge tells it, or its request log, usage and
 dashboards would miss the PoP's answers. On the request's path a record costs a tuple
 appended to a list (``EdgeRequestLog.add``); it is made into JSON and sent after the
-response (``waitUntil``): one batch at a time per isolate, carrying whatever queued while
-the last one was out, so a busy isolate sends few batches and a quiet one sends each
-record soon. A batch is signed like a forward (``prism.sign_forward``, with the body's
-SHA-256 in the fingerprint's place) to the first origin that takes it. One that no origin
-takes stays queued for the next send; beyond ``MAX_RECORDS`` queued, the oldest are
-dropped and the next batch says how many, so the origin counts them.
+response (``waitUntil``): one batch at a time per isolate, each ``GATHER`` seconds after
+the last, carrying whatever queued meanwhile, so a busy isolate sends two batches a second
+and a quiet one sends each record within ``GATHER``. A batch is signed like a forward
+(``prism.sign_forward``, with the body's SHA-256 in the fingerprint's place) to the first
+origin that takes it. One that no origin takes stays queued for the next send; beyond
+``MAX_RECORDS`` queued, the oldest are dropped and the next batch says how many, so the
+origin counts them.
 
 Requests forwarded to the origin are logged there, not here; a path that is no route of
 the gateway's (a scanner, a health check) is answered and not recorded.
@@ -35,6 +36,13 @@ MAX_RECORDS = 1000  # queued per isolate while no origin takes them; then the ol
 # How long one origin may take to take a batch (within the ~30 s a Worker's waitUntil
 # work may run): a stalled origin costs one attempt, then the next origin is asked.
 SEND_TIMEOUT = 5.0
+# A send waits this long first, so what the isolate answers meanwhile rides in the same batch:
+# sent at once, every KV hit at concurrency 1 was followed by a batch of its own, a second
+# request for the isolate and the origin, and the hit's p50 rose by a third.
+GATHER = 0.5
+# Batches one wake-up sends at most (a waitUntil may run ~30 s after its response): beyond,
+# the next request's send takes over.
+_SENDS_PER_WAKE = 8
 _REFUSED = frozenset({401, 402, 403, 429})  # refused before an answer was looked for
 
 
@@ -114,7 +122,10 @@ class EdgeRequestLog:
 
     async def _send(self, platform: Platform) -> None:
         try:
-            while self._queued:
+            for _ in range(_SENDS_PER_WAKE):
+                await asyncio.sleep(GATHER)
+                if not self._queued:
+                    return
                 batch, self._queued = self._queued, []
                 dropped = self._dropped
                 if not await self._deliver(platform, batch, dropped):

@@ -99,6 +99,12 @@ class Metrics:
             ("outcome",),
             registry=registry,
         )
+        self.edge_record_batches = Counter(
+            "prism_edge_request_record_batches",
+            "Batches of those records received: one POST from an isolate each (at most two a"
+            " second an isolate).",
+            registry=registry,
+        )
         self.coalesced = Counter(
             "prism_origin_coalesced_requests",
             "Requests answered by joining an identical in-flight provider call.",

@@ -101,6 +101,7 @@ class EdgeRecords:
             if route is not None:
                 record["api"] = route
             self._count(record, route or "edge")
+        self._metrics.edge_record_batches.inc()
         self._metrics.edge_records.labels("received").inc(len(records))
         if dropped:
             self._metrics.edge_records.labels("dropped").inc(dropped)

@@ -84,3 +84,28 @@ def test_a_kv_hit_and_a_refused_key_reach_the_origin_as_records(
         edge_metric(edge, "prism_edge_requests_total", route="chat", status="200", layer="miss")
         == 0
     )
+
+
+def test_kv_hits_one_after_another_reach_the_origin_in_few_batches(
+    edge: EdgeStack, api_key: str
+) -> None:
+    """A batch waits ``GATHER`` (0.5 s) for what the isolate answers next: back-to-back KV hits
+    cost the origin one POST between them, not one each (which slowed every hit)."""
+    body = {"model": "demo", "messages": [{"role": "user", "content": secrets.token_hex(6)}]}
+    auth = {"authorization": f"Bearer {api_key}"}
+    with httpx.Client(base_url=edge.url, headers=auth, timeout=30) as http:
+        assert http.post(CHAT, json=body).headers["x-prism-edge-cache-layer"] == "miss"
+        wait_for(lambda: http.post(CHAT, json=body).headers["x-prism-edge-cache-layer"] == "kv")
+        batches = edge_metric(edge, "prism_edge_request_record_batches_total")
+        received = edge_metric(edge, "prism_edge_request_records_total", outcome="received")
+        for _ in range(20):
+            assert http.post(CHAT, json=body).headers["x-prism-edge-cache-layer"] == "kv"
+    wait_for(
+        lambda: (
+            edge_metric(edge, "prism_edge_request_records_total", outcome="received")
+            >= received + 20
+        ),
+        timeout=10,
+    )
+    # One batch, two if the gathering straddled them, three with the polling's records.
+    assert edge_metric(edge, "prism_edge_request_record_batches_total") - batches <= 3
