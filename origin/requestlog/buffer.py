@@ -26,7 +26,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from ..background import cancel_and_wait
-from .record import finish
+from .record import finish, keep_encoded
 from .sink import RecordSink
 
 __all__ = ["RecordBuffer"]
@@ -117,7 +117,9 @@ class RecordBuffer:
         held, to be retried)."""
         if not self._held:
             queue = self._queue
-            self._held = [finish(queue.popleft()) for _ in range(min(len(queue), self._batch))]
+            self._held = [
+                keep_encoded(finish(queue.popleft())) for _ in range(min(len(queue), self._batch))
+            ]
         try:
             await self.sink.write(self._held)
         except Exception as error:

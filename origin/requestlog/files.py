@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
-import orjson
+from .record import encoded
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -79,7 +79,7 @@ def partition_files(
     groups: dict[tuple[int, str], list[bytes]] = {}
     for record in records:
         key = (int(record.get("ts") or now) // 3600, record.get("project") or NO_PROJECT)
-        line = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+        line = encoded(record)
         group = groups.get(key)
         if group is None:
             groups[key] = [line]
@@ -90,7 +90,8 @@ def partition_files(
         day, hour = datetime.fromtimestamp(hours * 3600, UTC).strftime("%Y-%m-%d %H").split()
         # Compressed with no time in its header, the same lines give the same bytes: the
         # digest of those names the content, for an eighth of the hashing.
-        data = gzip.compress(b"".join(lines), compresslevel=_COMPRESSION, mtime=0)
+        text = b"\n".join(lines) + b"\n"
+        data = gzip.compress(text, compresslevel=_COMPRESSION, mtime=0)
         digest = hashlib.blake2b(data, digest_size=8).hexdigest()
         folder = f"day={day}/project={quote(project, safe='')}"
         files[f"{folder}/{hour}-{process}-{digest}.jsonl.gz"] = data

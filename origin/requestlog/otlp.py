@@ -28,6 +28,8 @@ from typing import Any
 import httpx
 import orjson
 
+from .record import ENCODED
+
 __all__ = ["ATTRIBUTES", "EVENT", "OTLPExportError", "OTLPLogSink", "log_record"]
 
 EVENT = "prism.request"
@@ -109,7 +111,7 @@ def log_record(record: Mapping[str, Any], observed_ns: int) -> dict[str, Any]:
     add = attributes.append
     for field, value in record.items():
         kind = type(value)  # the record's own values: no subclasses (one test per type)
-        if field == "ts":  # the log record's own time
+        if field == "ts" or field == ENCODED:  # the log record's own time; the JSON
             continue
         if kind is str:
             add({"key": _attribute_name(field), "value": {"stringValue": value}})

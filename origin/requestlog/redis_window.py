@@ -23,9 +23,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import orjson
-
 from ..connection.redis_client import Arg, LoadedScript, RedisClient
+from .record import encoded
 
 __all__ = [
     "ID_KEY_PREFIX",
@@ -101,14 +100,13 @@ class RedisWindowSink:
     async def write(self, records: Sequence[Mapping[str, Any]]) -> None:
         chunks: list[tuple[str, list[Arg]]] = []
         open_chunks: dict[str, list[Arg]] = {}  # each project's chunk being filled
-        dumps = orjson.dumps
         for record in records:
             project = record.get("project") or NO_PROJECT
             args = open_chunks.get(project)
             if args is None or len(args) >= _CHUNK:
                 args = open_chunks[project] = []
                 chunks.append((project, args))
-            args.append(b"%s\n%s" % (str(record.get("id") or "").encode(), dumps(record)))
+            args.append(b"%s\n%s" % (str(record.get("id") or "").encode(), encoded(record)))
         oldest = int((self._clock() - self._age) * 1000)
         redis, append, window, age = self._redis, self._append, self._window, self._age
         replies = await asyncio.gather(

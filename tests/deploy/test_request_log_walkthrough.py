@@ -313,7 +313,9 @@ def test_each_request_is_on_the_requests_page(walk: Walk) -> None:
 
         records = wait_for(page, 15, interval=0.25)
         times = [r["ts"] for r in records]
-        assert times == sorted(times, reverse=True)  # newest first
+        # Newest first by arrival in the window: the edge's records come in its batches, up
+        # to GATHER (0.5 s) after their time, so by their own times within a second.
+        assert all(later >= earlier - 1.0 for later, earlier in zip(times, times[1:]))
         for kind, request_id in walk.ids.items():
             check(kind, [r for r in records if r["id"] == request_id])
             one = admin.get(f"/dashboard/requests/{request_id}")
