@@ -14,6 +14,7 @@ a provider failure (the demo provider answering 503 until told to stop).
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import secrets
 import shutil
@@ -315,7 +316,7 @@ def test_each_request_is_on_the_requests_page(walk: Walk) -> None:
         times = [r["ts"] for r in records]
         # Newest first by arrival in the window: the edge's records come in its batches, up
         # to GATHER (0.5 s) after their time, so by their own times within a second.
-        assert all(later >= earlier - 1.0 for later, earlier in zip(times, times[1:]))
+        assert all(later >= earlier - 1.0 for later, earlier in itertools.pairwise(times))
         for kind, request_id in walk.ids.items():
             check(kind, [r for r in records if r["id"] == request_id])
             one = admin.get(f"/dashboard/requests/{request_id}")
