@@ -168,9 +168,21 @@ def test_an_inexact_model_name_is_a_400_at_the_edge_and_the_origin_and_case_is_n
     )
     assert result.exit_code == 0, result.output
     headers = {"authorization": f"Bearer {project_key}"}
-    wait_for(lambda: post(edge.url, project_key, body("GPT-4O")).status_code == 403, timeout=30)
+
+    def denied_at_the_edge() -> bool:  # not the origin's 403: it knows the policy at once
+        response = post(edge.url, project_key, body("GPT-4O"))
+        return response.status_code == 403 and "origin" not in response.headers["server-timing"]
+
+    wait_for(denied_at_the_edge, timeout=30)
 
     before = edge.origin_requests()
+    degraded = 0  # edge requests whose KV read failed (``*-error`` in Server-Timing)
+
+    def check(url: str, response: httpx.Response) -> None:
+        nonlocal degraded
+        if url == edge.url and "-error" in response.headers.get("server-timing", ""):
+            degraded += 1  # a KV read too slow on a loaded machine: the origin decides
+
     for path, rest in APIS.items():
         for model in INEXACT:
             for url in (edge.url, edge.origin.url):
@@ -179,11 +191,15 @@ def test_an_inexact_model_name_is_a_400_at_the_edge_and_the_origin_and_case_is_n
                 )
                 assert response.status_code == 400, (url, path, model, response.text)
                 assert refused_as_inexact(response, path), response.text
+                check(url, response)
         # Any case of a denied name is denied, at the PoP and at the origin.
         for url in (edge.url, edge.origin.url):
             response = httpx.post(
                 url + path, json={"model": "Gpt-4O", **rest}, headers=headers, timeout=30
             )
             assert response.status_code == 403, (url, path, response.text)
-    # The origin was asked only by the direct calls: the edge refused every one itself.
-    assert edge.origin_requests() == before + 3 * (len(INEXACT) + 1)
+            check(url, response)
+    # The origin was asked only by the direct calls (and by an edge request whose KV read
+    # failed, which falls through as designed): the edge refused every other one itself.
+    assert degraded <= 2
+    assert edge.origin_requests() == before + 3 * (len(INEXACT) + 1) + degraded
