@@ -17,7 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CpuClock", "load_average", "machine_info", "rss_mb", "versions"]
+__all__ = ["CpuClock", "cpu_seconds", "load_average", "machine_info", "rss_mb", "versions"]
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -92,7 +92,8 @@ def versions(redis_server: str | None, node: str | None, miniflare: str | None) 
     return found
 
 
-def _cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (0 once it is gone)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
@@ -120,8 +121,8 @@ class CpuClock:
     _began: float = 0.0
 
     def start(self) -> CpuClock:
-        self._began = sum(_cpu_seconds(pid) for pid in self.pids)
+        self._began = sum(cpu_seconds(pid) for pid in self.pids)
         return self
 
     def stop(self) -> float:
-        return max(0.0, sum(_cpu_seconds(pid) for pid in self.pids) - self._began)
+        return max(0.0, sum(cpu_seconds(pid) for pid in self.pids) - self._began)

@@ -34,16 +34,12 @@ from deploy.policy_store import PolicyStore
 from prism import RateLimits, parse_key_secrets
 
 from .loadgen import LoadSpec, run_load
+from .machine import cpu_seconds
 from .workload import CHAT_PATH, chat_body
 
 __all__ = ["main", "measure"]
 
 _LIMITS = RateLimits.from_dict({"project": {"rpm": 1_000_000}, "key": {"rpm": 1_000_000}})
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _serve_origin(redis_url: str, provider_url: str, port: int) -> subprocess.Popen[bytes]:
@@ -94,12 +90,12 @@ def measure(rounds: int, seconds: float, concurrency: int) -> dict[str, Any]:
                     assert check.status_code == 200
                     assert ("x-ratelimit-limit-requests" in check.headers) == (case == "on")
                     redis_pid = redis_server.pid or 0
-                    before, redis_before = _cpu_seconds(origin.pid), _cpu_seconds(redis_pid)
+                    before, redis_before = cpu_seconds(origin.pid), cpu_seconds(redis_pid)
                     spec = LoadSpec(url + CHAT_PATH, concurrency, seconds, body=body,
                                     headers=headers, nonce=secrets.token_hex(4))  # fmt: skip
                     result = run_load(spec)
-                    cpu = _cpu_seconds(origin.pid) - before
-                    redis_cpu = _cpu_seconds(redis_pid) - redis_before
+                    cpu = cpu_seconds(origin.pid) - before
+                    redis_cpu = cpu_seconds(redis_pid) - redis_before
                     runs[case].append(
                         {
                             "rps": round(result.rps, 1),

@@ -37,17 +37,13 @@ from deploy.local.redis import RedisServer
 from prism import parse_key_secrets
 
 from .loadgen import LoadSpec, run_load
+from .machine import cpu_seconds
 from .workload import CHAT_PATH, chat_body
 
 __all__ = ["main", "measure"]
 
 _KEY_SECRET = "bench-key-secret-0123456789abcdef"
 Scope = dict[str, Any]
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _otlp_receiver(scope: Scope, receive: Any, send: Any) -> None:
@@ -62,7 +58,7 @@ async def _otlp_receiver(scope: Scope, receive: Any, send: Any) -> None:
 
 def _serve_origin(env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "deploy.cli", "origin", "serve", "--port", str(port)]
-    command += ["--workers", "1"]
+    command += ["--admin-port", str(free_port()), "--workers", "1"]  # one admin port each
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -120,7 +116,7 @@ def measure(
                 order = list(cases)
                 for case in order if number % 2 == 0 else order[::-1]:
                     pid, redis_pid = origins[case].pid, redis_server.pid or 0
-                    before, redis_before = _cpu_seconds(pid), _cpu_seconds(redis_pid)
+                    before, redis_before = cpu_seconds(pid), cpu_seconds(redis_pid)
                     spec = LoadSpec(
                         f"http://127.0.0.1:{ports[case]}{CHAT_PATH}",
                         concurrency,
@@ -131,8 +127,8 @@ def measure(
                     )
                     result = run_load(spec)
                     time.sleep(1.2)  # the batches of this run's records are written (and counted)
-                    cpu = _cpu_seconds(pid) - before
-                    redis_cpu = _cpu_seconds(redis_pid) - redis_before
+                    cpu = cpu_seconds(pid) - before
+                    redis_cpu = cpu_seconds(redis_pid) - redis_before
                     requests = max(1, result.requests)
                     runs[case].append(
                         {

@@ -37,6 +37,7 @@ from deploy.local.redis import RedisServer
 from prism import parse_key_secrets
 
 from .loadgen import UNIQUE, LoadSpec, run_load
+from .machine import cpu_seconds
 
 __all__ = ["main", "run"]
 
@@ -44,14 +45,6 @@ _SECRET = "bench-key-secret-0123456789abcdef"
 _FORWARD = "bench-forward-secret-0123456789ab"
 _FLOOR_KEY = "prism-bench:floor"
 _TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_seconds(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / _TICK
 
 
 def _machine() -> tuple[float, float]:
@@ -84,12 +77,12 @@ def _origin(workers: int, env: dict[str, str], logs: Path) -> Iterator[tuple[str
 
 
 def _load(spec: LoadSpec, pids: Sequence[int], redis_pid: int | None) -> dict[str, Any]:
-    before = {pid: _cpu_seconds(pid) for pid in pids}
-    redis_before = _cpu_seconds(redis_pid) if redis_pid else 0.0
+    before = {pid: cpu_seconds(pid) for pid in pids}
+    redis_before = cpu_seconds(redis_pid) if redis_pid else 0.0
     busy, total = _machine()
     result = run_load(spec)
     busy_after, total_after = _machine()
-    origin_cpu = sum(_cpu_seconds(pid) - before[pid] for pid in pids)
+    origin_cpu = sum(cpu_seconds(pid) - before[pid] for pid in pids)
     return {
         "rps": round(result.rps),
         # Answers per second of the origin's CPU: what a row gets for the CPU it was given.
@@ -97,7 +90,7 @@ def _load(spec: LoadSpec, pids: Sequence[int], redis_pid: int | None) -> dict[st
         "p99_ms": round(result.p99_ms, 1),
         "failed": result.errors + result.non_2xx,
         "origin_cpu_s": round(origin_cpu, 2),
-        "redis_cpu_s": round((_cpu_seconds(redis_pid) if redis_pid else 0.0) - redis_before, 2),
+        "redis_cpu_s": round((cpu_seconds(redis_pid) if redis_pid else 0.0) - redis_before, 2),
         "loadgen_cpu_s": round(result.loadgen_cpu_s, 2),
         "seconds": round(result.duration_s, 2),
         "machine_busy": round((busy_after - busy) / max(total_after - total, 1e-9), 2),

@@ -17,8 +17,6 @@ import gzip
 import itertools
 import json
 import secrets
-import shutil
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +33,8 @@ from deploy.local.ports import free_port
 from deploy.local.stack import REQUEST_LOG_DIR, LocalStack, StackConfig, StackInfo
 from prism import entry_key, parse_key_secrets
 from prism import headers as h
+from tests.fixtures.browser import run_browser_script
 from tests.fixtures.stacks import stack_env
-from tests.origin.dashboard.test_dashboard import CHROMIUM, ROOT
 from tests.polling import wait_for
 
 pytest.importorskip("numpy", reason="the semantic extra is not installed")
@@ -330,19 +328,11 @@ def test_each_request_is_on_the_requests_page(walk: Walk) -> None:
 def test_each_request_is_a_row_on_the_requests_page_in_a_real_browser(
     walk: Walk, tmp_path: Path
 ) -> None:
-    if not CHROMIUM.exists():
-        pytest.skip("no /usr/bin/chromium: `make test` installs it with apt when root or sudo")
-    node = shutil.which("node")
-    if node is None or not (ROOT / "node_modules" / "playwright-core").exists():
-        pytest.skip("node or playwright-core missing: run `make setup`")
     shot = tmp_path / "walkthrough.png"
     ids = list(walk.ids.values())
-    run = subprocess.run(
-        [node, str(BROWSER_SCRIPT), walk.info.origin_admin_url, ADMIN_KEY, str(shot), *ids],
-        capture_output=True, text=True, timeout=90, cwd=ROOT,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-2000:]
-    seen: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    seen = run_browser_script(
+        BROWSER_SCRIPT, walk.info.origin_admin_url, ADMIN_KEY, str(shot), *ids
+    )
     assert seen["problems"] == []  # no console errors once signed in
     for kind, request_id in walk.ids.items():
         _, layer, status, error, stages = EXPECTED[kind]

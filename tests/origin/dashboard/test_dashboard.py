@@ -4,9 +4,7 @@ history shows the traffic sent, and a real headless Chromium draws it."""
 from __future__ import annotations
 
 import json
-import shutil
 import struct
-import subprocess
 import zlib
 from pathlib import Path
 from typing import Any
@@ -17,13 +15,12 @@ import pytest
 from deploy.local.provider import ProviderServer
 from origin import Settings, SettingsError
 from origin.dashboard import AdminAccess
+from tests.fixtures.browser import ROOT, run_browser_script
 from tests.fixtures.origin import FORWARD_SECRET, KEY_SECRET, OriginFactory, RunningOrigin
 from tests.polling import wait_for
 
-ROOT = Path(__file__).parents[3]
 ADMIN_KEY = "admin-key-for-the-tests-0123456789"
 BROWSER_SCRIPT = Path(__file__).with_name("dashboard_browser.mjs")
-CHROMIUM = Path("/usr/bin/chromium")
 DASHBOARD_ENV = {
     "PRISM_ADMIN_KEY": ADMIN_KEY,
     "PRISM_DASHBOARD_INTERVAL": "0.5",
@@ -203,21 +200,11 @@ def png_facts(path: Path) -> tuple[int, int, int]:
 def test_a_real_browser_signs_in_and_sees_the_charts_fill(
     origin_factory: OriginFactory, api_key: str, tmp_path: Path
 ) -> None:
-    if not CHROMIUM.exists():
-        pytest.skip("no /usr/bin/chromium: `make test` installs it with apt when root or sudo")
-    node = shutil.which("node")
-    if node is None or not (ROOT / "node_modules" / "playwright-core").exists():
-        pytest.skip("node or playwright-core missing: run `make setup`")
     origin = origin_factory(DASHBOARD_ENV)
     send_traffic(origin, api_key, "dashboard in a browser")
     wait_for(lambda: shows_traffic(origin), timeout=15, interval=0.2)
     shot = tmp_path / "dashboard.png"
-    run = subprocess.run(
-        [node, str(BROWSER_SCRIPT), origin.admin_url, ADMIN_KEY, str(shot)],
-        capture_output=True, text=True, timeout=90, cwd=ROOT,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-2000:]
-    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    seen = run_browser_script(BROWSER_SCRIPT, origin.admin_url, ADMIN_KEY, str(shot))
     assert seen["signIn"] == {"status": 401, "form": True}
     assert seen["wrong"]["status"] == 401 and "not the admin key" in seen["wrong"]["message"]
     assert seen["right"]["status"] == 200 and seen["right"]["url"].endswith("/dashboard")

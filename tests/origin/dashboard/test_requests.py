@@ -8,8 +8,6 @@ logged for beta (its policy says so), and a refused key."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,13 +21,12 @@ from deploy.local.redis import RedisServer
 from deploy.policy_store import PolicyStore
 from origin import Settings
 from prism import KeyRing, LogRules
+from tests.fixtures.browser import run_browser_script
 from tests.fixtures.origin import RunningOrigin, origin_env, serve_origin
 from tests.origin.dashboard.test_dashboard import (
     ADMIN_KEY,
     BEARER,
-    CHROMIUM,
     DASHBOARD_ENV,
-    ROOT,
     png_facts,
 )
 from tests.polling import wait_for
@@ -230,18 +227,8 @@ def seen_misses(seen: dict[str, Any]) -> set[str]:
 def test_a_real_browser_filters_pages_and_opens_a_request(
     origin: RunningOrigin, tmp_path: Path
 ) -> None:
-    if not CHROMIUM.exists():
-        pytest.skip("no /usr/bin/chromium: `make test` installs it with apt when root or sudo")
-    node = shutil.which("node")
-    if node is None or not (ROOT / "node_modules" / "playwright-core").exists():
-        pytest.skip("node or playwright-core missing: run `make setup`")
     shot = tmp_path / "requests.png"
-    run = subprocess.run(
-        [node, str(BROWSER_SCRIPT), origin.admin_url, ADMIN_KEY, str(shot)],
-        capture_output=True, text=True, timeout=90, cwd=ROOT,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-2000:]
-    seen: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    seen = run_browser_script(BROWSER_SCRIPT, origin.admin_url, ADMIN_KEY, str(shot))
     assert seen["problems"] == []  # no console errors once signed in
     assert set(seen["all"]) == EVERY  # the first page: every request sent
     assert seen["all"][0] == REFUSED
