@@ -21,7 +21,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ from prism import RateLimits, parse_key_secrets
 
 from .loadgen import LoadSpec, run_load
 from .machine import cpu_seconds
-from .workload import CHAT_PATH, chat_body
+from .workload import CHAT_PATH, chat_body, wait_for_hit
 
 __all__ = ["main", "measure"]
 
@@ -68,17 +67,7 @@ def measure(rounds: int, seconds: float, concurrency: int) -> dict[str, Any]:
             key = parse_key_secrets("bench-key-secret-0123456789abcdef").mint("acme")
             headers = {"content-type": "application/json", "authorization": f"Bearer {key}"}
             body = chat_body("rate-limit-ab")
-            deadline = time.monotonic() + 30
-            while True:  # until the origin answers, then until the entry is stored
-                try:
-                    layer = httpx.post(url + CHAT_PATH, content=body, headers=headers)
-                    if layer.headers.get("x-prism-edge-cache-layer") == "redis":
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the origin did not serve a Redis hit within 30 s")
-                time.sleep(0.1)
+            wait_for_hit(url, body, headers)
             runs: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
             for number in range(rounds):
                 for case in ("off", "on") if number % 2 == 0 else ("on", "off"):

@@ -28,8 +28,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from deploy.local.asgi_thread import ThreadedServer
 from deploy.local.ports import free_port
 from deploy.local.provider import ProviderServer
@@ -38,7 +36,7 @@ from prism import parse_key_secrets
 
 from .loadgen import LoadSpec, run_load
 from .machine import cpu_seconds
-from .workload import CHAT_PATH, chat_body
+from .workload import CHAT_PATH, chat_body, wait_for_hit
 
 __all__ = ["main", "measure"]
 
@@ -60,20 +58,6 @@ def _serve_origin(env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "deploy.cli", "origin", "serve", "--port", str(port)]
     command += ["--admin-port", str(free_port()), "--workers", "1"]  # one admin port each
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def _wait_for_hit(url: str, body: str, headers: dict[str, str]) -> None:
-    deadline = time.monotonic() + 30
-    while True:  # until the origin answers, then until the entry is stored
-        try:
-            answer = httpx.post(url + CHAT_PATH, content=body, headers=headers)
-            if answer.headers.get("x-prism-edge-cache-layer") == "redis":
-                return
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError("the origin did not serve a Redis hit within 30 s")
-        time.sleep(0.1)
 
 
 def measure(
@@ -111,7 +95,7 @@ def measure(
         runs: dict[str, list[dict[str, float]]] = {case: [] for case in cases}
         try:
             for case in cases:
-                _wait_for_hit(f"http://127.0.0.1:{ports[case]}", body, headers)
+                wait_for_hit(f"http://127.0.0.1:{ports[case]}", body, headers)
             for number in range(rounds):
                 order = list(cases)
                 for case in order if number % 2 == 0 else order[::-1]:

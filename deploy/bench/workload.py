@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import time
 from collections.abc import AsyncIterator, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ __all__ = [
     "messages_body",
     "plant_entry",
     "serving",
+    "wait_for_hit",
 ]
 
 MODEL = "gpt-4o-mini"
@@ -179,3 +181,19 @@ def plant_entry(
     )
     stored.raise_for_status()
     return PlantedEntry(body=body, fingerprint=fp, key=key, envelope=envelope)
+
+
+def wait_for_hit(url: str, body: str, headers: dict[str, str], timeout: float = 30.0) -> None:
+    """Ask ``url`` (an origin) ``body`` until it answers, then until the answer is a Redis
+    hit (the miss's entry stored): a benchmark of hits starts from there."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            answer = httpx.post(url + CHAT_PATH, content=body, headers=headers)
+            if answer.headers.get("x-prism-edge-cache-layer") == "redis":
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the origin did not serve a Redis hit within {timeout:.0f} s")
+        time.sleep(0.1)
