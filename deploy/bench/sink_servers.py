@@ -38,6 +38,7 @@ __all__ = [
     "LogsReceiver",
     "S3Records",
     "collector",
+    "read_otlp_body",
     "s3_client",
     "s3_server",
 ]
@@ -50,6 +51,20 @@ AWS_ENV = {  # dummy credentials: moto takes any, and nothing may reach real AWS
     "AWS_REGION": "us-east-1",
     "AWS_EC2_METADATA_DISABLED": "true",
 }
+
+
+async def read_otlp_body(scope: Scope, receive: Receive) -> bytes:
+    """An OTLP/HTTP export's whole body, gunzipped when the exporter compressed it."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+    if headers.get("content-encoding") == "gzip":
+        body = gzip.decompress(body)
+    return body
 
 
 class KillableChild:
@@ -182,15 +197,7 @@ class LogsReceiver:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
-        if headers.get("content-encoding") == "gzip":
-            body = gzip.decompress(body)
+        body = await read_otlp_body(scope, receive)
         if scope["path"] == "/v1/logs":
             self._logs(body)
         known = scope["path"] in ("/v1/traces", "/v1/metrics", "/v1/logs")
