@@ -126,13 +126,28 @@ class ChildProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not self.alive():
-                raise ChildStartError(f"{self.name} exited at start-up; see {self.log_path}")
+                raise ChildStartError(
+                    f"{self.name} exited at start-up ({self.log_path}):\n{self.log_tail()}"
+                )
             with contextlib.suppress(httpx.HTTPError):
                 body = b"{}" if method == "POST" else None
                 if httpx.request(method, url, content=body, timeout=1).status_code < 500:
                     return
             time.sleep(0.05)  # polling a child we do not control, with a deadline
-        raise ChildStartError(f"{self.name} did not answer at {url} within {timeout:.0f} s")
+        raise ChildStartError(
+            f"{self.name} did not answer at {url} within {timeout:.0f} s:\n{self.log_tail()}"
+        )
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The end of the child's output: why it exited, said where the error is raised
+        (a CI run keeps the message, not the log file)."""
+        if not self._log.closed:
+            self._log.flush()
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError as error:
+            return f"(its log cannot be read: {error})"
+        return "\n".join(text.splitlines()[-lines:])
 
     def stop(self, timeout: float = 10.0) -> None:
         stop_group(self.popen, timeout)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy.local import processes
-from deploy.local.processes import die_with_us
+from deploy.local import ports, processes
+from deploy.local.processes import ChildProcess, ChildStartError, die_with_us
 from tests.polling import wait_for
 
 # A parent that starts a child as the stack does, says its pid, and waits to be killed.
@@ -69,3 +69,32 @@ def test_without_prctl_children_start_all_the_same(
     child = processes.ChildProcess("true", ["true"], tmp_path / "true.log")
     assert child.popen.wait(timeout=10) == 0
     child.stop()
+
+
+def test_a_child_that_exits_at_start_up_says_why_in_the_error(tmp_path: Path) -> None:
+    """The error carries the end of the child's output: a CI run keeps the message, not
+    the log file it names."""
+    script = "import sys; print('early line'); sys.exit('Error: [Errno 98] address in use')"
+    child = ChildProcess("origin", [sys.executable, "-c", script], tmp_path / "child.log")
+    try:
+        with pytest.raises(ChildStartError, match="exited at start-up") as raised:
+            child.wait_http("http://127.0.0.1:9/healthz", timeout=30)
+    finally:
+        child.stop()
+    assert str(raised.value).splitlines()[-2:] == [
+        "early line",
+        "Error: [Errno 98] address in use",
+    ]
+
+
+def test_ports_handed_out_are_not_handed_out_again_and_shares_do_not_overlap() -> None:
+    before = list(ports._PORTS)
+    try:
+        ports.share_ports(0, 2)
+        first = {ports.free_port() for _ in range(300)}
+        ports.share_ports(1, 2)
+        second = {ports.free_port() for _ in range(300)}
+    finally:
+        ports._PORTS[:] = before
+    assert len(first) == len(second) == 300  # no port twice, though none was bound
+    assert max(first) < min(second)
