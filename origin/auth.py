@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import NamedTuple
 
 from prism import ForwardRejected, KeyRing, bearer_token, verify_forward
 from prism import headers as h
@@ -14,11 +13,23 @@ from .metrics import Metrics
 __all__ = ["Caller", "authenticate", "check_forwarded_body"]
 
 
-class Caller(NamedTuple):  # a tuple: made on every request, and cheaper than a dataclass
-    project: str
-    key_id: str
-    fingerprint: str | None  # computed and signed by the edge; None when called directly
-    forwarded: bool = False  # vouched for by the edge's signed header
+class Caller:
+    """Who is asking. A plain class: made on every request, and compiled its ``__init__``
+    is native code (a NamedTuple's ``__new__`` is generated Python)."""
+
+    __slots__ = ("fingerprint", "forwarded", "key_id", "project")
+
+    def __init__(
+        self,
+        project: str,
+        key_id: str,
+        fingerprint: str | None,  # computed and signed by the edge; None when called directly
+        forwarded: bool = False,  # vouched for by the edge's signed header
+    ) -> None:
+        self.project = project
+        self.key_id = key_id
+        self.fingerprint = fingerprint
+        self.forwarded = forwarded
 
 
 def authenticate(

@@ -13,7 +13,6 @@ Decisions, documented in docs/caching.md:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from .fingerprint import ParsedBody
 
@@ -31,11 +30,18 @@ class CachePolicy:
     enabled: bool = True
 
 
-class CacheDecision(NamedTuple):  # a tuple: made on every request, cheaper than a dataclass
-    read: bool
-    write: bool
-    ttl: int
-    reason: str
+class CacheDecision:
+    """Whether a request reads and writes the cache, for how long, and why. A plain class:
+    made on every request, and compiled its ``__init__`` is native code (a NamedTuple's
+    ``__new__`` is generated Python)."""
+
+    __slots__ = ("read", "reason", "ttl", "write")
+
+    def __init__(self, read: bool, write: bool, ttl: int, reason: str) -> None:
+        self.read = read
+        self.write = write
+        self.ttl = ttl
+        self.reason = reason
 
     @property
     def bypass(self) -> bool:

@@ -41,14 +41,23 @@ CACHE_KEY_PREFIX_LEN = 16
 
 # "00" to "99": a duration's hundredths without formatting a float, which costs more than
 # the rest of the header where this module is compiled (the origin renders it on every answer).
-_HUNDREDTHS = tuple(f"{i:02d}" for i in range(100))
+# A stage's ";dur=..." by its time in hundredths of a millisecond, made once: a hit's few
+# stages take the same handful of values again and again, and formatting one cost more than
+# the rest of the header. Bounded: past the bound, a duration is formatted each time.
+_DURATIONS: dict[int, str] = {}
+_DURATIONS_BOUND = 20_000
+
+
+def _duration(hundredths: int) -> str:
+    text = _DURATIONS.get(hundredths)
+    if text is None:
+        text = f";dur={hundredths // 100}.{hundredths % 100:02d}"
+        if len(_DURATIONS) < _DURATIONS_BOUND:
+            _DURATIONS[hundredths] = text
+    return text
 
 
 def server_timing(stages: Iterable[tuple[str, float]]) -> str:
     """Render ``(name, milliseconds)`` pairs as a Server-Timing header value (``dur`` to
     two decimals)."""
-    parts = []
-    for name, ms in stages:
-        hundredths = round(ms * 100) if ms > 0 else 0
-        parts.append(f"{name};dur={hundredths // 100}.{_HUNDREDTHS[hundredths % 100]}")
-    return ", ".join(parts)
+    return ", ".join([name + _duration(round(ms * 100) if ms > 0 else 0) for name, ms in stages])

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import redis.exceptions
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -69,21 +69,38 @@ def reply_error(message: str) -> RedisReplyError:
     return NoScriptError(message) if message.startswith("NOSCRIPT") else RedisReplyError(message)
 
 
-def _bulk(arg: Arg) -> bytes:
-    # Keys and ids are str: encoded directly, not through str() (the common case first).
-    data = (
-        arg.encode()
-        if isinstance(arg, str)
-        else arg
-        if isinstance(arg, bytes)
-        else str(arg).encode()
-    )
-    return b"$%d\r\n%s\r\n" % (len(data), data)
+# RESP's length lines made once for the lengths most arguments have (keys, ids, counts):
+# formatting one (``b"$%d\r\n" % n``) cost more than the rest of packing its argument.
+_LENGTHS: Final = [b"$%d\r\n" % n for n in range(256)]
+_ARITIES: Final = [b"*%d\r\n" % n for n in range(64)]
+_CRLF: Final = b"\r\n"
+
+
+def _add_bulks(parts: list[bytes], args: tuple[Arg, ...]) -> None:
+    """Append each of ``args`` as a RESP bulk string: its length line, itself, CRLF (joined
+    once, by the caller, with no copy of the argument before that)."""
+    for arg in args:
+        # Keys and ids are str: encoded directly, not through str() (the common case first).
+        data = (
+            arg.encode()
+            if isinstance(arg, str)
+            else arg
+            if isinstance(arg, bytes)
+            else str(arg).encode()
+        )
+        size = len(data)
+        parts += (_LENGTHS[size] if size < 256 else b"$%d\r\n" % size, data, _CRLF)
+
+
+def _arity(count: int) -> bytes:
+    return _ARITIES[count] if count < 64 else b"*%d\r\n" % count
 
 
 def pack(args: tuple[Arg, ...]) -> bytes:
     """A command as a RESP array of bulk strings."""
-    return b"*%d\r\n" % len(args) + b"".join([_bulk(arg) for arg in args])
+    parts = [_arity(len(args))]
+    _add_bulks(parts, args)
+    return b"".join(parts)
 
 
 class PreparedCommand:
@@ -95,11 +112,13 @@ class PreparedCommand:
     def __init__(self, *leading: Arg) -> None:
         self.leading = leading
         self._count = len(leading)
-        self._head = b"".join([_bulk(arg) for arg in leading])
+        head: list[bytes] = []
+        _add_bulks(head, leading)
+        self._head = b"".join(head)
 
     def pack(self, args: tuple[Arg, ...]) -> bytes:
-        parts = [b"*%d\r\n" % (self._count + len(args)), self._head]
-        parts += [_bulk(arg) for arg in args]
+        parts = [_arity(self._count + len(args)), self._head]
+        _add_bulks(parts, args)
         return b"".join(parts)
 
 

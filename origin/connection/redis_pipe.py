@@ -53,7 +53,7 @@ __all__ = ["RedisPipe"]
 # (once 1 KiB has been read): fed a whole read of N replies it copies the read about N/2
 # times over (32 cached answers of 5 KB: 4 µs a reply instead of under 1). Fed in slices
 # this size, no copy is larger than a slice.
-_FEED_BYTES = 16_384
+_FEED_BYTES = 4_096
 
 
 class _FlowControl:

@@ -222,9 +222,24 @@ class Routes:
         await send({"type": "lifespan.shutdown.complete"})
 
 
+# A header name's str, made once: requests send the same few names, and a name looked up
+# here costs less than decoding it and hashing the new str. Bounded, as clients choose names.
+_HEADER_NAMES: dict[bytes, str] = {}
+_HEADER_NAMES_BOUND = 512
+
+
 def request_headers(scope: Scope) -> dict[str, str]:
     """Header names are lower-case in ASGI; repeated ones keep the last value."""
-    return {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+    headers: dict[str, str] = {}
+    names = _HEADER_NAMES
+    for name, value in scope["headers"]:
+        text = names.get(name)
+        if text is None:
+            text = name.decode("latin-1")
+            if len(names) < _HEADER_NAMES_BOUND:
+                names[name] = text
+        headers[text] = value.decode("latin-1")
+    return headers
 
 
 async def read_body(receive: Receive, limit: int, declared: str | None) -> bytes:

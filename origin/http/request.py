@@ -5,7 +5,6 @@ the request log, the access log and the trace read once the response has been se
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from starlette.types import Receive
@@ -51,30 +50,62 @@ class Bill(Protocol):
 BilledPart = tuple[str, str, Tokens | None, int | None]
 
 
-@dataclass(slots=True)
 class Request:
-    method: str
-    path: str
-    headers: dict[str, str]  # lower-case names
-    receive: Receive
-    id: str
-    timer: StageTimer
-    # What the route learned, for the access log and the trace (``origin.http.access_log``):
-    # set by the handler as it goes, read once the response has been sent.
-    project: str = ""
-    parsed: ParsedRequest | None = None  # the API's parsed body (a chat request, ...)
-    usage: dict[str, Any] | None = None  # a hit: the stored answer's usage
-    charge: Bill | None = None  # a miss: its bill, settled when its call ends
-    error: str = ""  # the error code answered, if any
-    # For the request log (``origin.requestlog.record``): the caller's key id (never the
-    # key), the request's fingerprint, the provider attempts of the call it started or
-    # joined (filled as the call goes), whether it joined another request's call, and the
-    # project's log options when they put bodies in the record.
-    key_id: str = ""
-    fingerprint: str = ""
-    attempts: list[dict[str, Any]] | None = None
-    joined: bool = False
-    # A hit: what its stored answer would have cost (micro-dollars) and its tokens.
-    hit_cost: tuple[int, Tokens | None] | None = None
-    log_rules: LogRules | None = None
-    query: bytes = b""  # the raw query string, on a ``Routes(reads_query=True)`` (the admin's)
+    """What arrived, then what the route learned, for the access log and the trace
+    (``origin.http.access_log``), set by the handler as it goes and read once the response
+    has been sent. A plain class, not a dataclass: compiled, its ``__init__`` is native
+    code, where a dataclass's is generated Python, run on every request."""
+
+    __slots__ = (
+        "attempts",
+        "charge",
+        "error",
+        "fingerprint",
+        "headers",
+        "hit_cost",
+        "id",
+        "joined",
+        "key_id",
+        "log_rules",
+        "method",
+        "parsed",
+        "path",
+        "project",
+        "query",
+        "receive",
+        "timer",
+        "usage",
+    )
+
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        headers: dict[str, str],  # lower-case names
+        receive: Receive,
+        id: str,
+        timer: StageTimer,
+    ) -> None:
+        self.method = method
+        self.path = path
+        self.headers = headers
+        self.receive = receive
+        self.id = id
+        self.timer = timer
+        self.project = ""
+        self.parsed: ParsedRequest | None = None  # the API's parsed body (a chat request, ...)
+        self.usage: dict[str, Any] | None = None  # a hit: the stored answer's usage
+        self.charge: Bill | None = None  # a miss: its bill, settled when its call ends
+        self.error = ""  # the error code answered, if any
+        # For the request log (``origin.requestlog.record``): the caller's key id (never the
+        # key), the request's fingerprint, the provider attempts of the call it started or
+        # joined (filled as the call goes), whether it joined another request's call, and
+        # the project's log options when they put bodies in the record.
+        self.key_id = ""
+        self.fingerprint = ""
+        self.attempts: list[dict[str, Any]] | None = None
+        self.joined = False
+        # A hit: what its stored answer would have cost (micro-dollars) and its tokens.
+        self.hit_cost: tuple[int, Tokens | None] | None = None
+        self.log_rules: LogRules | None = None
+        self.query = b""  # the raw query string, on a ``Routes(reads_query=True)`` (the admin's)

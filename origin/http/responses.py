@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass
 
 import orjson
 
@@ -19,16 +18,28 @@ _JSON = "application/json"
 RawHeaders = list[tuple[bytes, bytes]]
 
 
-@dataclass(slots=True)
 class Reply:
-    status: int
-    headers: dict[str, str]
-    body: bytes = b""
-    stream: AsyncIterator[bytes] | None = None  # sent chunk by chunk when set
-    # The x-ratelimit-*-requests headers of an admitted request
-    # (``origin.governance.rate_limiter``):
-    # encoded once per limit rather than per request, and read by nothing but the client.
-    raw_headers: RawHeaders | None = None
+    """A route's answer. A plain class, not a dataclass: compiled, its ``__init__`` is
+    native code, where a dataclass's is generated Python, run on every request."""
+
+    __slots__ = ("body", "headers", "raw_headers", "status", "stream")
+
+    def __init__(
+        self,
+        status: int,
+        headers: dict[str, str],
+        body: bytes = b"",
+        stream: AsyncIterator[bytes] | None = None,  # sent chunk by chunk when set
+        # The x-ratelimit-*-requests headers of an admitted request
+        # (``origin.governance.rate_limiter``): encoded once per limit rather than per
+        # request, and read by nothing but the client.
+        raw_headers: RawHeaders | None = None,
+    ) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+        self.stream = stream
+        self.raw_headers = raw_headers
 
 
 def error_reply(

@@ -30,9 +30,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
-from prism import POLICY_KEY_PREFIX, REVOKED_KEY, AuthenticationError, entry_key, policy_key
+from prism import POLICY_KEY_PREFIX, REVOKED_KEY, AuthenticationError, entry_key
 
 from ..background import cancel_and_wait
 from ..connection.redis_client import LoadedScript, RedisClient, RedisClientError
@@ -45,15 +45,41 @@ __all__ = ["LOOKUP_SCRIPT", "Lookup", "RedisCache"]
 log = logging.getLogger("prism.origin")
 
 
-class Lookup(NamedTuple):  # a tuple: made on every request, and cheaper than a dataclass
-    available: bool  # False: Redis was not asked or failed; only `revoked` is known
-    revoked: bool = False
-    entry: bytes | None = None
-    policy: bytes | None = None  # the project's policy record as stored (None: no policy)
-    # The request rate limit's verdict when one applies: [admitted, limit, remaining,
-    # reset_ms, retry_ms, scope, ...] (origin.governance.rate_limit_scripts); refused: no
-    # entry was read.
-    rate: list[int] | None = None
+class Lookup:
+    """What one lookup found. A plain class: made on every request, and compiled its
+    ``__init__`` is native code (a NamedTuple's ``__new__`` is generated Python)."""
+
+    __slots__ = ("available", "entry", "policy", "rate", "revoked")
+
+    def __init__(
+        self,
+        available: bool,  # False: Redis was not asked or failed; only `revoked` is known
+        revoked: bool = False,
+        entry: bytes | None = None,
+        policy: bytes | None = None,  # the project's policy record as stored (None: no policy)
+        # The request rate limit's verdict when one applies: [admitted, limit, remaining,
+        # reset_ms, retry_ms, scope, ...] (origin.governance.rate_limit_scripts); refused:
+        # no entry was read.
+        rate: list[int] | None = None,
+    ) -> None:
+        self.available = available
+        self.revoked = revoked
+        self.entry = entry
+        self.policy = policy
+        self.rate = rate
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Lookup):
+            return NotImplemented
+        return (self.available, self.revoked, self.entry, self.policy, self.rate) == (
+            other.available,
+            other.revoked,
+            other.entry,
+            other.policy,
+            other.rate,
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # equal by value, and mutable
 
 
 UNAVAILABLE = Lookup(available=False)
@@ -183,7 +209,9 @@ class RedisCache:
                 reply: Any = (await redis.execute("SISMEMBER", REVOKED_KEY, key_id),)
             else:
                 entry = "" if fingerprint is None else entry_key(fingerprint)
-                policy = "" if project is None else policy_key(project)
+                # policy_key's concatenation, inline: prism.policy is not compiled, and a
+                # call into it per hit cost more than the key.
+                policy = "" if project is None else POLICY_KEY_PREFIX + project
                 reply = await self._lookup_script.run(redis, entry, policy, key_id, counted)
         except RedisClientError as error:
             if redis is self._reader:  # the primary takes the lookups for a while

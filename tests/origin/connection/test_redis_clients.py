@@ -26,7 +26,7 @@ from origin.connection.redis_client import (
 from origin.connection.redis_pipe import RedisPipe
 from origin.metrics import Metrics
 from origin.settings import RedisClientKind, Settings, SettingsError
-from origin.store.redis_cache import RedisCache
+from origin.store.redis_cache import Lookup, RedisCache
 from prism import REVOKED_KEY, KeyRing
 from tests.fixtures.origin import OriginFactory, make_redis_client, origin_env
 from tests.polling import async_wait_for, wait_for
@@ -122,11 +122,11 @@ async def test_the_cache_reads_entries_and_revocation_and_reloads_a_flushed_scri
     cache = RedisCache(client, Metrics())
     admin = redis.Redis.from_url(redis_url)
     try:
-        assert await cache.lookup("key1", "a" * 64) == (True, False, None, None, None)
+        assert await cache.lookup("key1", "a" * 64) == Lookup(True, False)
         assert await cache.store("a" * 64, b"entry-a", 60)
-        assert await cache.lookup("key1", "a" * 64) == (True, False, b"entry-a", None, None)
+        assert await cache.lookup("key1", "a" * 64) == Lookup(True, False, b"entry-a")
         admin.script_flush()  # as after a Redis restart: the cached EVALSHA is unknown
-        assert await cache.lookup("key1", "a" * 64) == (True, False, b"entry-a", None, None)
+        assert await cache.lookup("key1", "a" * 64) == Lookup(True, False, b"entry-a")
         admin.sadd(REVOKED_KEY, "key1")
         assert (await cache.lookup("key1", "a" * 64)).revoked
         assert (await cache.lookup("key1", None)).revoked

@@ -22,7 +22,7 @@ from origin import Settings
 from origin.connection.redis_pipe import RedisPipe
 from origin.metrics import Metrics
 from origin.settings import RedisClientKind
-from origin.store.redis_cache import RedisCache
+from origin.store.redis_cache import Lookup, RedisCache
 from prism import REVOKED_KEY, KeyRing, RateLimits, policy_key
 from tests.fixtures.origin import (
     KEY_SECRET,
@@ -174,7 +174,7 @@ async def test_a_dead_replica_sends_the_lookups_to_the_primary(
             metrics.registry.get_sample_value("prism_redis_errors_total", {"op": "lookup_replica"})
             == 1
         )
-        assert await cache.lookup("key1", "b" * 64) == (True, False, b"entry-b", None, None)
+        assert await cache.lookup("key1", "b" * 64) == Lookup(True, False, b"entry-b")
         assert cache.available and await cache.store("c" * 64, b"entry-c", 60)
     finally:
         await writer.close()
