@@ -43,9 +43,10 @@ def find_record(client: redis.Redis, request_id: str) -> dict[str, Any] | None:
     for hour in hours:
         pipe.hget(ids_key(hour.decode()), request_id)
     for place in pipe.execute():
-        if not isinstance(place, bytes):
-            continue
-        project, entry, index = place.decode().rsplit(" ", 2)
+        parts = place.decode().rsplit(" ", 2) if isinstance(place, bytes) else ()
+        if len(parts) != 3 or not parts[2].isdigit():
+            continue  # none, or the field that makes an hour's hash expire ("")
+        project, entry, index = parts
         for _, fields in cast(list[Entry], client.xrange(stream_key(project), entry, entry)):
             lines = entry_lines(fields)
             record = _decode(lines[int(index)]) if int(index) < len(lines) else None

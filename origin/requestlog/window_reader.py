@@ -100,9 +100,10 @@ class WindowReader:
             *(redis.execute("HGET", ids_key(hour.decode()), request_id) for hour in hours or ())
         )
         for place in places:
-            if not isinstance(place, bytes):
-                continue
-            project, entry, index = place.decode().rsplit(" ", 2)
+            parts = place.decode().rsplit(" ", 2) if isinstance(place, bytes) else ()
+            if len(parts) != 3 or not parts[2].isdigit():
+                continue  # none, or the field that makes an hour's hash expire ("")
+            project, entry, index = parts
             for _, fields in await redis.execute(
                 "XRANGE", stream_key(project), entry, entry, "COUNT", 1
             ):
