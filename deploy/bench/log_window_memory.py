@@ -1,11 +1,16 @@
-"""What the request log's Redis window costs in memory, per million records.
+"""What the request log's Redis window costs: Redis's memory per million records, and
+Redis's CPU (and this process's) per record written.
 
-Writes ``count`` realistic records (a miss's: attempts, stages, tokens, cost) through the
-Redis window's own sink (``origin.requestlog.redis_window``) in batches of 1,000, into an
-otherwise empty Redis, and reads ``used_memory`` before and after; the id keys are
-measured apart (written first without, then with them)::
+Memory: writes ``count`` realistic records (a miss's: attempts, stages, tokens, cost)
+through the Redis window's own sink (``origin.requestlog.redis_window``) in batches of
+1,000, as the buffer sends them, into an otherwise empty Redis, and reads ``used_memory``
+before and after; the id index is measured apart (written first without ids, then with).
+CPU: the same records again into the default window (10,000 a project, so each write also
+trims), reading Redis's ``used_cpu_user`` + ``used_cpu_sys`` (INFO) and this process's CPU
+time around the writes alone. Use a Redis of its own: another client's commands would count
+as the window's::
 
-    redis-server --port 6395 --save '' --daemonize yes
+    redis-server --port 6395 --save '' --appendonly no --daemonize yes
     python -m deploy.bench.log_window_memory redis://127.0.0.1:6395/0 100000
 """
 
@@ -19,11 +24,13 @@ from typing import Any
 import redis
 
 from origin.connection.redis_pipe import RedisPipe
+from origin.requestlog.record import keep_encoded
 from origin.requestlog.redis_window import RedisWindowSink
 
-__all__ = ["main", "measure"]
+__all__ = ["main", "measure", "measure_cpu"]
 
 _BATCH = 1000
+_WINDOW = 10_000  # PRISM_LOG_WINDOW's default
 
 
 def _record(n: int) -> dict[str, Any]:
@@ -54,29 +61,62 @@ def _record(n: int) -> dict[str, Any]:
     }
 
 
-async def _write(url: str, count: int, with_ids: bool) -> None:
-    sink = RedisWindowSink(RedisPipe(url, 5.0), window=count * 2, age=86_400)
+def _batches(count: int, with_ids: bool = True) -> list[list[dict[str, Any]]]:
+    """The records in the buffer's batches, their JSON kept as the buffer keeps it."""
+    found = []
     for start in range(0, count, _BATCH):
         batch = [_record(n) for n in range(start, min(count, start + _BATCH))]
         if not with_ids:
             for record in batch:
                 del record["id"]
+        found.append([keep_encoded(record) for record in batch])
+    return found
+
+
+async def _write(url: str, batches: list[list[dict[str, Any]]], window: int) -> float:
+    """Writes the batches; the CPU seconds this process spent in the sink's writes."""
+    sink = RedisWindowSink(RedisPipe(url, 5.0), window=window, age=86_400)
+    spent = 0.0
+    for batch in batches:
+        started = time.process_time()
         await sink.write(batch)
+        spent += time.process_time() - started
     await sink.close()
+    return spent
 
 
 def measure(url: str, count: int) -> dict[str, float]:
-    """Bytes per record: the stream entries alone, and with their id keys."""
+    """Bytes per record: the stream entries alone, and with their ids' index."""
     client = redis.Redis.from_url(url)
     try:
         found: dict[str, float] = {}
         for with_ids in (False, True):
+            batches = _batches(count, with_ids)
             client.flushall()
             before = int(client.info("memory")["used_memory"])
-            asyncio.run(_write(url, count, with_ids))
+            asyncio.run(_write(url, batches, count * 2))
             after = int(client.info("memory")["used_memory"])
             found["with_ids" if with_ids else "stream_only"] = (after - before) / count
         return found
+    finally:
+        client.close()
+
+
+def _redis_cpu(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def measure_cpu(url: str, count: int, window: int = _WINDOW) -> dict[str, float]:
+    """Microseconds per record: Redis's CPU, and this process's in the sink's writes."""
+    client = redis.Redis.from_url(url)
+    try:
+        batches = _batches(count)
+        client.flushall()
+        before = _redis_cpu(client)
+        sink_seconds = asyncio.run(_write(url, batches, window))
+        redis_seconds = _redis_cpu(client) - before
+        return {"redis_us": redis_seconds / count * 1e6, "sink_us": sink_seconds / count * 1e6}
     finally:
         client.close()
 
@@ -86,9 +126,13 @@ def main() -> None:
     parser.add_argument("redis_url")
     parser.add_argument("count", type=int, nargs="?", default=100_000)
     args = parser.parse_args()
-    found = measure(args.redis_url, args.count)
-    for name, per_record in found.items():
+    for name, per_record in measure(args.redis_url, args.count).items():
         print(f"{name}: {per_record:.0f} bytes/record, {per_record:.0f} MB per million")
+    cpu = measure_cpu(args.redis_url, args.count)
+    print(
+        f"cpu (window {_WINDOW:,}): Redis {cpu['redis_us']:.2f} us/record,"
+        f" the sink {cpu['sink_us']:.2f} us/record"
+    )
 
 
 if __name__ == "__main__":

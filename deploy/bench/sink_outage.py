@@ -46,6 +46,7 @@ from deploy.local.asgi_thread import ThreadedServer
 from deploy.local.ports import free_port
 from deploy.local.processes import ChildProcess
 from deploy.local.redis import RedisServer
+from origin.requestlog.redis_window import entry_records
 from prism import headers as h
 from prism import parse_key_secrets
 
@@ -397,7 +398,7 @@ def _redis_ids(url: str) -> set[str]:
             entries: list[tuple[bytes, dict[bytes, bytes]]] = client.xrange(  # type: ignore[assignment]
                 b"prism:log:" + project
             )
-            ids.update(orjson.loads(fields[b"r"])["id"] for _, fields in entries)
+            ids.update(str(r.get("id")) for _, fields in entries for r in entry_records(fields))
         return ids
     finally:
         client.close()

@@ -1,5 +1,6 @@
 """What a reader of the request-log window asks for: which records (``RecordFilter``),
-times as people write them (``parse_time``), and the entry ids a time range covers.
+times as people write them (``parse_time``), the entry ids a time range covers, and how
+many entries to ask for to get about so many records (``entries_for``).
 
 One definition for every reader: `prism logs` (``deploy.log_window``, sync redis-py) and
 the dashboard's Requests page (``origin.requestlog.window_reader``, the origin's client).
@@ -7,6 +8,8 @@ the dashboard's Requests page (``origin.requestlog.window_reader``, the origin's
 Entry ids are the times the records reached Redis, at or after each record's own ``ts``
 (a record waits up to a second in its buffer, longer through an outage): a time range is
 read by entry id with a margin (``entry_bounds``) and then held to the records' own times.
+An entry holds a chunk of a batch, 1 to 100 records: a reader asks for as many entries as
+the records it wants would fill at the sizes it has seen, one at first.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["LATE_MS", "FilterError", "RecordFilter", "parse_time"]
+__all__ = ["LATE_MS", "FilterError", "RecordFilter", "entries_for", "parse_time"]
 
 LATE_MS = 300_000  # how much later than its ts a record may have reached Redis
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
@@ -93,6 +96,14 @@ class RecordFilter:
         high = "+" if self.until is None else str(int(self.until * 1000) + LATE_MS)
         low = "-" if self.since is None else str(int(self.since * 1000))
         return high, low
+
+
+def entries_for(records: int, records_seen: int, entries_seen: int) -> int:
+    """Entries to read for about ``records`` more, at the sizes seen so far (none seen:
+    one entry, which may hold a hundred)."""
+    if entries_seen == 0:
+        return 1
+    return max(1, records * entries_seen // max(1, records_seen))
 
 
 def _status_matches(wanted: str, status: int) -> bool:

@@ -12,6 +12,7 @@ import orjson
 import redis
 
 from edge.request_log import FIELDS
+from origin.requestlog.redis_window import entry_records
 from prism import body_digest, sign_forward
 from prism import headers as h
 from prism.routes import REQUEST_LOG_PATH
@@ -129,7 +130,7 @@ def test_the_records_reach_the_log_and_their_delivery_does_not(
 ) -> None:
     def window() -> list[dict[str, Any]]:
         entries = stream_fields(bytes, admin.xrange("prism:log:-"))
-        return [orjson.loads(fields[b"r"]) for fields in entries]
+        return [record for fields in entries for record in entry_records(fields)]
 
     assert send(origin, [REFUSED]).status_code == 204
     assert send(origin, [{**REFUSED, "id": "edge-3"}]).status_code == 204

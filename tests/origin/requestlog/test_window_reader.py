@@ -1,7 +1,8 @@
 """The origin's reader of the Redis window (``origin.requestlog.window_reader``) on a real
 Redis, written by the real sink: pages through every project's stream in one order with
-no gap or repeat, filters held across pages, a record a retried batch wrote twice shown
-once, and a request found by id."""
+no gap or repeat, within and across entries of many records, filters held across pages,
+a page's budget in records, a record a retried batch wrote twice shown once, and a request
+found by id."""
 
 from __future__ import annotations
 
@@ -9,13 +10,12 @@ import asyncio
 import time
 from typing import Any, cast
 
-import orjson
 import pytest
 import redis
 
 from origin.connection.redis_pipe import RedisPipe
 from origin.requestlog.record_filter import FilterError, RecordFilter
-from origin.requestlog.redis_window import RedisWindowSink, stream_key
+from origin.requestlog.redis_window import RedisWindowSink, entry_records, stream_key
 from origin.requestlog.window_reader import Cursor, WindowReader
 
 PROJECTS = ("acme", "beta", "-")
@@ -51,15 +51,16 @@ async def write(redis_url: str, parts: list[list[dict[str, Any]]]) -> None:
     await sink.close()
 
 
-def the_order(redis_url: str) -> list[str]:
+def the_order(redis_url: str, projects: tuple[str, ...] = PROJECTS) -> list[str]:
     """Every record's id in the reader's order, from the streams as Redis holds them."""
     admin = redis.Redis.from_url(redis_url)
     keyed = []
-    for project in PROJECTS:
+    for project in projects:
         entries = cast(list[tuple[bytes, dict[bytes, bytes]]], admin.xrange(stream_key(project)))
         for entry, fields in entries:
-            record = orjson.loads(fields[b"r"])
-            keyed.append(((int(entry.split(b"-")[0]), record["ts"], record["id"]), record["id"]))
+            ms, seq = (int(part) for part in entry.split(b"-"))
+            for index, record in enumerate(entry_records(fields)):
+                keyed.append(((ms, record["ts"], project, seq, index), record["id"]))
     admin.close()
     return [rid for _, rid in sorted(keyed, reverse=True)]
 
@@ -121,17 +122,41 @@ async def write_apart(redis_url: str, parts: list[list[dict[str, Any]]]) -> None
     await sink.close()
 
 
-def test_a_page_reads_its_budget_at_most_and_its_cursor_goes_on(redis_url: str) -> None:
-    asyncio.run(write_apart(redis_url, batches(time.time())))
+def test_a_page_reads_its_budget_of_records_and_its_cursor_goes_on(redis_url: str) -> None:
+    asyncio.run(write_apart(redis_url, batches(time.time())))  # an entry of 4 a stream each
     order = the_order(redis_url)
     wanted = [rid for rid in order if int(rid[1:]) % 5 == 0]  # the 502s: 12 of 60
 
     async def read() -> None:
-        # 3 entries a stream, then to the end of that millisecond: a batch a page.
+        # 3 records a stream, inside an entry, then to the end of that millisecond: a
+        # batch a page.
         reader = WindowReader(RedisPipe(redis_url, 5.0), budget=9)
         pages = await every_page(reader, RecordFilter(status="error"), 50)
         assert [r["id"] for p in pages for r in p] == wanted
         assert len(pages) == 5 and all(len(p) < 4 for p in pages)
+
+    asyncio.run(read())
+
+
+def test_pages_go_through_entries_of_a_hundred_records_exactly(redis_url: str) -> None:
+    now = time.time()
+    big = [{"ts": now, "id": f"b{n:03d}", "project": "acme"} for n in range(250)]
+    small = [{"ts": now, "id": f"s{n:03d}", "project": "beta"} for n in range(3)]
+    asyncio.run(write(redis_url, [big[:120] + small, big[120:]]))  # entries 100, 20, 3, 100, 30
+    order = the_order(redis_url, ("acme", "beta"))
+    # One stream's records newest first (the same ts: by entry, then index in it).
+    assert len(order) == 253
+    assert [rid for rid in order if rid[0] == "b"] == [f"b{n:03d}" for n in range(249, -1, -1)]
+
+    async def read() -> None:
+        reader = WindowReader(RedisPipe(redis_url, 5.0))
+        for limit in (1, 7, 30, 100, 200):
+            pages = await every_page(reader, RecordFilter(), limit)
+            assert [r["id"] for p in pages for r in p] == order
+        # Reading in budgets smaller than an entry, too.
+        reader = WindowReader(RedisPipe(redis_url, 5.0), budget=14)
+        pages = await every_page(reader, RecordFilter(), 10)
+        assert [r["id"] for p in pages for r in p] == order
 
     asyncio.run(read())
 
@@ -145,6 +170,9 @@ def test_a_record_written_twice_is_shown_once_and_found_by_id(redis_url: str) ->
         page = await reader.page(PROJECTS, RecordFilter(), 50)
         assert sorted(r["id"] for r in page.records) == sorted(r["id"] for r in batch)
         assert page.next is None
+        pages = await every_page(reader, RecordFilter(), 5)  # no page repeats one; none lost
+        assert all(len({r["id"] for r in p}) == len(p) for p in pages)
+        assert {r["id"] for p in pages for r in p} == {r["id"] for r in batch}
         found = await reader.find("r004")
         assert found is not None and found["project"] == "beta" and found["layer"] == "redis"
         assert await reader.find("never") is None
@@ -152,10 +180,15 @@ def test_a_record_written_twice_is_shown_once_and_found_by_id(redis_url: str) ->
     asyncio.run(read())
 
 
-@pytest.mark.parametrize("text", ["", "12", "12 x r1", "x 1.5 r1", "12 nan r1"])
+@pytest.mark.parametrize(
+    "text", ["", "12", "12-0 x 1.5 acme", "x-0 1 1.5 acme", "12-0 1 nan acme", "12 3 1.5 acme"]
+)
 def test_a_cursor_it_did_not_give_is_refused(text: str) -> None:
     with pytest.raises(FilterError) as refused:
         Cursor.parse(text)
     assert refused.value.param == "before"
-    at = Cursor(1_796_307_937_049, 1796307937.0491233, "an id with spaces")
-    assert Cursor.parse(str(at)) == at  # what a page gives comes back whole
+    for at in (
+        Cursor(1_796_307_937_049, 1796307937.0491233, "a project with spaces", 3, 42),
+        Cursor.below(1_796_307_937_049),
+    ):
+        assert Cursor.parse(str(at)) == at  # what a page gives comes back whole
