@@ -1,7 +1,7 @@
 """A streamed miss's time to first byte: this checkout's origin against a base commit's.
 
-    python -m deploy.bench.ttfb_ab [--base 4a053f0] [--current PATH] [--rounds 8]
-        [--requests 500] [--warmup 50] [--current-env NAME=VALUE] [--json]
+    python -m deploy.bench.ttfb_ab [--base 4a053f0] [--current PATH] [--rounds 10]
+        [--requests 600] [--warmup 50] [--current-env NAME=VALUE] [--json]
 
 Three targets, each answered by the same local provider stand-in (``deploy.local.provider``:
 no delay, a short fixed answer in 8 chunks, in a process of its own so that it never takes
@@ -147,13 +147,22 @@ class Tree:
             "print(json.dumps({'origin': origin.__file__, 'compiled': compiled}))"
         )
         found = json.loads(self.python(env, "-c", probe))
+
+        def built(name: str) -> float:  # mypyc names a wrong __file__: found by its name
+            source = self.root / name.replace(".", "/")
+            extensions = source.parent.glob(source.name + ".*.so")
+            return max((path.stat().st_mtime for path in extensions), default=0.0)
+
+        # A group's code is in its library (``prism/_compiled__mypyc*.so``); a module's own
+        # extension is a shim, left as it was when a rebuild did not change it.
+        group = max(
+            (built(name) for name in found["compiled"] if name.endswith("__mypyc")), default=0.0
+        )
         stale = []
         for name in found["compiled"]:
             source = self.root / (name.replace(".", "/") + ".py")
-            # mypyc's modules name a wrong __file__: the extension is found beside the source.
-            for extension in source.parent.glob(source.stem + ".*.so"):
-                if source.exists() and source.stat().st_mtime > extension.stat().st_mtime:
-                    stale.append(name)
+            if source.exists() and source.stat().st_mtime > max(built(name), group):
+                stale.append(name)
         return {**found, "stale": stale}
 
     def commit(self) -> str:
@@ -352,8 +361,8 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def run(
     base: str = BASE_COMMIT,
     current: Path = _CHECKOUT,
-    rounds: int = 8,
-    requests: int = 500,
+    rounds: int = 10,
+    requests: int = 600,
     warmup: int = 50,
     current_env: dict[str, str] | None = None,
     on_row: Callable[[dict[str, Any]], None] | None = None,
@@ -430,8 +439,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--current", type=Path, default=_CHECKOUT, help="the checkout whose origin is today's"
     )
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--requests", type=int, default=500, help="per target and round")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--requests", type=int, default=600, help="per target and round")
     parser.add_argument("--warmup", type=int, default=50, help="per target, before round 0")
     parser.add_argument(
         "--current-env", action="append", default=[], metavar="NAME=VALUE",
