@@ -251,16 +251,19 @@ class StreamClient:
 
 @dataclass(slots=True)
 class Target:
-    """One target: where it listens, what it is asked, and the process to count CPU of."""
+    """One target: where it listens, what it is asked, the cache layer its answers must
+    name, and the process to count the CPU of."""
 
     name: str
     url: str  # http://host:port
     authorization: str
+    layer: str | None  # an origin's "miss"; the provider names none
     pid: int | None  # the origin's process (None: the provider, not counted)
     client: StreamClient | None = None
+    failure: str = ""  # why the last failed request failed
 
     def ask(self, tag: str) -> Answer | None:
-        """One streamed miss; None if it failed (the connection is opened again)."""
+        """One streamed miss; None if it failed (the connection is then opened again)."""
         host, _, port = self.url.removeprefix("http://").partition(":")
         headers = {
             "authorization": self.authorization,
@@ -272,15 +275,24 @@ class Target:
             if self.client is None:
                 self.client = StreamClient(host, int(port))
             answer = self.client.post(CHAT_PATH, headers, body)
-        except OSError:
-            if self.client is not None:
-                self.client.close()
-            self.client = None
+        except OSError as error:
+            self.hang_up()
+            self.failure = repr(error)
             return None
-        expected = None if self.pid is None else "miss"  # the provider says no layer
-        if answer.status != 200 or answer.layer != expected or not answer.whole or not answer.ttfb:
+        if (
+            answer.status != 200
+            or answer.layer != self.layer
+            or not answer.whole
+            or not answer.ttfb
+        ):
+            self.failure = f"status {answer.status}, layer {answer.layer}, whole {answer.whole}"
             return None
         return answer
+
+    def hang_up(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
 
 
 def _round(target: Target, requests: int, tag: str) -> dict[str, Any]:
@@ -290,6 +302,9 @@ def _round(target: Target, requests: int, tag: str) -> dict[str, Any]:
         answer = target.ask(f"{tag}-{number}")
         if answer is not None:
             ttfbs.append(answer.ttfb * 1000)
+    # Idle through the other targets' rounds, a connection would outlive the server's
+    # keep-alive timeout (uvicorn's 5 s) and fail the next round's first request.
+    target.hang_up()
     ttfbs.sort()
     row: dict[str, Any] = {
         "requests": requests,
@@ -388,10 +403,12 @@ def run(
                 env.update(current_env or {})
             about[name] = {"tree": str(tree.root), "commit": tree.commit(), **tree.loaded(env)}
             url, pid = stack.enter_context(_origin(tree, env, folder))
-            targets[name] = Target(name, url, f"Bearer {tree.mint_key(env)}", pid)
-        targets["floor"] = Target("floor", provider_url, "Bearer bench", None)
+            targets[name] = Target(name, url, f"Bearer {tree.mint_key(env)}", "miss", pid)
+        targets["floor"] = Target("floor", provider_url, "Bearer bench", None, None)
         for name in TARGETS:  # modules loaded, connections pooled, memos filled
-            _round(targets[name], warmup, f"{nonce}-{name}-warm")
+            warm = _round(targets[name], warmup, f"{nonce}-{name}-warm")
+            if warm["answered"] < warmup:  # a set-up fault (a key refused...), not noise
+                raise RuntimeError(f"{name} failed in the warm-up: {targets[name].failure}")
         rows: list[dict[str, Any]] = []
         for number in range(rounds):
             row: dict[str, Any] = {"round": number}
@@ -400,9 +417,6 @@ def run(
             rows.append(row)
             if on_row is not None:
                 on_row(row)
-        for target in targets.values():
-            if target.client is not None:
-                target.client.close()
     about["base"]["asked"] = base
     about["current"]["env"] = current_env or {}
     return {
