@@ -23,7 +23,8 @@ its API key minted by the tree's own ``prism keys mint``.
 
 The load is at concurrency 1: streamed chat requests (the ~2 KB body of ``workload``), each
 with a message of its own, so each is a miss (checked: status 200, layer ``miss``, the stream
-ended by ``[DONE]``), one blocking keep-alive socket per target. The time to first byte runs
+ended by ``[DONE]``), on one blocking keep-alive socket per target and round (opened before
+its first request, so the connect is not timed). The time to first byte runs
 from just before the request is written to the arrival of the first body chunk that holds
 an SSE ``data:`` line. After a warm-up of every target, rounds alternate base, current,
 floor, ``--requests`` each; per round and target: p50 and p90, and the origin's CPU per
