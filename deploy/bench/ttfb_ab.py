@@ -480,6 +480,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         about = report["targets"][name]
         compiled = f"{len(about['compiled'])} compiled modules" if about["compiled"] else "pure"
         print(f"{name}: {about['commit']} ({compiled}) from {about['origin']}")
+        if about["stale"]:
+            print(f"  stale build? .so older than their .py: {', '.join(about['stale'])}")
     for name in TARGETS:
         print(f"median {name}: {report['median'][name]}")
     for name, delta in report["delta"].items():
