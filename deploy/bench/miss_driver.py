@@ -145,11 +145,12 @@ def drive_misses(
 
 
 @contextmanager
-def provider_process() -> Iterator[str]:
-    """The local provider in a child process on a free port, until the block ends."""
+def provider_process(reply_words: int = _REPLY_WORDS) -> Iterator[str]:
+    """The local provider in a child process on a free port, until the block ends; its
+    answers padded to ``reply_words`` words (0: the bare echo, a short fixed answer)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    args = ["--port", str(port), "--reply-words", str(_REPLY_WORDS)]
+    args = ["--port", str(port), "--reply-words", str(reply_words)]
     # Its output goes where the driver's does: no log file to find or clean up after.
     provider = ChildProcess(
         "the local provider",

@@ -96,10 +96,16 @@ def process_tree(root: int) -> list[int]:
 
 class ChildProcess:
     """A child in its own process group, its output in ``log``; stop() ends the group, and
-    our death (even by SIGKILL, on Linux) sends the child SIGTERM."""
+    our death (even by SIGKILL, on Linux) sends the child SIGTERM; ``cwd``: where it runs
+    (ours if not given)."""
 
     def __init__(
-        self, name: str, args: list[str], log: Path, env: Mapping[str, str] | None = None
+        self,
+        name: str,
+        args: list[str],
+        log: Path,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
     ) -> None:
         self.name = name
         self.log_path = log
@@ -107,6 +113,7 @@ class ChildProcess:
         self.popen = subprocess.Popen(
             args,
             env=dict(env) if env is not None else None,
+            cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
