@@ -84,6 +84,46 @@ def test_a_retried_batch_replaces_its_files_and_never_doubles_a_record(tmp_path:
     )
 
 
+_PARTITION = """
+import sys
+if sys.argv[1] == "zlib":
+    sys.modules["isal"] = None  # a platform without isal's wheel: the import fails
+import orjson
+from origin.requestlog.files import _deflate, partition_files
+from tests.origin.requestlog.samples import record
+
+batch = [record(i) for i in range(300)] + [record(i, project="beta") for i in range(300, 400)]
+files = partition_files(batch, "7.abcdef", 0.0)
+assert partition_files(batch, "7.abcdef", 0.0) == files  # deterministic: the same names, bytes
+print(_deflate.__module__)
+sys.stdout.flush()
+sys.stdout.buffer.write(orjson.dumps({name: data.hex() for name, data in files.items()}))
+"""
+
+
+@pytest.mark.parametrize("compressor", ["isal", "zlib"])
+def test_a_file_is_plain_gzip_with_no_time_in_it_with_isal_or_without(compressor: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_PARTITION), compressor],
+        capture_output=True,
+        check=True,
+        cwd=Path(__file__).parents[3],
+    )
+    module, found = done.stdout.split(b"\n", 1)
+    assert module.decode() == {"isal": "isal.isal_zlib", "zlib": "zlib"}[compressor]
+    files = {name: bytes.fromhex(data) for name, data in orjson.loads(found).items()}
+    assert len(files) == 2
+    for name, data in files.items():
+        # One gzip member: deflate, no flags (no name, no comment), mtime 0.
+        assert data[:3] == b"\x1f\x8b\x08" and data[3] == 0 and data[4:8] == bytes(4)
+        text = gzip.decompress(data)
+        assert text.endswith(b"\n") and not text.endswith(b"\n\n")
+        lines = [orjson.loads(line) for line in text.splitlines()]
+        project = "beta" if "project=beta" in name else "acme"
+        first = 300 if project == "beta" else 0
+        assert lines == [record(i, project=project) for i in range(first, first + len(lines))]
+
+
 def test_a_directory_that_cannot_be_made_raises_and_the_driver_writes_once_it_can(
     tmp_path: Path,
 ) -> None:

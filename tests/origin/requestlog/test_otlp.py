@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from enum import IntEnum, StrEnum
 
+import orjson
 import pytest
 
 from deploy.local.ports import free_port
 from origin import Settings
 from origin.requestlog.durable import durable_sinks
-from origin.requestlog.otlp import OTLPExportError, OTLPLogSink
+from origin.requestlog.otlp import OTLPExportError, OTLPLogSink, log_record
+from origin.requestlog.record import keep_encoded
 from tests.fixtures.origin import origin_env
 from tests.fixtures.otlp import Collector, ReceivedLog
 from tests.origin.requestlog.samples import THURSDAY, drive, record
@@ -73,6 +76,56 @@ def test_each_request_arrives_as_one_log_record_through_the_collector(
     assert failed.attributes["prism.providers"] == ["openai", "anthropic"]
     assert with_body.body["body"] == {"request": {"messages": []}, "response": {"choices": []}}
     assert with_body.attributes["prism.semantic.score"] == 0.91
+
+
+class Colour(StrEnum):
+    RED = "red"
+
+
+class Level(IntEnum):
+    HIGH = 3
+
+
+def test_a_log_record_is_otlps_json_mapping_for_every_kind_of_value() -> None:
+    found = keep_encoded(
+        {
+            "ts": 1.5, "id": 'say "hi"\n\u00e9\U0001f600', "status": 503, "stream": False,
+            "score": float("nan"), "tokens_in": 2**63 - 1, "error": None, "providers": [],
+            "body": {"request": {"messages": [{"role": "user", "content": "x"}, None]},
+                     "flags": [True, 1.25, Colour.RED, Level.HIGH, ("a",)], "gone": None},
+        }
+    )  # fmt: skip
+    log = orjson.loads(log_record(found, b'"7"'))
+    assert log == {
+        "timeUnixNano": "1500000000", "observedTimeUnixNano": "7",
+        "severityNumber": 17, "severityText": "ERROR", "eventName": "prism.request",
+        "attributes": [
+            {"key": "prism.request.id", "value": {"stringValue": 'say "hi"\n\u00e9\U0001f600'}},
+            {"key": "http.response.status_code", "value": {"intValue": "503"}},
+            {"key": "prism.stream", "value": {"boolValue": False}},
+            {"key": "prism.semantic.score", "value": {"doubleValue": None}},
+            {"key": "gen_ai.usage.input_tokens", "value": {"intValue": str(2**63 - 1)}},
+            {"key": "prism.providers", "value": {"arrayValue": {"values": []}}},
+        ],
+        "body": {"kvlistValue": {"values": [{"key": "body", "value": {"kvlistValue": {"values": [
+            {"key": "request", "value": {"kvlistValue": {"values": [
+                {"key": "messages", "value": {"arrayValue": {"values": [
+                    {"kvlistValue": {"values": [
+                        {"key": "role", "value": {"stringValue": "user"}},
+                        {"key": "content", "value": {"stringValue": "x"}},
+                    ]}},
+                ]}}},
+            ]}}},
+            {"key": "flags", "value": {"arrayValue": {"values": [
+                {"boolValue": True}, {"doubleValue": 1.25}, {"stringValue": "red"},
+                {"intValue": "3"}, {"arrayValue": {"values": [{"stringValue": "a"}]}},
+            ]}}},
+            {"key": "gone"},  # a None: a key with no value
+        ]}}}]}},
+    }  # fmt: skip
+    # No time of its own: the observed one; no attributes, an empty list.
+    assert orjson.loads(log_record({"ts": None}, b'"7"'))["timeUnixNano"] == "7"
+    assert orjson.loads(log_record({}, b'"7"'))["attributes"] == []
 
 
 def test_a_collector_that_is_down_raises() -> None:
