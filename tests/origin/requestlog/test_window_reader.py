@@ -133,7 +133,9 @@ def test_a_page_reads_its_budget_of_records_and_its_cursor_goes_on(redis_url: st
         reader = WindowReader(RedisPipe(redis_url, 5.0), budget=9)
         pages = await every_page(reader, RecordFilter(status="error"), 50)
         assert [r["id"] for p in pages for r in p] == wanted
-        assert len(pages) == 5 and all(len(p) < 4 for p in pages)
+        # A batch a page, or more pages where a batch's three entries straddled one of
+        # Redis's milliseconds (each page still within its budget).
+        assert len(pages) >= 5 and all(len(p) < 4 for p in pages)
 
     asyncio.run(read())
 
