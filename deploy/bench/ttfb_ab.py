@@ -57,6 +57,7 @@ from deploy.local.redis import RedisServer
 from prism import headers as h
 from prism.routes import CHAT_PATH
 
+from .http1 import build_request, split_url
 from .loadgen import percentile
 from .machine import cpu_seconds, load_average, machine_info
 from .miss_driver import provider_process
@@ -224,10 +225,7 @@ class StreamClient:
         self._buffer += data
 
     def post(self, path: str, headers: dict[str, str], body: bytes) -> Answer:
-        lines = [f"POST {path} HTTP/1.1", f"Host: {self.host}:{self.port}"]
-        lines += [f"{name}: {value}" for name, value in headers.items()]
-        lines.append(f"Content-Length: {len(body)}")
-        request = ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+        request = build_request("POST", self.host, self.port, path, headers, body)
         started = time.perf_counter()
         self._sock.sendall(request)
         status_line, *header_lines = self._until(b"\r\n\r\n").decode("latin-1").split("\r\n")
@@ -265,7 +263,7 @@ class Target:
 
     def ask(self, tag: str) -> Answer | None:
         """One streamed miss; None if it failed (the connection is then opened again)."""
-        host, _, port = self.url.removeprefix("http://").partition(":")
+        host, port, _ = split_url(self.url)
         headers = {
             "authorization": self.authorization,
             "content-type": "application/json",
@@ -274,7 +272,7 @@ class Target:
         body = chat_body(tag, stream=True).encode()
         try:
             if self.client is None:
-                self.client = StreamClient(host, int(port))
+                self.client = StreamClient(host, port)
             answer = self.client.post(CHAT_PATH, headers, body)
         except OSError as error:
             self.hang_up()
