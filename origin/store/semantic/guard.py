@@ -157,7 +157,10 @@ def _other_name(a: str, b: str, words_a: set[str], words_b: set[str]) -> bool:
     ("near Morgan County" / "near Union County"), which a score barely sees."""
     bare_a = {w.rstrip("+#") for w in words_a}
     bare_b = {w.rstrip("+#") for w in words_b}
-    return bool(_names(a) - bare_b) and bool(_names(b) - bare_a)
+    # A name both texts use is not another's, even where the words split it otherwise
+    # ("¹'Aa": the word "¹'aa", the name "aa"): a text never names another than itself.
+    names_a, names_b = _names(a), _names(b)
+    return bool(names_a - names_b - bare_b) and bool(names_b - names_a - bare_a)
 
 
 # The judged score is the cosine plus LEXICAL_WEIGHT * (0.5 - the share of content words

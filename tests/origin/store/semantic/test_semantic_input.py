@@ -7,7 +7,7 @@ import asyncio
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from origin.store.semantic.guard import agree, words
@@ -74,6 +74,7 @@ def test_normalizing_never_fails_and_is_stable(text: str) -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(text_strategy, text_strategy)
+@example("\u00b9'Aa", "")  # a name the words split otherwise: it disagreed with itself
 def test_the_guard_never_fails_and_a_text_agrees_with_itself(a: str, b: str) -> None:
     assert agree(a, a)
     assert agree(a, b) in (True, False)
