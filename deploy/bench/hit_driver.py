@@ -13,7 +13,10 @@ It plants its own entry (project ``bench``) and checks every answer is a Redis h
 ``--http`` the hits go through the HTTP server too (uvicorn with the origin's protocol
 and options, on a loopback socket, ``concurrency`` keep-alive connections from a minimal
 client in the same process): what uvicorn spends on a response's head, for instance,
-counts as well.
+counts as well. ``--floor`` serves the one-GET floor (``deploy.bench.floor_app``) the same
+way instead, GETting the same planted entry, with the same client and request: the ratio of
+the two counts is the instruction-level hit/floor the benchmark's throughput rows measure
+on the wall clock (``--floor`` implies ``--http``).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from prism import (
 from prism import headers as h
 from prism.routes import CHAT_PATH
 
+from .floor_app import FloorApp
 from .http1 import Connection, build_request
 from .workload import MODEL, chat_body, chat_scope, serving
 
@@ -67,6 +71,7 @@ def drive_hits(
     concurrency: int = 32,
     rate_limits: bool = False,
     http: bool = False,
+    floor: bool = False,
 ) -> float:
     """Send ``count`` hits after a warm-up; the wall time per hit in seconds (the
     instruction count is what to trust). With ``rate_limits`` the project has request
@@ -122,12 +127,15 @@ def drive_hits(
         async with serving(app):
             return await _timed(count, concurrency, [one] * concurrency)
 
-    if not http:
+    if not (http or floor):
         return uvloop.run(run())
     request = build_request(
         "POST", "127.0.0.1", 0, CHAT_PATH, {"authorization": f"Bearer {key}"}, body
     )
-    return uvloop.run(_over_http(app, settings, count, concurrency, request))
+    if floor:
+        floor_app = FloorApp(redis_url, entry_key(fp))
+        return uvloop.run(_over_http(floor_app, settings, count, concurrency, request, None))
+    return uvloop.run(_over_http(app, settings, count, concurrency, request, "redis"))
 
 
 async def _timed(
@@ -147,8 +155,9 @@ async def _timed(
 
 
 async def _over_http(
-    app: Any, settings: Settings, count: int, concurrency: int, request: bytes
+    app: Any, settings: Settings, count: int, concurrency: int, request: bytes, layer: str | None
 ) -> float:
+    """``count`` requests through uvicorn; each answered 200 (and from ``layer``, if given)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -168,8 +177,8 @@ async def _over_http(
     def client(connection: Connection) -> Callable[[], Awaitable[None]]:
         async def one() -> None:
             reply = await connection.send(request)
-            if reply.status != 200 or reply.headers.get(h.CACHE_LAYER) != "redis":
-                raise RuntimeError(f"not a Redis hit: {reply.status} {reply.headers}")
+            if reply.status != 200 or (layer and reply.headers.get(h.CACHE_LAYER) != layer):
+                raise RuntimeError(f"not a {layer} answer: {reply.status} {reply.headers}")
 
         return one
 
@@ -193,9 +202,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--http", action="store_true", help="Through uvicorn on a loopback socket as well."
     )
+    parser.add_argument(
+        "--floor", action="store_true", help="The one-GET floor app instead, through uvicorn."
+    )
     args = parser.parse_args(argv)
-    per_hit = drive_hits(args.redis_url, args.count, args.concurrency, args.rate_limits, args.http)
-    print(f"{args.count} Redis hits, {args.concurrency} at a time: {per_hit * 1e6:.1f} µs each")
+    per_hit = drive_hits(
+        args.redis_url, args.count, args.concurrency, args.rate_limits, args.http, args.floor
+    )
+    what = "floor answers" if args.floor else "Redis hits"
+    print(f"{args.count} {what}, {args.concurrency} at a time: {per_hit * 1e6:.1f} µs each")
 
 
 if __name__ == "__main__":
