@@ -36,6 +36,7 @@ log = logging.getLogger("prism.origin")
 class RecordBuffer:
     __slots__ = (
         "_batch",
+        "_bound",
         "_close_timeout",
         "_dropped",
         "_failing",
@@ -65,6 +66,7 @@ class RecordBuffer:
     ) -> None:
         self.sink = sink
         self._queue: deque[Logged] = deque(maxlen=bound)
+        self._bound = bound  # the deque's maxlen, an attribute lookup where this is a field
         self._batch = batch
         self._interval = interval
         self._first_backoff = first_backoff
@@ -84,7 +86,7 @@ class RecordBuffer:
 
     def append(self, record: Logged) -> None:
         queue = self._queue
-        if len(queue) == queue.maxlen:  # full: the deque drops the oldest
+        if len(queue) == self._bound:  # full: the deque drops the oldest
             self._dropped.inc()
         queue.append(record)
         if len(queue) >= self._batch:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import orjson
+from orjson import dumps
 from prometheus_client import CollectorRegistry, Counter
 
 from ..connection.redis_client import RedisClient
@@ -62,7 +62,7 @@ class RequestLog:
                 return
         buffers = self.buffers
         if buffers:  # ``logged``, from the request's own typed fields
-            line = (orjson.dumps(record), record["ts"], request.project, request.id)
+            line = (dumps(record), record["ts"], request.project, request.id)
             for buffer in buffers:
                 buffer.append(line)
         if self.access_log is not None:
