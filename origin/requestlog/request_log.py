@@ -61,7 +61,9 @@ class RequestLog:
                     self.access_log.write(record, request)
                 return
         buffers = self.buffers
-        if buffers:  # ``logged``, from the request's own typed fields
+        if buffers:
+            # ``logged``, from the request's typed fields; the JSON now, before the flight's
+            # list of attempts (in the record) can grow.
             line = (dumps(record), record["ts"], request.project, request.id)
             for buffer in buffers:
                 buffer.append(line)
