@@ -24,7 +24,7 @@ from typing import Any
 import redis
 
 from origin.connection.redis_pipe import RedisPipe
-from origin.requestlog.record import keep_encoded
+from origin.requestlog.record import Logged, logged
 from origin.requestlog.redis_window import RedisWindowSink
 
 __all__ = ["main", "measure", "measure_cpu"]
@@ -61,7 +61,7 @@ def _record(n: int) -> dict[str, Any]:
     }
 
 
-def _batches(count: int, with_ids: bool = True) -> list[list[dict[str, Any]]]:
+def _batches(count: int, with_ids: bool = True) -> list[list[Logged]]:
     """The records in the buffer's batches, their JSON kept as the buffer keeps it."""
     found = []
     for start in range(0, count, _BATCH):
@@ -69,11 +69,11 @@ def _batches(count: int, with_ids: bool = True) -> list[list[dict[str, Any]]]:
         if not with_ids:
             for record in batch:
                 del record["id"]
-        found.append([keep_encoded(record) for record in batch])
+        found.append([logged(record) for record in batch])
     return found
 
 
-async def _write(url: str, batches: list[list[dict[str, Any]]], window: int) -> float:
+async def _write(url: str, batches: list[list[Logged]], window: int) -> float:
     """Writes the batches; the CPU seconds this process spent in the sink's writes."""
     sink = RedisWindowSink(RedisPipe(url, 5.0), window=window, age=86_400)
     spent = 0.0

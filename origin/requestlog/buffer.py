@@ -2,8 +2,9 @@
 
 ``append`` is what a request pays: an O(1) append to a bounded deque and no I/O. One
 background task per sink takes up to ``batch`` records at a time, every ``interval`` or as
-soon as a batch is ready, finishes them (``origin.requestlog.record.finish``) and hands
-them to the sink; after a write it goes on only while a whole batch waits (what arrived
+soon as a batch is ready, and hands them to the sink (each record as its JSON and the
+fields sinks route by, ``origin.requestlog.record.Logged``: nothing the garbage collector
+walks); after a write it goes on only while a whole batch waits (what arrived
 during the write waits for the next interval, so a sink that wants few large batches, the
 files, does not get a small one after each). A batch the sink fails is held and retried
 with backoff (doubling to ``max_backoff``) while new records queue behind it; beyond
@@ -20,13 +21,11 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Mapping
-from typing import Any
 
 from prometheus_client import Counter
 
 from ..background import cancel_and_wait
-from .record import finish, keep_encoded
+from .record import Logged
 from .sink import RecordSink
 
 __all__ = ["RecordBuffer"]
@@ -37,6 +36,7 @@ log = logging.getLogger("prism.origin")
 class RecordBuffer:
     __slots__ = (
         "_batch",
+        "_bound",
         "_close_timeout",
         "_dropped",
         "_failing",
@@ -65,7 +65,8 @@ class RecordBuffer:
         close_timeout: float = 5.0,
     ) -> None:
         self.sink = sink
-        self._queue: deque[dict[str, Any]] = deque(maxlen=bound)
+        self._queue: deque[Logged] = deque(maxlen=bound)
+        self._bound = bound  # the deque's maxlen, an attribute lookup where this is a field
         self._batch = batch
         self._interval = interval
         self._first_backoff = first_backoff
@@ -73,7 +74,7 @@ class RecordBuffer:
         self._close_timeout = close_timeout
         self._written = written.labels(sink.name)
         self._dropped = dropped.labels(sink.name)
-        self._held: list[Mapping[str, Any]] = []  # the batch being written (or retried)
+        self._held: list[Logged] = []  # the batch being written (or retried)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._failing = False  # said once per outage, not per retry
@@ -83,9 +84,9 @@ class RecordBuffer:
         """Records waiting, the batch being written included."""
         return len(self._queue) + len(self._held)
 
-    def append(self, record: dict[str, Any]) -> None:
+    def append(self, record: Logged) -> None:
         queue = self._queue
-        if len(queue) == queue.maxlen:  # full: the deque drops the oldest
+        if len(queue) == self._bound:  # full: the deque drops the oldest
             self._dropped.inc()
         queue.append(record)
         if len(queue) >= self._batch:
@@ -117,9 +118,7 @@ class RecordBuffer:
         held, to be retried)."""
         if not self._held:
             queue = self._queue
-            self._held = [
-                keep_encoded(finish(queue.popleft())) for _ in range(min(len(queue), self._batch))
-            ]
+            self._held = [queue.popleft() for _ in range(min(len(queue), self._batch))]
         try:
             await self.sink.write(self._held)
         except Exception as error:

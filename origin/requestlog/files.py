@@ -25,14 +25,13 @@ import contextlib
 import hashlib
 import os
 import secrets
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import quote
 
-from .record import encoded
+from .record import Logged
 
 try:  # Intel ISA-L's deflate (python-isal): a dependency, with wheels for the usual hosts
     from isal.isal_zlib import compress as _deflate
@@ -80,15 +79,11 @@ class FileStore(Protocol):
     def close(self) -> None: ...
 
 
-def partition_files(
-    records: Sequence[Mapping[str, Any]], process: str, now: float
-) -> dict[str, bytes]:
-    """The batch as files: {relative name: gzip'd JSON lines} (``now``: the time of a
-    record without ``ts``)."""
+def partition_files(records: Sequence[Logged], process: str) -> dict[str, bytes]:
+    """The batch as files: {relative name: gzip'd JSON lines}."""
     groups: dict[tuple[int, str], list[bytes]] = {}
-    for record in records:
-        key = (int(record.get("ts") or now) // 3600, record.get("project") or NO_PROJECT)
-        line = encoded(record)
+    for line, ts, project, _ in records:
+        key = (int(ts) // 3600, project or NO_PROJECT)
         group = groups.get(key)
         if group is None:
             groups[key] = [line]
@@ -118,12 +113,12 @@ class FileSink:
         self.store = store
         self._process = f"{os.getpid()}.{secrets.token_hex(3)}"
 
-    async def write(self, records: Sequence[Mapping[str, Any]]) -> None:
+    async def write(self, records: Sequence[Logged]) -> None:
         if records:
-            await asyncio.to_thread(self._write, list(records), time.time())
+            await asyncio.to_thread(self._write, list(records))
 
-    def _write(self, records: list[Mapping[str, Any]], now: float) -> None:
-        for name, data in partition_files(records, self._process, now).items():
+    def _write(self, records: list[Logged]) -> None:
+        for name, data in partition_files(records, self._process).items():
             self.store.put(name, data)
 
     async def close(self) -> None:

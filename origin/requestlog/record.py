@@ -2,19 +2,19 @@
 byte), from what the route noted on the request (``origin.http.request.Request``) and the
 reply's headers: nothing is looked up again.
 
-The request path pays for one small dict (``RecordMaker.make``); what can wait (the stages
-as a mapping) is done by ``finish`` in the flush task, before a sink sees it. The
-fields (absent when unknown) are listed in docs/request-log.md. Never the API key: the
-route notes the key's id only, and a refused key's record says ``invalid_api_key``.
+The request path pays for one small dict (``RecordMaker.make``) and its JSON, made once for
+every sink: the buffers hold that (``Logged``), not the dict. The fields (absent when
+unknown) are listed in docs/request-log.md. Never the API key: the route notes the key's
+id only, and a refused key's record says ``invalid_api_key``.
 Bodies only when the project's policy turns them on (``prism policy set --log-bodies``),
 redacted first (``origin.requestlog.redaction``).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
-from typing import Any
+from time import time
+from typing import Any, Final
 
 import orjson
 
@@ -26,16 +26,24 @@ from ..http.responses import Reply
 from ..providers.token_counts import Tokens
 from .redaction import Redactor
 
-__all__ = ["ENCODED", "PROMPT_FIELDS", "RecordMaker", "encoded", "finish", "keep_encoded"]
+__all__ = ["PROMPT_FIELDS", "Logged", "RecordMaker", "logged"]
 
 # What a request's prompt is, in each API's body: chat, messages; responses, embeddings.
 PROMPT_FIELDS = ("system", "messages", "instructions", "input")
 _REDACTORS = {False: Redactor(False), True: Redactor(True)}
+# The reply's headers a record reads, as this module's own constants: compiled, ``h.NAME``
+# is an attribute lookup on the module at every call.
+_CACHE_LAYER: Final = h.CACHE_LAYER
+_PROVIDER: Final = h.PROVIDER
+_SEMANTIC_SCORE: Final = h.SEMANTIC_SCORE
 _MAX_ANSWER = 65_536  # characters of an answer's text kept in a record
-# A finished record's JSON, kept in it by its buffer (``keep_encoded``) for every sink: the
-# window and the files made the same bytes twice, a microsecond or more a record each. Not
-# a field: made after the JSON, and skipped by any sink reading fields.
-ENCODED = "_json"
+
+# A record as the buffers hold it and the sinks take it: its JSON, and what the sinks route
+# it by, its time (``ts``), project and request id ("" for none). A tuple of immutables:
+# the garbage collector stops tracking it at the first collection it survives, where the
+# record's dict (with its stages and attempts) was walked by every collection while a
+# buffer held it (the files' buffer holds up to 10,000: a young collection took 3.8 ms).
+Logged = tuple[bytes, float, str, str]
 
 
 class RecordMaker:
@@ -52,7 +60,7 @@ class RecordMaker:
         started = request.timer.started
         headers = reply.headers
         status = reply.status
-        layer = headers.get(h.CACHE_LAYER, "bypass")
+        layer = headers.get(_CACHE_LAYER, "bypass")
         attempts = request.attempts
         error = request.error
         if error:  # an error reply says "bypass"; the record says what happened
@@ -60,14 +68,15 @@ class RecordMaker:
         elif request.joined:  # answered by another request's provider call
             layer = "coalesced"
         record: dict[str, Any] = {
-            "ts": time.time(),
+            "ts": time(),
             "id": request.id,
             "source": "origin",
             "method": request.method,
             "path": request.path,
             "status": status,
             "layer": layer,
-            "stages": request.timer.stages,  # (name, ms) pairs until ``finish``
+            # A comprehension: dict() of the pairs is 15 % slower compiled.
+            "stages": {name: ms for name, ms in request.timer.stages},
             "ttfb_ms": (first_byte - started) * 1000,
             "total_ms": (ended - started) * 1000,
         }
@@ -107,17 +116,17 @@ class RecordMaker:
             record["cost_usd"] = 0.0
             record["saved_usd"] = saved / 1_000_000
             if layer == "semantic":
-                score = headers.get(h.SEMANTIC_SCORE)
+                score = headers.get(_SEMANTIC_SCORE)
                 if score is not None:
                     record["score"] = float(score)
         if attempts:
-            record["attempts"] = attempts
+            record["attempts"] = attempts  # the flight's own list: its JSON is made now
             if "provider" not in record:  # joined another call: who answered it
                 last = attempts[-1]
                 if last["status"] == 200:
                     record["provider"], record["answered_model"] = last["provider"], last["model"]
         if "provider" not in record:
-            provider = headers.get(h.PROVIDER)
+            provider = headers.get(_PROVIDER)
             if provider is not None:
                 record["provider"] = provider
         rules = request.log_rules
@@ -126,32 +135,16 @@ class RecordMaker:
         return record
 
 
-def finish(record: dict[str, Any]) -> dict[str, Any]:
-    """What the request path left for later: the stages as a mapping, and a copy of the
-    attempts (the flight's own list). Idempotent: each sink's buffer may finish the same
-    record. Times keep their full precision: rounding them cost more than the rest of the
-    record (``round(x, 3)`` is a microsecond a call)."""
-    stages = record["stages"]
-    if type(stages) is list:
-        record["stages"] = dict(stages)
-        attempts = record.get("attempts")
-        if attempts is not None:
-            record["attempts"] = list(attempts)
-    return record
-
-
-def keep_encoded(record: dict[str, Any]) -> dict[str, Any]:
-    """The finished record with its JSON kept in it (``ENCODED``), for every sink to share;
-    its buffer does this once the record is finished. Idempotent."""
-    if ENCODED not in record:
-        record[ENCODED] = orjson.dumps(record)
-    return record
-
-
-def encoded(record: Mapping[str, Any]) -> bytes:
-    """The record as JSON (without ``ENCODED``): the kept bytes when its buffer kept them."""
-    line = record.get(ENCODED)
-    return orjson.dumps(record) if line is None else line
+def logged(record: Mapping[str, Any]) -> Logged:
+    """A record made elsewhere (the edge's) as the buffers hold it; one without a time gets
+    now."""
+    ts = record.get("ts")
+    return (
+        orjson.dumps(record),
+        float(ts) if type(ts) is float or type(ts) is int else time(),
+        str(record.get("project") or ""),
+        str(record.get("id") or ""),
+    )
 
 
 def _part(provider: str, upstream: str, tokens: Tokens | None, cost: int | None) -> dict[str, Any]:

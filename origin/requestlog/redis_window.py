@@ -51,7 +51,7 @@ from typing import Any
 import orjson
 
 from ..connection.redis_client import Arg, LoadedScript, RedisClient
-from .record import encoded
+from .record import Logged
 
 __all__ = [
     "COUNT_FIELD",
@@ -254,9 +254,9 @@ class RedisWindowSink:
         self._index = LoadedScript(_INDEX, 6)
         # The batch last failed and its chunks, each as far as it got (added, its ids
         # written, indexed): its retry (the same batch, from the buffer) does the rest.
-        self._failed: tuple[Sequence[Mapping[str, Any]], list[_Chunk]] | None = None
+        self._failed: tuple[Sequence[Logged], list[_Chunk]] | None = None
 
-    async def write(self, records: Sequence[Mapping[str, Any]]) -> None:
+    async def write(self, records: Sequence[Logged]) -> None:
         failed, self._failed = self._failed, None
         chunks = failed[1] if failed is not None and failed[0] is records else _chunks(records)
         # What was added is indexed even when some of it failed. (The errors are returned,
@@ -356,18 +356,17 @@ class RedisWindowSink:
         await self._redis.close()
 
 
-def _chunks(records: Sequence[Mapping[str, Any]]) -> list[_Chunk]:
+def _chunks(records: Sequence[Logged]) -> list[_Chunk]:
     """The records by project, ``_CHUNK`` at most a chunk, in their order."""
     chunks: list[_Chunk] = []
     open_chunks: dict[str, _Chunk] = {}  # each project's chunk being filled
-    for record in records:
-        project = record.get("project") or NO_PROJECT
+    for line, _, project, request_id in records:
         chunk = open_chunks.get(project)
         if chunk is None or len(chunk.lines) >= _CHUNK:
-            chunk = open_chunks[project] = _Chunk(project)
+            chunk = open_chunks[project] = _Chunk(project or NO_PROJECT)
             chunks.append(chunk)
-        chunk.lines.append(encoded(record))
-        chunk.ids.append(str(record.get("id") or ""))
+        chunk.lines.append(line)
+        chunk.ids.append(request_id)
     return chunks
 
 

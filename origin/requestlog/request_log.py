@@ -1,11 +1,12 @@
 """The request log: each request's record made once, handed to every consumer.
 
 ``RequestLog.record`` is the ``Recorder`` the routing table calls once a response has been
-sent (``origin.http.asgi``): it makes the record (``origin.requestlog.record``) and appends
-it to each sink's buffer (``origin.requestlog.buffer``), and passes it to the access log
-when that is on. ``build_request_log`` wires it from the settings: the Redis window
-(``PRISM_REQUEST_LOG``, on by default) on a connection of its own, so a batch never
-queues in front of a request's Redis command, and any other sinks given.
+sent (``origin.http.asgi``): it makes the record (``origin.requestlog.record``) and its
+JSON once, appends that to each sink's buffer (``origin.requestlog.buffer``), and passes
+the record to the access log when that is on. ``build_request_log`` wires it from the
+settings: the Redis window (``PRISM_REQUEST_LOG``, on by default) on a connection of its
+own, so a batch never queues in front of a request's Redis command, and any other sinks
+given.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from orjson import dumps
 from prometheus_client import CollectorRegistry, Counter
 
 from ..connection.redis_client import RedisClient
@@ -22,7 +24,7 @@ from ..http.request import Request
 from ..http.responses import Reply
 from ..settings import Settings
 from .buffer import RecordBuffer
-from .record import RecordMaker, finish
+from .record import RecordMaker, logged
 from .redis_window import RedisWindowSink
 from .sink import RecordSink
 
@@ -56,18 +58,24 @@ class RequestLog:
             record = self._maker.make(request, reply, first_byte, ended, route.name)
             if not route.recorded:  # a health probe: the access log's only
                 if self.access_log is not None:
-                    self.access_log.write(finish(record), request)
+                    self.access_log.write(record, request)
                 return
-        for buffer in self.buffers:
-            buffer.append(record)
-        if self.access_log is not None:  # it prints now: what ``finish`` adds is needed now
-            self.access_log.write(finish(record), request)
+        buffers = self.buffers
+        if buffers:
+            # ``logged``, from the request's typed fields; the JSON now, before the flight's
+            # list of attempts (in the record) can grow.
+            line = (dumps(record), record["ts"], request.project, request.id)
+            for buffer in buffers:
+                buffer.append(line)
+        if self.access_log is not None:
+            self.access_log.write(record, request)
 
     def add(self, records: Sequence[dict[str, Any]]) -> None:
         """Records made elsewhere, whole (the edge's: ``origin.apis.edge_records``)."""
+        lines = [logged(record) for record in records] if self.buffers else []
         for buffer in self.buffers:
-            for record in records:
-                buffer.append(record)
+            for line in lines:
+                buffer.append(line)
 
     def start(self) -> None:
         for buffer in self.buffers:

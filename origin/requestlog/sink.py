@@ -1,6 +1,7 @@
 """Where request records go: the one interface every destination implements.
 
-A sink receives whole batches from its ``RecordBuffer`` (``origin.requestlog.buffer``):
+A sink receives whole batches from its ``RecordBuffer`` (``origin.requestlog.buffer``), each
+record as its JSON and the fields sinks route it by (``origin.requestlog.record.Logged``):
 one background task per sink calls ``write`` with up to a batch of records, and retries
 the same batch with backoff when it raises. A sink so either stores the whole batch or
 raises; it never reports success for a part of it silently. ``close`` is awaited once,
@@ -11,8 +12,10 @@ without them, a batch a second of at most 1,000.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Protocol
+
+from .record import Logged
 
 __all__ = ["RecordSink"]
 
@@ -22,7 +25,7 @@ class RecordSink(Protocol):
 
     name: str  # "redis", "files", "otlp": the metric label
 
-    async def write(self, records: Sequence[Mapping[str, Any]]) -> None:
+    async def write(self, records: Sequence[Logged]) -> None:
         """Store the whole batch or raise (the buffer retries it); never a part silently."""
         ...
 

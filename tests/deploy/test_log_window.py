@@ -14,6 +14,7 @@ from deploy.log_window import follow_records, read_records
 from origin.connection.redis_pipe import RedisPipe
 from origin.requestlog.record_filter import RecordFilter
 from origin.requestlog.redis_window import RedisWindowSink
+from tests.origin.requestlog.samples import lines
 
 
 def records(
@@ -30,7 +31,7 @@ def write(redis_url: str, *batches: list[dict[str, Any]]) -> None:
     async def run() -> None:
         sink = RedisWindowSink(RedisPipe(redis_url, 5.0), window=10_000, age=3600)
         for batch in batches:
-            await sink.write(batch)
+            await sink.write(lines(batch))
         await sink.close()
 
     asyncio.run(run())

@@ -15,7 +15,7 @@ from typer.testing import CliRunner, Result
 from deploy.commands.logs_query import register
 from origin.requestlog.files import FileSink, LocalFiles, S3Files
 from tests.fixtures.aws import MockAws
-from tests.origin.requestlog.samples import DAY, THURSDAY, record
+from tests.origin.requestlog.samples import DAY, THURSDAY, lines, record
 
 runner = CliRunner()
 logs = typer.Typer()
@@ -38,7 +38,7 @@ def written(tmp_path: Path) -> Path:
     batch += [record(i, project="beta", score=0.93) for i in range(25, 30)]
     batch.append(record(30, project=None, status=401, error="invalid_api_key"))
     root = tmp_path / "requests"
-    asyncio.run(FileSink(LocalFiles(root)).write(batch))
+    asyncio.run(FileSink(LocalFiles(root)).write(lines(batch)))
     return root
 
 
@@ -120,7 +120,7 @@ def test_a_buckets_days_are_fetched_then_queried(aws: MockAws, tmp_path: Path) -
         Bucket="prism-request-logs", CreateBucketConfiguration={"LocationConstraint": "ap-south-1"}
     )
     sink = FileSink(S3Files(s3, "prism-request-logs", "origin/main/requests/"))
-    asyncio.run(sink.write([record(i) for i in range(10)] + [record(10, ts=THURSDAY + DAY)]))
+    asyncio.run(sink.write(lines([record(i) for i in range(10)] + [record(10, ts=THURSDAY + DAY)])))
     args = ["SELECT day, count(*) AS n FROM requests GROUP BY 1 ORDER BY 1", "--json",
             "--bucket", "prism-request-logs", "--prefix", "origin/main/requests",
             "--cache", str(tmp_path / "cache")]  # fmt: skip

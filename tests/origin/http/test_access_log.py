@@ -15,7 +15,7 @@ from origin.http.access_log import ACCESS_LOGGER, AccessLog
 from origin.http.request import Request, StageTimer
 from origin.http.responses import Reply
 from origin.providers.token_counts import tokens_of
-from origin.requestlog.record import RecordMaker, finish
+from origin.requestlog.record import RecordMaker
 from prism import headers as h
 from tests.fixtures.origin import AccessLines, OriginFactory, RunningOrigin, origin_env
 
@@ -147,7 +147,7 @@ def test_a_hit_logs_its_tokens_as_a_miss_and_the_bill_count_them(
     reply = Reply(200, {h.CACHE_LAYER: "redis"})
     started = request.timer.started
     record = RecordMaker(None).make(request, reply, started, started, "messages")
-    log.write(finish(record), request)
+    log.write(record, request)
     line = access_lines.line("log-anthropic-hit")
     assert (line["tokens_in"], line["tokens_out"]) == (142, 7)
     assert line["cost_usd"] == 0

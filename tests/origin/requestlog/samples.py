@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from origin.requestlog.record import Logged, logged
 from origin.requestlog.sink import RecordSink
 
 DAY = 86_400.0
@@ -54,6 +55,11 @@ def record(
     return found
 
 
+def lines(records: Iterable[Mapping[str, Any]]) -> list[Logged]:
+    """The records as their buffers hand them to a sink."""
+    return [logged(record) for record in records]
+
+
 async def drive(
     sink: RecordSink,
     records: Sequence[Mapping[str, Any]],
@@ -67,7 +73,7 @@ async def drive(
     failures = 0
     deadline = time.monotonic() + within
     for start in range(0, len(records), batch):
-        part = records[start : start + batch]
+        part = lines(records[start : start + batch])
         while True:
             try:
                 await sink.write(part)

@@ -26,7 +26,7 @@ from origin.requestlog.files import FileSink, LocalFiles, S3Files, file_sink
 from origin.settings import SettingsError
 from tests.fixtures.aws import MockAws
 from tests.fixtures.origin import OriginFactory, origin_env
-from tests.origin.requestlog.samples import DAY, THURSDAY, drive, record
+from tests.origin.requestlog.samples import DAY, THURSDAY, drive, lines, record
 from tests.polling import wait_for
 
 
@@ -49,7 +49,7 @@ def test_a_batch_becomes_one_file_per_day_hour_and_project(tmp_path: Path) -> No
         record(10, project=None),  # e.g. a bad key: no project known
     ]
     sink = FileSink(LocalFiles(tmp_path))
-    asyncio.run(sink.write(batch))
+    asyncio.run(sink.write(lines(batch)))
 
     tree = read_tree(tmp_path)
     folders = sorted((name.rsplit("/", 1)[0], name.rsplit("/", 1)[1][:3]) for name in tree)
@@ -72,9 +72,9 @@ def test_a_retried_batch_replaces_its_files_and_never_doubles_a_record(tmp_path:
     sink = FileSink(LocalFiles(tmp_path))
 
     async def twice() -> None:
-        await sink.write(batch)
-        await sink.write(batch)  # the buffer retrying a batch it thought had failed
-        await sink.write([record(30)])
+        await sink.write(lines(batch))
+        await sink.write(lines(batch))  # the buffer retrying a batch it thought had failed
+        await sink.write(lines([record(30)]))
 
     asyncio.run(twice())
     tree = read_tree(tmp_path)
@@ -90,11 +90,11 @@ if sys.argv[1] == "zlib":
     sys.modules["isal"] = None  # a platform without isal's wheel: the import fails
 import orjson
 from origin.requestlog.files import _deflate, partition_files
-from tests.origin.requestlog.samples import record
+from tests.origin.requestlog.samples import lines, record
 
 batch = [record(i) for i in range(300)] + [record(i, project="beta") for i in range(300, 400)]
-files = partition_files(batch, "7.abcdef", 0.0)
-assert partition_files(batch, "7.abcdef", 0.0) == files  # deterministic: the same names, bytes
+files = partition_files(lines(batch), "7.abcdef")
+assert partition_files(lines(batch), "7.abcdef") == files  # deterministic: the same names, bytes
 print(_deflate.__module__)
 sys.stdout.flush()
 sys.stdout.buffer.write(orjson.dumps({name: data.hex() for name, data in files.items()}))
@@ -118,10 +118,10 @@ def test_a_file_is_plain_gzip_with_no_time_in_it_with_isal_or_without(compressor
         assert data[:3] == b"\x1f\x8b\x08" and data[3] == 0 and data[4:8] == bytes(4)
         text = gzip.decompress(data)
         assert text.endswith(b"\n") and not text.endswith(b"\n\n")
-        lines = [orjson.loads(line) for line in text.splitlines()]
+        decoded = [orjson.loads(line) for line in text.splitlines()]
         project = "beta" if "project=beta" in name else "acme"
         first = 300 if project == "beta" else 0
-        assert lines == [record(i, project=project) for i in range(first, first + len(lines))]
+        assert decoded == [record(i, project=project) for i in range(first, first + len(decoded))]
 
 
 def test_a_directory_that_cannot_be_made_raises_and_the_driver_writes_once_it_can(
@@ -131,7 +131,7 @@ def test_a_directory_that_cannot_be_made_raises_and_the_driver_writes_once_it_ca
     blocker.write_text("a file where the directory should be")
     sink = FileSink(LocalFiles(blocker / "requests"))
     with pytest.raises(OSError):
-        asyncio.run(sink.write([record(1)]))
+        asyncio.run(sink.write(lines([record(1)])))
 
     def unblock(error: Exception) -> None:
         assert isinstance(error, OSError)
@@ -148,7 +148,7 @@ _WRITER = """
 import asyncio, resource, signal, sys
 from pathlib import Path
 from origin.requestlog.files import FileSink, LocalFiles
-from tests.origin.requestlog.samples import record
+from tests.origin.requestlog.samples import lines, record
 
 root, mode = Path(sys.argv[1]), sys.argv[2]
 sink = FileSink(LocalFiles(root))
@@ -158,13 +158,13 @@ if mode == "full":
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (65_536, 65_536))
     try:
-        asyncio.run(sink.write(batch))
+        asyncio.run(sink.write(lines(batch)))
     except OSError as error:
         print("raised", error.errno)
 else:
     async def forever():
         for n in range(10_000):
-            await sink.write([dict(r, id=f"{n}-{r['id']}") for r in batch])
+            await sink.write(lines([dict(r, id=f"{n}-{r['id']}") for r in batch]))
     asyncio.run(forever())
 """
 
@@ -209,7 +209,7 @@ def test_s3_objects_are_the_same_files_under_the_prefix(aws: MockAws) -> None:
     )  # fmt: skip
     sink = file_sink(settings)
     assert sink is not None and isinstance(sink.store, S3Files)
-    asyncio.run(sink.write([record(i) for i in range(10)] + [record(10, project="beta")]))
+    asyncio.run(sink.write(lines([record(i) for i in range(10)] + [record(10, project="beta")])))
     asyncio.run(sink.close())
 
     keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="prism-request-logs")["Contents"])
@@ -219,8 +219,10 @@ def test_s3_objects_are_the_same_files_under_the_prefix(aws: MockAws) -> None:
     ]
     stored = s3.get_object(Bucket="prism-request-logs", Key=keys[0])
     assert stored["ContentType"] == "application/gzip"
-    lines = gzip.decompress(stored["Body"].read()).splitlines()
-    assert [orjson.loads(line)["id"] for line in lines] == [f"req-{i:06d}" for i in range(10)]
+    stored_lines = gzip.decompress(stored["Body"].read()).splitlines()
+    assert [orjson.loads(line)["id"] for line in stored_lines] == [
+        f"req-{i:06d}" for i in range(10)
+    ]
 
 
 def test_an_s3_endpoint_that_is_down_raises(aws: MockAws) -> None:
@@ -232,7 +234,7 @@ def test_an_s3_endpoint_that_is_down_raises(aws: MockAws) -> None:
     )
     sink = FileSink(S3Files(down, "logs", "requests/"))
     with pytest.raises(Exception, match="Could not connect"):
-        asyncio.run(sink.write([record(1)]))
+        asyncio.run(sink.write(lines([record(1)])))
 
 
 def test_no_directory_and_no_bucket_means_no_sink() -> None:

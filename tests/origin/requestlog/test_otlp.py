@@ -15,10 +15,9 @@ from deploy.local.ports import free_port
 from origin import Settings
 from origin.requestlog.durable import durable_sinks
 from origin.requestlog.otlp import OTLPExportError, OTLPLogSink, log_record
-from origin.requestlog.record import keep_encoded
 from tests.fixtures.origin import origin_env
 from tests.fixtures.otlp import Collector, ReceivedLog
-from tests.origin.requestlog.samples import THURSDAY, drive, record
+from tests.origin.requestlog.samples import THURSDAY, drive, lines, record
 
 INFO, WARN, ERROR = 9, 13, 17  # opentelemetry.proto.logs.v1.SeverityNumber
 
@@ -87,14 +86,12 @@ class Level(IntEnum):
 
 
 def test_a_log_record_is_otlps_json_mapping_for_every_kind_of_value() -> None:
-    found = keep_encoded(
-        {
-            "ts": 1.5, "id": 'say "hi"\n\u00e9\U0001f600', "status": 503, "stream": False,
-            "score": float("nan"), "tokens_in": 2**63 - 1, "error": None, "providers": [],
-            "body": {"request": {"messages": [{"role": "user", "content": "x"}, None]},
-                     "flags": [True, 1.25, Colour.RED, Level.HIGH, ("a",)], "gone": None},
-        }
-    )  # fmt: skip
+    found = {
+        "ts": 1.5, "id": 'say "hi"\n\u00e9\U0001f600', "status": 503, "stream": False,
+        "score": float("nan"), "tokens_in": 2**63 - 1, "error": None, "providers": [],
+        "body": {"request": {"messages": [{"role": "user", "content": "x"}, None]},
+                 "flags": [True, 1.25, Colour.RED, Level.HIGH, ("a",)], "gone": None},
+    }  # fmt: skip
     log = orjson.loads(log_record(found, b'"7"'))
     assert log == {
         "timeUnixNano": "1500000000", "observedTimeUnixNano": "7",
@@ -131,7 +128,7 @@ def test_a_log_record_is_otlps_json_mapping_for_every_kind_of_value() -> None:
 def test_a_collector_that_is_down_raises() -> None:
     sink = OTLPLogSink(f"http://127.0.0.1:{free_port()}", "prism-origin", "dev", timeout=1.0)
     with pytest.raises(OTLPExportError, match="did not take 1 request log records"):
-        asyncio.run(sink.write([record(1)]))
+        asyncio.run(sink.write(lines([record(1)])))
     asyncio.run(sink.close())
 
 

@@ -15,6 +15,7 @@ import redis
 
 from deploy.log_window import find_record, read_records
 from origin.connection.redis_client import RedisReplyError
+from origin.requestlog.record import Logged, logged
 from origin.requestlog.record_filter import RecordFilter
 from origin.requestlog.redis_window import (
     COUNT_KEY_PREFIX,
@@ -34,16 +35,16 @@ from tests.polling import wait_for
 Entry = tuple[bytes, dict[bytes, bytes]]
 
 
-def records(project: str, start: int, count: int, ts: float = 1.0) -> list[dict[str, Any]]:
+def records(project: str, start: int, count: int, ts: float = 1.0) -> list[Logged]:
     return [
-        {"id": f"{project}-{n}", "project": project, "ts": ts, "status": 200}
+        logged({"id": f"{project}-{n}", "project": project, "ts": ts, "status": 200})
         for n in range(start, start + count)
     ]
 
 
 def write(
     redis_url: str,
-    batches: list[list[dict[str, Any]]],
+    batches: list[list[Logged]],
     window: int = 10_000,
     age: int = 3600,
     clock: Callable[[], float] | None = None,

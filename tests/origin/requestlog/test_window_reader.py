@@ -17,6 +17,7 @@ from origin.connection.redis_pipe import RedisPipe
 from origin.requestlog.record_filter import FilterError, RecordFilter
 from origin.requestlog.redis_window import RedisWindowSink, entry_records, stream_key
 from origin.requestlog.window_reader import Cursor, WindowReader
+from tests.origin.requestlog.samples import lines
 
 PROJECTS = ("acme", "beta", "-")
 LAYERS = ("miss", "redis", "semantic")
@@ -47,7 +48,7 @@ def batches(now: float) -> list[list[dict[str, Any]]]:
 async def write(redis_url: str, parts: list[list[dict[str, Any]]]) -> None:
     sink = RedisWindowSink(RedisPipe(redis_url, 5.0), window=10_000, age=3600)
     for part in parts:
-        await sink.write(part)
+        await sink.write(lines(part))
     await sink.close()
 
 
@@ -112,7 +113,7 @@ async def write_apart(redis_url: str, parts: list[list[dict[str, Any]]]) -> None
     client = RedisPipe(redis_url, 5.0)
     sink = RedisWindowSink(client, window=10_000, age=3600)
     for part in parts:
-        await sink.write(part)
+        await sink.write(lines(part))
         seconds, micros = await client.execute("TIME")
         written = int(seconds) * 1000 + int(micros) // 1000
         while True:  # until Redis's clock has passed the millisecond just written
