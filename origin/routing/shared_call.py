@@ -128,6 +128,7 @@ class Flight:
         "_leases",
         "_on_abandon",
         "_on_end",
+        "_publishing",
         "_router",
         "_subscribers",
         "_task",
@@ -158,6 +159,7 @@ class Flight:
         self._leases = leases if key is not None else None
         self._lease: Lease | None = None  # held while this process leads the shared call
         self.published = 0  # frames appended to the lease's stream so far
+        self._publishing = False  # a publish to the lease's stream is scheduled
         self.remote = False  # the answer (or the failure) came from another process's call
         self.call = call
         self._router = router
@@ -189,14 +191,33 @@ class Flight:
         return bool(self.frames) or self.done
 
     def _notify(self) -> None:
-        lease = self._lease
-        if lease is not None and self.published < len(self.frames):
-            lease.frames(self.frames, self.usage_frames, self.published)
-            self.published = len(self.frames)
         waiters, self.waiters = self.waiters, []
         for waiter in waiters:
             if not waiter.done():  # a waiter cancelled with its client is done already
                 waiter.set_result(None)
+        if self._lease is not None and not self._publishing:
+            # Behind the waiters' wake-ups: this process's clients get their frames before
+            # the stream's write for other processes is packed.
+            self._publishing = True
+            self._task.get_loop().call_soon(self._publish)
+
+    def _publish(self) -> None:
+        """What is new since the last publish, appended to the lease's stream: the frames,
+        then the end (the answer, the failure, or the call abandoned)."""
+        self._publishing = False
+        lease = self._lease
+        if lease is None:
+            return
+        if self.published < len(self.frames):
+            lease.frames(self.frames, self.usage_frames, self.published)
+            self.published = len(self.frames)
+        result, error = self.result, self.error
+        if result is not None:  # a stored answer's lease lingers: see flight_lease
+            lease.end("r", result.body, linger=self.call.storage is not None)
+        elif error is not None and error.code == "cancelled":
+            lease.end("a", b"", linger=False)  # abandoned here: another process takes over
+        elif error is not None:
+            lease.end("x", orjson.dumps([error.message, error.code]), linger=False)
 
     async def next_change(self) -> None:
         """Until the flight publishes something."""
@@ -255,15 +276,7 @@ class Flight:
         if self.done:  # a stream that ended at its end marker may fail while it drains
             return
         self.result, self.error = result, error
-        self._notify()
-        lease = self._lease
-        if lease is not None:
-            if result is not None:  # a stored answer's lease lingers: see flight_lease
-                lease.end("r", result.body, linger=self.call.storage is not None)
-            elif error is not None and error.code == "cancelled":
-                lease.end("a", b"", linger=False)  # abandoned here: another process takes over
-            elif error is not None:
-                lease.end("x", orjson.dumps([error.message, error.code]), linger=False)
+        self._notify()  # the lease's end is published after the clients are woken
         self._on_end(self)
 
     def _routed(self, routed: Routed[Any]) -> None:
