@@ -116,6 +116,9 @@ class Call(NamedTuple):  # a tuple: made on every miss, and cheaper than a froze
     # Told the answer and the provider that gave it, when this call's own provider answered
     # (an API that keeps a note of it: a stored response's owner).
     on_answer: Callable[[UpstreamCompletion, str], None] | None = None
+    # The flight whose lease the request's Redis lookup found (its own, taken there, or
+    # another process's: followed with no claim of its own); None: the flight claims it.
+    flight: bytes | None = None
 
 
 class Flight:
@@ -292,12 +295,19 @@ class Flight:
         (True: this flight ended with it)."""
         key = self._key
         assert key is not None
+        found = self.call.flight
         for attempt in range(_TAKE_OVERS + 1):
-            try:
-                claim = await leases.claim(key)
-            except RedisClientError:
-                leases.counted(_OWN)
-                return False  # Redis cannot say: call, as a process alone would
+            claim: Lease | bytes | None = None
+            if attempt == 0:
+                # A lookup of this process took the lease (lead with it), or found another
+                # flight holding it (follow that): no claim of this flight's own.
+                claim = leases.adopt(key) or found
+            if claim is None:
+                try:
+                    claim = await leases.claim(key)
+                except RedisClientError:
+                    leases.counted(_OWN)
+                    return False  # Redis cannot say: call, as a process alone would
             if isinstance(claim, Lease):
                 self._lease = claim
                 leases.counted("lead" if attempt == 0 else _TAKE_OVER)
