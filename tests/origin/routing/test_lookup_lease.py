@@ -184,7 +184,7 @@ def test_a_request_that_joins_a_flight_running_here_releases_the_lease_its_looku
     request's lookup takes it, joins the flight in its process, and lets the lease go."""
     origin = origin_factory(PRISM_FLIGHT_LEASE="30")
     provider.control.reset()
-    provider.control.set_fault("latency", ms=1500)
+    provider.control.set_fault("latency", ms=3000)  # the call outlasts the checks below
     body = question("joined here")
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         first = pool.submit(post, origin, api_key, body)
