@@ -4,10 +4,12 @@ its own task, recording what arrives (stream events as they come, then the answe
 the error) for its subscribers (``origin.routing.subscription``) to read at their own
 pace. ``origin.routing.coalescing`` is where identical requests find it.
 
-With shared flights on (``origin.routing.flight_lease``), a flight first asks Redis for its
-key's lease: holding it, it calls the provider and appends what arrives to its stream for
-other processes; finding another process's flight there, it follows that stream instead,
-recording the same events the same way, so its subscribers cannot tell the difference.
+With shared flights on (``origin.routing.flight_lease``), a flight starts from its key's
+lease (as the request's Redis lookup found it: taken there, or another's; else it asks):
+holding it, it calls the provider and appends what arrives to its stream for other
+processes, after its own subscribers are woken; finding another process's flight there, it
+follows that stream instead, recording the same events the same way, so its subscribers
+cannot tell the difference.
 
 A chat stream that breaks after part of it was relayed may be finished by another target
 (``origin.routing.resume``): its frames follow the first part's in the same flight.
