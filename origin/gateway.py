@@ -73,7 +73,14 @@ class Gateway:
             _redis_client(settings, settings.redis_read_url) if settings.redis_read_url else None
         )
         self.cache = RedisCache(
-            self.redis, self.metrics, settings.redis_retry_after, reader=self.redis_reader
+            self.redis,
+            self.metrics,
+            settings.redis_retry_after,
+            reader=self.redis_reader,
+            # A miss's lookup takes its shared flight's lease (self.flight_leases, below).
+            flight_lease_ms=max(1, round(settings.flight_lease * 1000))
+            if settings.flight_lease > 0
+            else 0,
         )
         # Tracing first: the parts that report to it are given it as they are made.
         self.telemetry = _telemetry(settings) if settings.otel_endpoint else None

@@ -151,7 +151,15 @@ class ApiRoute(Generic[R]):
             caller.key_id, asked.fp if asked.decision.read else None, caller.project, count=True
         )
         request.timer.mark("redis")
-        policy = self._admit(asked, lookup)
+        leads = lookup.leads  # a miss whose lookup took its flight's lease: see _lead
+        if leads:
+            self._lead(asked, lookup)
+        try:
+            policy = self._admit(asked, lookup)
+        except BaseException:
+            if leads:
+                self._let_go(asked, lookup)
+            raise
         if policy is not None and policy.log is not None:
             request.log_rules = policy.log  # the request log reads it after the response
         if lookup.entry is not None:
@@ -170,12 +178,30 @@ class ApiRoute(Generic[R]):
         pending: Pending | None = None
         # Only for a project whose policy opts in: any other request pays one attribute check.
         rules = policy.cache if policy is not None else None
-        if rules is not None and rules.semantic and cacheable and self.gw.semantic is not None:
-            found = await self._semantic(self.gw.semantic, rules.threshold, asked)
-            if isinstance(found, Reply):
-                return found
-            pending = found
-        return await self._miss(asked, policy, lookup.available, cacheable, pending)
+        try:
+            if rules is not None and rules.semantic and cacheable and self.gw.semantic is not None:
+                found = await self._semantic(self.gw.semantic, rules.threshold, asked)
+                if isinstance(found, Reply):
+                    return found
+                pending = found
+            return await self._miss(asked, policy, lookup, cacheable, pending)
+        finally:
+            if leads:  # a no-op once the request's flight leads with it
+                self._let_go(asked, lookup)
+
+    def _lead(self, asked: Asked[R], lookup: Lookup) -> None:
+        """The lease the lookup took, held for the flight this request starts (or one that
+        starts here first: ``FlightLeases.adopt``)."""
+        leases, flight = self.gw.flight_leases, lookup.flight
+        if leases is not None and flight is not None:
+            leases.taken(asked.fp, flight)
+
+    def _let_go(self, asked: Asked[R], lookup: Lookup) -> None:
+        """This request will not lead with the lease its lookup took: released now, so that
+        no other process's identical request waits for it to lapse."""
+        leases, flight = self.gw.flight_leases, lookup.flight
+        if leases is not None and flight is not None:
+            leases.let_go(asked.fp, flight)
 
     async def _read(self, request: Request) -> Asked[R]:
         """The request authenticated, its body parsed, fingerprinted and classified."""
@@ -231,7 +257,7 @@ class ApiRoute(Generic[R]):
         self,
         asked: Asked[R],
         policy: Policy | None,
-        available: bool,
+        lookup: Lookup,
         cacheable: bool,
         pending: Pending | None,
     ) -> Reply:
@@ -242,7 +268,9 @@ class ApiRoute(Generic[R]):
         budget = policy.budget if policy is not None else None
         rate_limits = policy.rate_limits if policy is not None else None
         limits_tokens = (
-            rate_limits is not None and available and rate_limits.limits_tokens(caller.key_id)
+            rate_limits is not None
+            and lookup.available
+            and rate_limits.limits_tokens(caller.key_id)
         )
         bounds = (0, 0)
         if budget is not None or limits_tokens:
@@ -280,7 +308,7 @@ class ApiRoute(Generic[R]):
                 self._audit_refusal(caller, parsed.model, refusal, "budget.refuse")
                 raise
             asked.request.charge = charge  # for the access log and the trace
-            return await self._call(asked, cacheable, charge, pending)
+            return await self._call(asked, cacheable, charge, pending, lookup)
         except BaseException:
             if tokens is not None:  # no call, or it failed: a no-op once the call settled
                 tokens.settle(None)
@@ -342,7 +370,12 @@ class ApiRoute(Generic[R]):
             self.gw.spawn(self.audit.append(record))
 
     async def _call(
-        self, asked: Asked[R], cacheable: bool, charge: Charge, semantic: Pending | None
+        self,
+        asked: Asked[R],
+        cacheable: bool,
+        charge: Charge,
+        semantic: Pending | None,
+        lookup: Lookup,
     ) -> Reply:
         gw, parsed, decision, headers = self.gw, asked.parsed, asked.decision, asked.out
         storage = (
@@ -359,6 +392,7 @@ class ApiRoute(Generic[R]):
             on_answer=None
             if self.api.on_answer is None
             else functools.partial(self.api.on_answer, gw, asked.caller.project, parsed),
+            flight=lookup.flight,
         )
         # Join only requests that would accept a cached answer anyway; Redis being down
         # is no reason to call the provider once per identical request.
@@ -369,6 +403,8 @@ class ApiRoute(Generic[R]):
             if subscription.call is not call:
                 charge.joined()
                 asked.request.joined = True
+                if lookup.leads:  # joined a flight running here: the lease is not needed
+                    self._let_go(asked, lookup)
             stream: ClientStream | None = None
             if parsed.stream:
                 if not await subscription.started(client_gone):

@@ -1,10 +1,14 @@
 """One provider call per question across processes and machines: a short Redis lease per
 flight key, and a Redis stream per flight that the other processes follow live.
 
-The first process to miss on a key takes its lease (``FlightLeases.claim``) and calls the
-provider; what arrives (the head, each stream frame, then the answer or the failure) is
-appended to the flight's stream (``Lease``), in order, by one writer that sends whatever has
-queued while its last write was out (no write per frame under load, no wait when quiet).
+The first process to miss on a key takes its lease and calls the provider: in the request's
+Redis lookup itself (``origin.store.redis_cache.lookup_script``: the miss's one command is
+its claim too; ``FlightLeases.taken``, then ``adopt`` by the flight, or ``let_go`` by a
+request that will not call after all), else by ``FlightLeases.claim`` (a take-over, a
+request whose lookup did not ask); what arrives (the head, each stream frame, then the
+answer or the failure) is appended to the flight's stream (``Lease``), in order, by one
+writer that sends whatever has queued while its last write was out (no write per frame
+under load, no wait when quiet).
 A process that misses while the lease is held follows that stream (``FlightLeases.read``)
 instead of calling, as its own requests follow an in-process flight
 (``origin.routing.shared_call``): in-process coalescing stays the first level, so one
@@ -19,7 +23,8 @@ finished stream, so a process whose Redis lookup missed just before the entry la
 follows the finished flight instead of calling again; an answer not stored, and every
 failure, releases the lease at once.
 
-Keys: ``prism:flight:{key}`` (the lease: the flight's id) and ``prism:flight:{key}:id`` (its
+Keys: ``prism:flight:{key}`` (the lease: the flight's id; a lookup's ids are ``#`` and the
+count ``prism:flight:ids`` keeps) and ``prism:flight:{key}:id`` (its
 stream; the braces keep both in one Redis Cluster slot). Each stream entry has one field:
 ``h`` the head (JSON: x-prism-provider's label, fallback, provider, upstream model),
 ``f`` a frame, ``u`` the trailing usage frame, ``r`` the answer's body (the end), ``x`` a
@@ -76,6 +81,10 @@ return 1
 """
 # -> {the lease's holder (or nil), the stream's entries after ARGV[1]}: one atomic look, so
 # an end appended as the lease was released is seen with it.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
 _POLL = """
 return {redis.call('GET', KEYS[1]), redis.call('XRANGE', KEYS[2], '(' .. ARGV[1], '+')}
 """
@@ -121,10 +130,14 @@ class FlightLeases:
         # A flight's id: this process's, then a count (unique, and no syscall per miss).
         self._prefix, self._ids = secrets.token_hex(6), itertools.count()
         self._held: set[Lease] = set()  # leases this process renews
+        # Leases taken by requests' lookups, by key, until their flight adopts them.
+        self._taken: dict[str, Lease] = {}
         self._renewing: asyncio.Task[None] | None = None
         self._claim = LoadedScript(_CLAIM, 1)
         self._renew = LoadedScript(_RENEW, 1)
         self._append = LoadedScript(_APPEND, 2)
+        self._release = LoadedScript(_RELEASE, 1)
+        self._releasing: set[asyncio.Future[Any]] = set()
         self._poll = LoadedScript(_POLL, 2)
 
     async def claim(self, key: str) -> Lease | bytes:
@@ -135,13 +148,46 @@ class FlightLeases:
             held = await self._claim.run(self._redis, _lease_key(key), flight, self.lease_ms)
             if held == 1:
                 lease = Lease(self, key, flight.encode())
-                self._held.add(lease)
-                if self._renewing is None:
-                    self._renewing = asyncio.get_running_loop().create_task(self._renew_held())
+                self._hold(lease)
                 return lease
             if isinstance(held, bytes):
                 return held
         raise RedisClientError("the flight's lease changed hands three times in a row")
+
+    def taken(self, key: str, flight: bytes) -> None:
+        """A request's lookup took ``key``'s lease for ``flight``: held (and renewed) for the
+        flight that request starts, or the one of this process that starts first."""
+        lease = Lease(self, key, flight)
+        self._taken[key] = lease
+        self._hold(lease)
+
+    def adopt(self, key: str) -> Lease | None:
+        """The lease a lookup took for ``key``, now the starting flight's to lead with."""
+        return self._taken.pop(key, None)
+
+    def let_go(self, key: str, flight: bytes) -> None:
+        """The request whose lookup took ``key``'s lease for ``flight`` will not call (refused,
+        answered otherwise, or joined a flight running here): unless a flight adopted it,
+        released at once, in the background, so another process's identical request calls
+        now rather than when it lapses (a failed release: it lapses)."""
+        lease = self._taken.get(key)
+        if lease is None or lease.flight != flight:
+            return
+        del self._taken[key]
+        self.release(lease)
+        release = asyncio.ensure_future(self._release.run(self._redis, _lease_key(key), flight))
+        self._releasing.add(release)
+        release.add_done_callback(self._released)
+
+    def _released(self, release: asyncio.Future[Any]) -> None:
+        self._releasing.discard(release)
+        if not release.cancelled() and release.exception() is not None:
+            log.info("a shared flight's lease could not be released: %s", release.exception())
+
+    def _hold(self, lease: Lease) -> None:
+        self._held.add(lease)
+        if self._renewing is None:
+            self._renewing = asyncio.get_running_loop().create_task(self._renew_held())
 
     async def read(self, key: str, flight: bytes, after: bytes) -> list[Entry]:
         """The flight's entries after ``after``, waiting up to ``CHECK`` for the first."""
@@ -175,6 +221,8 @@ class FlightLeases:
     async def close(self) -> None:
         if self._renewing is not None:
             self._renewing.cancel()
+        if self._releasing:
+            await asyncio.gather(*self._releasing, return_exceptions=True)
         if self._pool is not None:
             with contextlib.suppress(Exception):
                 await self._pool.aclose(close_connection_pool=True)

@@ -4,10 +4,12 @@ its own task, recording what arrives (stream events as they come, then the answe
 the error) for its subscribers (``origin.routing.subscription``) to read at their own
 pace. ``origin.routing.coalescing`` is where identical requests find it.
 
-With shared flights on (``origin.routing.flight_lease``), a flight first asks Redis for its
-key's lease: holding it, it calls the provider and appends what arrives to its stream for
-other processes; finding another process's flight there, it follows that stream instead,
-recording the same events the same way, so its subscribers cannot tell the difference.
+With shared flights on (``origin.routing.flight_lease``), a flight starts from its key's
+lease (as the request's Redis lookup found it: taken there, or another's; else it asks):
+holding it, it calls the provider and appends what arrives to its stream for other
+processes, after its own subscribers are woken; finding another process's flight there, it
+follows that stream instead, recording the same events the same way, so its subscribers
+cannot tell the difference.
 
 A chat stream that breaks after part of it was relayed may be finished by another target
 (``origin.routing.resume``): its frames follow the first part's in the same flight.
@@ -116,6 +118,9 @@ class Call(NamedTuple):  # a tuple: made on every miss, and cheaper than a froze
     # Told the answer and the provider that gave it, when this call's own provider answered
     # (an API that keeps a note of it: a stored response's owner).
     on_answer: Callable[[UpstreamCompletion, str], None] | None = None
+    # The flight whose lease the request's Redis lookup found (its own, taken there, or
+    # another process's: followed with no claim of its own); None: the flight claims it.
+    flight: bytes | None = None
 
 
 class Flight:
@@ -128,6 +133,7 @@ class Flight:
         "_leases",
         "_on_abandon",
         "_on_end",
+        "_publishing",
         "_router",
         "_subscribers",
         "_task",
@@ -158,6 +164,7 @@ class Flight:
         self._leases = leases if key is not None else None
         self._lease: Lease | None = None  # held while this process leads the shared call
         self.published = 0  # frames appended to the lease's stream so far
+        self._publishing = False  # a publish to the lease's stream is scheduled
         self.remote = False  # the answer (or the failure) came from another process's call
         self.call = call
         self._router = router
@@ -189,14 +196,33 @@ class Flight:
         return bool(self.frames) or self.done
 
     def _notify(self) -> None:
-        lease = self._lease
-        if lease is not None and self.published < len(self.frames):
-            lease.frames(self.frames, self.usage_frames, self.published)
-            self.published = len(self.frames)
         waiters, self.waiters = self.waiters, []
         for waiter in waiters:
             if not waiter.done():  # a waiter cancelled with its client is done already
                 waiter.set_result(None)
+        if self._lease is not None and not self._publishing:
+            # Behind the waiters' wake-ups: this process's clients get their frames before
+            # the stream's write for other processes is packed.
+            self._publishing = True
+            self._task.get_loop().call_soon(self._publish)
+
+    def _publish(self) -> None:
+        """What is new since the last publish, appended to the lease's stream: the frames,
+        then the end (the answer, the failure, or the call abandoned)."""
+        self._publishing = False
+        lease = self._lease
+        if lease is None:
+            return
+        if self.published < len(self.frames):
+            lease.frames(self.frames, self.usage_frames, self.published)
+            self.published = len(self.frames)
+        result, error = self.result, self.error
+        if result is not None:  # a stored answer's lease lingers: see flight_lease
+            lease.end("r", result.body, linger=self.call.storage is not None)
+        elif error is not None and error.code == "cancelled":
+            lease.end("a", b"", linger=False)  # abandoned here: another process takes over
+        elif error is not None:
+            lease.end("x", orjson.dumps([error.message, error.code]), linger=False)
 
     async def next_change(self) -> None:
         """Until the flight publishes something."""
@@ -255,15 +281,7 @@ class Flight:
         if self.done:  # a stream that ended at its end marker may fail while it drains
             return
         self.result, self.error = result, error
-        self._notify()
-        lease = self._lease
-        if lease is not None:
-            if result is not None:  # a stored answer's lease lingers: see flight_lease
-                lease.end("r", result.body, linger=self.call.storage is not None)
-            elif error is not None and error.code == "cancelled":
-                lease.end("a", b"", linger=False)  # abandoned here: another process takes over
-            elif error is not None:
-                lease.end("x", orjson.dumps([error.message, error.code]), linger=False)
+        self._notify()  # the lease's end is published after the clients are woken
         self._on_end(self)
 
     def _routed(self, routed: Routed[Any]) -> None:
@@ -279,12 +297,19 @@ class Flight:
         (True: this flight ended with it)."""
         key = self._key
         assert key is not None
+        found = self.call.flight
         for attempt in range(_TAKE_OVERS + 1):
-            try:
-                claim = await leases.claim(key)
-            except RedisClientError:
-                leases.counted(_OWN)
-                return False  # Redis cannot say: call, as a process alone would
+            claim: Lease | bytes | None = None
+            if attempt == 0:
+                # A lookup of this process took the lease (lead with it), or found another
+                # flight holding it (follow that): no claim of this flight's own.
+                claim = leases.adopt(key) or found
+            if claim is None:
+                try:
+                    claim = await leases.claim(key)
+                except RedisClientError:
+                    leases.counted(_OWN)
+                    return False  # Redis cannot say: call, as a process alone would
             if isinstance(claim, Lease):
                 self._lease = claim
                 leases.counted("lead" if attempt == 0 else _TAKE_OVER)

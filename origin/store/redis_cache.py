@@ -40,7 +40,7 @@ from ..governance.rate_limit_scripts import RATE_CHECK_SCRIPT, REQUEST_LIMIT_LUA
 from ..governance.request_leases import ProjectLeases, RequestLeases
 from ..metrics import Metrics
 
-__all__ = ["LOOKUP_SCRIPT", "Lookup", "RedisCache"]
+__all__ = ["LOOKUP_SCRIPT", "Lookup", "RedisCache", "lookup_script"]
 
 log = logging.getLogger("prism.origin")
 
@@ -49,7 +49,7 @@ class Lookup:
     """What one lookup found. A plain class: made on every request, and compiled its
     ``__init__`` is native code (a NamedTuple's ``__new__`` is generated Python)."""
 
-    __slots__ = ("available", "entry", "policy", "rate", "revoked")
+    __slots__ = ("available", "entry", "flight", "leads", "policy", "rate", "revoked")
 
     def __init__(
         self,
@@ -61,22 +61,38 @@ class Lookup:
         # reset_ms, retry_ms, scope, ...] (origin.governance.rate_limit_scripts); refused:
         # no entry was read.
         rate: list[int] | None = None,
+        # A miss asked for its flight's lease: the id of the flight holding it, and whether
+        # this lookup took it (``leads``: the request's flight calls the provider).
+        flight: bytes | None = None,
+        leads: bool = False,
     ) -> None:
         self.available = available
         self.revoked = revoked
         self.entry = entry
         self.policy = policy
         self.rate = rate
+        self.flight = flight
+        self.leads = leads
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Lookup):
             return NotImplemented
-        return (self.available, self.revoked, self.entry, self.policy, self.rate) == (
+        return (
+            self.available,
+            self.revoked,
+            self.entry,
+            self.policy,
+            self.rate,
+            self.flight,
+            self.leads,
+        ) == (
             other.available,
             other.revoked,
             other.entry,
             other.policy,
             other.rate,
+            other.flight,
+            other.leads,
         )
 
     __hash__ = None  # type: ignore[assignment]  # equal by value, and mutable
@@ -95,7 +111,33 @@ REVOKED_WHILE_UNAVAILABLE = Lookup(available=False, revoked=True)
 # reply. Revoked: nothing else is read. The rate limit check runs only when the policy
 # record sets rate limits; a refused request reads no entry. The limits' hash is named
 # inside the script, from the project (a single Redis, not a cluster).
-LOOKUP_SCRIPT = f"""
+#
+# With shared flights (``lookup_script(lease_ms)``), an entry read and missing also takes its
+# flight's lease (``origin.routing.flight_lease``: the key named from the entry's, the id a
+# counter's) or names who holds it: the reply's first element is then 2 (taken) or 3 (held),
+# and the entry's place holds the flight's id. A miss's one command is its claim as well.
+_ENTRY_READ = "entry = redis.call('GET', KEYS[2])"
+_LEASE_LUA = """
+local function lease()
+  local key = 'prism:flight:{{' .. string.sub(KEYS[2], {start}) .. '}}'
+  local holder = redis.call('GET', key)
+  if holder then return 3, holder end
+  local flight = '#' .. redis.call('INCR', 'prism:flight:ids')
+  redis.call('SET', key, flight, 'PX', {lease_ms})
+  return 2, flight
+end
+"""
+
+
+def lookup_script(lease_ms: int = 0) -> str:
+    """The lookup script; with ``lease_ms``, taking a miss's flight lease for that long."""
+    read, head, lease = _ENTRY_READ, "0", ""
+    if lease_ms:
+        read += " if not entry then head, entry = lease() end"
+        head = "head"
+        lease = _LEASE_LUA.format(start=len(entry_key("")) + 1, lease_ms=lease_ms)
+        lease += "local head = 0\n"
+    return f"""{lease}
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return {{1}} end
 local entry, policy, rate, ahead = false, false, nil, false
 if KEYS[3] ~= '' then
@@ -111,12 +153,15 @@ if KEYS[3] ~= '' then
   end
 end
 if rate then
-  if (rate[1] ~= 0 or ahead) and KEYS[2] ~= '' then entry = redis.call('GET', KEYS[2]) end
-  return {{0, entry, policy, unpack(rate)}}
+  if (rate[1] ~= 0 or ahead) and KEYS[2] ~= '' then {read} end
+  return {{{head}, entry, policy, unpack(rate)}}
 end
-if KEYS[2] ~= '' then entry = redis.call('GET', KEYS[2]) end
-return {{0, entry, policy}}
+if KEYS[2] ~= '' then {read} end
+return {{{head}, entry, policy}}
 """
+
+
+LOOKUP_SCRIPT = lookup_script()
 
 
 _FAILED_OVER = ("READONLY", "MASTERDOWN")
@@ -132,6 +177,7 @@ class RedisCache:
         retry_after: float = 1.0,
         revoked_refresh: float = 10.0,
         reader: RedisClient | None = None,
+        flight_lease_ms: int = 0,
     ) -> None:
         self.redis = redis
         self._reader = reader
@@ -139,7 +185,10 @@ class RedisCache:
         self._metrics = metrics
         self._retry_after = retry_after
         self._down_until = 0.0
-        self._lookup_script = LoadedScript(LOOKUP_SCRIPT, 3, REVOKED_KEY)
+        # A miss takes its flight's lease in the lookup (``flight_lease_ms``: shared flights
+        # are on), unless a replica may answer: it cannot write (the flight claims instead).
+        leasing = flight_lease_ms if reader is None else 0
+        self._lookup_script = LoadedScript(lookup_script(leasing), 3, REVOKED_KEY)
         self._rate_check = LoadedScript(RATE_CHECK_SCRIPT)  # on the primary, after a replica
         self.leases = RequestLeases()
         # The revoked key ids last read from Redis, for when Redis cannot be asked.
@@ -221,13 +270,18 @@ class RedisCache:
                 self._failed("lookup", error)
             return self._unavailable(key_id)
         else:
+            flight: bytes | None = None
+            leads = False
             if reply[0] or (redis is self._reader and key_id in self._revoked):
-                self._revoked.add(key_id)
-                return Lookup(True, True)
+                if reply[0] < 2:
+                    self._revoked.add(key_id)
+                    return Lookup(True, True)
+                # A miss, with its flight's lease (2: taken) or its holder (3).
+                flight, leads, reply[1] = reply[1], reply[0] == 2, None
             if len(reply) < 3:
                 return Lookup(True, False)
             if project is None:
-                return Lookup(True, False, reply[1], reply[2])
+                return Lookup(True, False, reply[1], reply[2], None, flight, leads)
             # Leased under a policy that has changed since: the new one decides.
             void = held is not None and reply[2] != held.policy
             if len(reply) > 3:
@@ -235,18 +289,18 @@ class RedisCache:
             elif void:
                 rate, asks = await self._check_rate(project, key_id, 1), True
             else:
-                return Lookup(True, False, reply[1], reply[2], leased)
+                return Lookup(True, False, reply[1], reply[2], leased, flight, leads)
             if rate is None:  # no request limit applies (or the primary could not say)
                 self.leases.by_project.pop(project, None)
-                return Lookup(True, False, reply[1], reply[2])
+                return Lookup(True, False, reply[1], reply[2], None, flight, leads)
             if asks or void:
                 spent = leased is None or void  # else its permit came from the lease
                 left = self.leases.record(project, key_id, rate, reply[2], spent, asks)
                 if spent and left:  # its header counts the permits the process holds too
                     rate[2] = min(rate[2] + left, rate[1])
             if leased is not None and not void:  # admitted by its lease; that ask was ahead
-                return Lookup(True, False, reply[1], reply[2], leased)
-            return Lookup(True, False, reply[1] if rate[0] else None, reply[2], rate)
+                return Lookup(True, False, reply[1], reply[2], leased, flight, leads)
+            return Lookup(True, False, reply[1] if rate[0] else None, reply[2], rate, flight, leads)
         finally:
             if asks and held is not None:  # the ask ends, recorded or not: another may ask
                 held.unask(key_id)
