@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from .embed_process import EncoderProcess
 from .encoding import encode_texts
-from .engine import EncodingModel, Engine, load_model, space_of
+from .engine import EncodingModel, Engine, limit_blas_threads, load_model, space_of
 
 if TYPE_CHECKING:  # numpy is imported with the model, in the worker thread
     from .model import Vector
@@ -198,6 +198,9 @@ class Embedder:
                 time.perf_counter() - started,
                 "" if self._in_process else " (its own process)",
             )
+            if not (self._in_process and kind == "SentenceModel"):  # numpy's sets its own
+                # The index scores partitions with numpy on the event loop's thread.
+                limit_blas_threads(1)
             self._kind = kind
         except Exception as error:  # ImportError, missing or broken files
             self._failed = f"semantic cache model unavailable: {error}"

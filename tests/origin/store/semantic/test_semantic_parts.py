@@ -4,6 +4,8 @@ partitioned, the lexical guard, the Redis index (a real Redis), and the embedder
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -187,3 +189,35 @@ def test_the_model_gives_the_published_all_minilm_l6_v2_embedding() -> None:
     # The model card's example: the first values of sentence-transformers' own output.
     expected = [0.0676569, 0.0634959, 0.0487131, 0.0793050, 0.0374480]
     assert np.allclose(vector[:5], expected, atol=1e-5)
+
+
+_BLAS_THREADS_AFTER_LOADING = """
+import asyncio
+from threadpoolctl import threadpool_info
+from origin.store.semantic.embedder import Embedder
+
+async def main():
+    embedder = Embedder(None)
+    try:
+        assert await embedder.embed("what is the capital of france") is not None
+    finally:
+        embedder.close()
+
+asyncio.run(main())
+print(sorted({pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"}))
+"""
+
+
+def test_once_the_model_loads_numpy_multiplies_on_one_thread() -> None:
+    # The index scores partitions with numpy on the event loop's thread; a second BLAS
+    # thread spun for milliseconds after each product, keeping a core busy. A process of
+    # its own: BLAS's thread count is the process's, and starts at its cores.
+    pytest.importorskip("threadpoolctl")
+    found = subprocess.run(
+        [sys.executable, "-c", _BLAS_THREADS_AFTER_LOADING],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert found.stdout.strip() == "[1]", found.stderr[-2000:]
