@@ -79,12 +79,13 @@ if lease >= 0 and redis.call('GET', KEYS[2]) == ARGV[1] then
 end
 return 1
 """
-# -> {the lease's holder (or nil), the stream's entries after ARGV[1]}: one atomic look, so
-# an end appended as the lease was released is seen with it.
+# Deletes the lease if the caller still holds it (a lookup's lease let go of).
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+# -> {the lease's holder (or nil), the stream's entries after ARGV[1]}: one atomic look, so
+# an end appended as the lease was released is seen with it.
 _POLL = """
 return {redis.call('GET', KEYS[1]), redis.call('XRANGE', KEYS[2], '(' .. ARGV[1], '+')}
 """

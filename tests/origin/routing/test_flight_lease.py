@@ -229,13 +229,17 @@ async def test_a_stored_answers_lease_lingers_so_a_late_miss_does_not_call_again
     assert answer is not None and other.router.calls == 0 and other.outcomes == ["follow"]
 
 
-async def test_a_failed_call_releases_its_lease_at_once(two: tuple[Process, Process]) -> None:
+async def test_a_failed_call_releases_its_lease_at_once(
+    two: tuple[Process, Process], admin: redis.Redis
+) -> None:
     leader, other = two
     leader.router.complete_error = UpstreamError("The provider failed.")
     first = await lead(leader, stream=False)
     leader.router.answer.set()
     with pytest.raises(UpstreamError):
         await first.answer()
+    # Released right after its own clients heard (the lease itself would last 3 s).
+    await async_wait_for(lambda: not admin.exists(f"prism:flight:{{{KEY}}}"), 1)
     other.router.answer.set()
     answer = await asyncio.wait_for(other.table.subscribe(KEY, call(False)).answer(), 5)
     assert answer is not None and other.router.calls == 1 and other.outcomes == ["lead"]
