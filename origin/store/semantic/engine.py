@@ -113,7 +113,7 @@ def limit_blas_threads(threads: int) -> None:
     the index scoring a partition (4,096 rows every 5 ms, on the event loop's thread) cost
     5.5 ms of CPU a product on two threads against 0.75 on one, the second thread keeping
     a core busy beside the model (``prism bench semantic --load`` at 200 misses a second:
-    2.1 % of lookups slow or shed and +13 ms on the p50, against none and +3.75 ms)."""
+    0.7-2.1 % of lookups slow or shed and +8-13 ms on the p50, against 0-1 % and +4-6 ms)."""
     try:
         import numpy  # noqa: F401  # threadpoolctl limits the libraries loaded, only
         from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
