@@ -30,7 +30,7 @@ from .providers.upstream_http import ConnectorFactory
 from .requestlog.durable import durable_sinks
 from .requestlog.request_log import RequestLog, build_request_log
 from .routing.coalescing import FlightTable
-from .routing.flight_lease import FlightLeases
+from .routing.flight_lease import FlightLeases, lease_ms
 from .routing.model_catalog import ModelCatalog
 from .routing.router import Router
 from .settings import Settings, SettingsError
@@ -78,9 +78,7 @@ class Gateway:
             settings.redis_retry_after,
             reader=self.redis_reader,
             # A miss's lookup takes its shared flight's lease (self.flight_leases, below).
-            flight_lease_ms=max(1, round(settings.flight_lease * 1000))
-            if settings.flight_lease > 0
-            else 0,
+            flight_lease_ms=lease_ms(settings.flight_lease) if settings.flight_lease > 0 else 0,
         )
         # Tracing first: the parts that report to it are given it as they are made.
         self.telemetry = _telemetry(settings) if settings.otel_endpoint else None

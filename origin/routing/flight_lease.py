@@ -49,7 +49,7 @@ import redis.exceptions
 
 from ..connection.redis_client import LoadedScript, NoScriptError, RedisClient, RedisClientError
 
-__all__ = ["CHECK", "LINGER", "FlightLeases", "Lease"]
+__all__ = ["CHECK", "LINGER", "FlightLeases", "Lease", "lease_ms"]
 
 log = logging.getLogger("prism.origin")
 
@@ -93,6 +93,11 @@ return {redis.call('GET', KEYS[1]), redis.call('XRANGE', KEYS[2], '(' .. ARGV[1]
 Entry = tuple[bytes, bytes, bytes]  # (entry id, field, value)
 
 
+def lease_ms(lease: float) -> int:
+    """A lease of ``lease`` seconds in Redis's milliseconds (at least one)."""
+    return max(1, round(lease * 1000))
+
+
 def _lease_key(key: str) -> str:
     return f"prism:flight:{{{key}}}"
 
@@ -122,7 +127,7 @@ class FlightLeases:
         # Seconds a follower waits for a model's leader's first news: its first-byte limit.
         self.wait_limit = wait_limit
         self.counted = counted  # an outcome: lead, follow, take_over, own
-        self.lease_ms = max(1, round(lease * 1000))
+        self.lease_ms = lease_ms(lease)
         self._stream_ms = round(_STREAM_TTL * 1000)
         self.renew_every = lease / 3
         self._readers = readers

@@ -272,12 +272,12 @@ class RedisCache:
         else:
             flight: bytes | None = None
             leads = False
-            if reply[0] or (redis is self._reader and key_id in self._revoked):
-                if reply[0] < 2:
-                    self._revoked.add(key_id)
-                    return Lookup(True, True)
-                # A miss, with its flight's lease (2: taken) or its holder (3).
-                flight, leads, reply[1] = reply[1], reply[0] == 2, None
+            head = reply[0]
+            if head == 1 or (redis is self._reader and key_id in self._revoked):
+                self._revoked.add(key_id)
+                return Lookup(True, True)
+            if head:  # a miss, with its flight's lease (2: taken) or its holder (3)
+                flight, leads, reply[1] = reply[1], head == 2, None
             if len(reply) < 3:
                 return Lookup(True, False)
             if project is None:
